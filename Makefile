@@ -1,0 +1,37 @@
+# Every target sets up what it needs first: `make up` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup up down test check lint typecheck imports unit integration e2e bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	bash scripts/setup.sh $(PYTHON) $(VENV)
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+up: $(STAMP)  ## seed the demo models and start every service in the foreground (Ctrl-C stops all)
+	$(BIN)/exa up
+
+down: $(STAMP)
+	$(BIN)/exa down
+
+check: $(STAMP)  ## lint, types and the import contracts
+	$(BIN)/ruff check examlops tests bench
+	$(BIN)/ruff format --check examlops tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: check  ## the whole suite: checks, then unit, integration and e2e tests
+	$(BIN)/pytest
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest tests/integration
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,147 @@
+"""The one error family of examlops.
+
+Adapters translate third-party exceptions (MLflow's ``MlflowException``,
+redis-py's and httpx's errors) into these, chained with ``from exc``. HTTP
+status codes live only in ``api/`` and exit codes only in ``cli/``; what an
+error *means* lives here, as class attributes:
+
+- ``model_failure``: the model failed while predicting. Seed 000's table: only
+  these count toward the retrain trigger (a 422 does not, nor does a model
+  that is not found or a pipeline that is unreachable).
+- ``retryable``: doing the same thing again may succeed (a dependency that
+  was down, a transport error). Validation never is.
+
+::
+
+    ExamlopsError
+    ├── ConfigError                     settings or files that cannot be used
+    │   └── CatalogError (ValueError)   a catalog YAML names a bad field
+    ├── InvalidInput (ValueError)       the payload does not match the schema (422)
+    │   └── PayloadTooLarge             the body is over the limit (413)
+    ├── NotFound (LookupError)
+    │   ├── ModelNotFound               no such model in the catalog or registry
+    │   ├── AliasNotFound               the model has no such alias
+    │   └── VersionNotFound             the model has no such version
+    ├── Conflict                        a change that contradicts the current state
+    ├── NotReady                        the hot set is not loaded yet (503)
+    ├── DeadlineExceeded                the caller's deadline passed before the work ran
+    ├── InferenceFailed                 the model raised or returned nothing  [model_failure]
+    │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
+    ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
+    └── DependencyUnavailable (ConnectionError)   [retryable]
+        ├── RegistryUnavailable         MLflow cannot be reached
+        ├── StoreUnavailable            Redis or SQL cannot be reached
+        └── PipelineUnavailable         the serving process cannot be reached
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ExamlopsError(Exception):
+    """Root of every error examlops raises on purpose."""
+
+    model_failure: ClassVar[bool] = False
+    retryable: ClassVar[bool] = False
+    code: ClassVar[str] = "examlops_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(ExamlopsError):
+    code = "config_error"
+
+
+class CatalogError(ConfigError, ValueError):
+    """A catalog YAML that cannot be used; the message names the file and the field."""
+
+    code = "catalog_error"
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None) -> None:
+        where = ": ".join(part for part in (file, field) if part)
+        super().__init__(f"{where}: {message}" if where else message, field=field)
+        self.file = file
+
+
+class InvalidInput(ExamlopsError, ValueError):
+    """The payload does not match the model's schema: a 422, never a model failure."""
+
+    code = "invalid_input"
+
+
+class PayloadTooLarge(InvalidInput):
+    code = "payload_too_large"
+
+
+class NotFound(ExamlopsError, LookupError):
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class AliasNotFound(NotFound):
+    code = "alias_not_found"
+
+
+class VersionNotFound(NotFound):
+    code = "version_not_found"
+
+
+class Conflict(ExamlopsError):
+    code = "conflict"
+
+
+class NotReady(ExamlopsError):
+    code = "not_ready"
+    retryable = True
+
+
+class DeadlineExceeded(ExamlopsError):
+    code = "deadline_exceeded"
+
+
+class InferenceFailed(ExamlopsError):
+    """The model raised or returned an empty prediction: counts toward the retrain trigger."""
+
+    code = "inference_failed"
+    model_failure = True
+
+
+class InferenceTimeout(InferenceFailed):
+    """The prediction ran past the hard limit; its worker was replaced."""
+
+    code = "inference_timeout"
+
+
+class ModelLoadError(ExamlopsError):
+    """A model version could not be loaded (missing artifact, corrupt file, wrong input size)."""
+
+    code = "model_load_error"
+
+
+class DependencyUnavailable(ExamlopsError, ConnectionError):
+    """A service we depend on cannot be reached; trying again later may work."""
+
+    code = "dependency_unavailable"
+    retryable = True
+
+
+class RegistryUnavailable(DependencyUnavailable):
+    code = "registry_unavailable"
+
+
+class StoreUnavailable(DependencyUnavailable):
+    code = "store_unavailable"
+
+
+class PipelineUnavailable(DependencyUnavailable):
+    code = "pipeline_unavailable"

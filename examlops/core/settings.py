@@ -1,0 +1,282 @@
+"""The one settings object, read from ``EXAMLOPS_*`` environment variables.
+
+Sections are plain ``BaseModel``s joined with ``__``: ``EXAMLOPS_PREDICT__WORKERS=2``
+sets ``settings.predict.workers``. Every limit of seed 000 is here with the
+seed's default. Build it once (``Settings()``) in a composition root and pass
+it down; nothing reads the environment anywhere else.
+
+Everything the platform writes at run time goes under ``home`` (the state
+folder, ``.examlops/`` under the working directory by default).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "EXAMLOPS_"
+NESTED_DELIMITER = "__"
+DEV_SECRET = "dev-only-change-me"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+
+class HttpSettings(_Section):
+    """The bridge's HTTP client to the inference pipeline (seed 000, step 3)."""
+
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """Seconds to open a connection from the bridge to the pipeline."""
+    read_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to wait for the pipeline's reply; the hop is never retried."""
+
+
+class BatchSettings(_Section):
+    """The feature transformer's micro-batches (seed 000, step 5)."""
+
+    max_size: int = Field(32, ge=1)
+    """A batch is flushed as soon as it holds this many requests."""
+    max_wait_ms: float = Field(50.0, ge=0)
+    """A batch is flushed this many milliseconds after its first request at the latest."""
+
+
+class TrafficSettings(_Section):
+    """The model router (seed 000, step 6)."""
+
+    rules_ttl_s: float = Field(30.0, ge=0)
+    """Seconds a model's traffic rules are cached before SQL is read again."""
+    route_retries: int = Field(2, ge=0)
+    """Retries of a routed prediction after a transport error."""
+
+
+class PredictSettings(_Section):
+    """The predict pool (seed 000, step 7)."""
+
+    workers: int = Field(4, ge=1)
+    """Worker processes that run predictions."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Hard limit of one prediction; past it the request gets a 504 and the worker is replaced."""
+
+
+class HotSetSettings(_Section):
+    """Models kept in memory and how they follow MLflow (seed 000, steps 7 and 11)."""
+
+    version_cache_size: int = Field(8, ge=0)
+    """How many of the most recently pinned raw versions stay loaded."""
+    reload_poll_s: float = Field(60.0, ge=0)
+    """Seconds between asks to MLflow whether an alias moved; 0 turns polling off."""
+    aliases: tuple[str, ...] = ("Production", "Canary", "Staging")
+    """The aliases loaded at start-up, for every model that has them."""
+
+
+class FailureSettings(_Section):
+    """The bridge's retrain trigger (seed 000, step 10)."""
+
+    window: int = Field(50, ge=1)
+    """How many of a model's last bus requests the failure rate is taken over."""
+    threshold: float = Field(0.5, gt=0, le=1)
+    """A failure rate at or above this over a full window asks for a retrain."""
+    cooldown_s: float = Field(300.0, ge=0)
+    """Seconds after a retrain request during which no other is made for that model."""
+
+
+class ServingSettings(_Section):
+    """The serving process (FastAPI on uvicorn)."""
+
+    host: str = "127.0.0.1"
+    """Interface the serving process binds to."""
+    port: int = Field(18001, ge=1, le=65535)
+    """Port of the inference pipeline and the direct API."""
+    max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    """Request bodies larger than this get a 413 without being read whole."""
+    instances: tuple[str, ...] = ()
+    """Base URLs of every serving instance that promotions must reach; empty means the local one."""
+    drain_grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM, seconds to finish requests in flight before exiting."""
+
+    @property
+    def local_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def instance_urls(self) -> tuple[str, ...]:
+        return self.instances or (self.local_url,)
+
+
+class RedisSettings(_Section):
+    """The Redis server that carries the bus, snapshots and audit trail."""
+
+    url: str | None = None
+    """URL of an external Redis; unset, examlops starts and owns a redis-server."""
+    port: int = Field(18004, ge=1, le=65535)
+    """Port of the embedded redis-server on 127.0.0.1."""
+
+
+class MlflowSettings(_Section):
+    """The MLflow registry and its UI."""
+
+    tracking_uri: str | None = None
+    """MLflow tracking and registry URI; unset, a SQLite store in the state folder."""
+    ui_port: int = Field(18002, ge=1, le=65535)
+    """Port of the embedded `mlflow server` (the UI)."""
+
+
+class PrefectSettings(_Section):
+    """The Prefect server that runs the control-plane flows."""
+
+    api_url: str | None = None
+    """URL of an external Prefect API; unset, examlops starts and owns a Prefect server."""
+    port: int = Field(18003, ge=1, le=65535)
+    """Port of the embedded Prefect server and its UI."""
+
+
+class Settings(BaseSettings):
+    """Every setting of examlops, read once from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED_DELIMITER,
+        env_file=None,
+        extra="ignore",
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+    home: Path = Path(".examlops")
+    """The state folder: every file the platform writes at run time goes here."""
+    catalog_dir: Path | None = None
+    """Folder of model catalog YAMLs; unset, the demo catalog shipped with examlops."""
+    database_url: str | None = None
+    """SQLModel database URL; unset, SQLite in the state folder. A Postgres URL for several machines."""
+    environment: str = "development"
+    """development or production; production refuses the development secret."""
+    secret: SecretStr = SecretStr(DEV_SECRET)
+    """Key for job signatures and audit checkpoints."""
+    embedding_dim: int = Field(384, ge=1)
+    """Length of every embedding (seed 000, step 5)."""
+
+    http: HttpSettings = HttpSettings()
+    batch: BatchSettings = BatchSettings()
+    traffic: TrafficSettings = TrafficSettings()
+    predict: PredictSettings = PredictSettings()
+    hotset: HotSetSettings = HotSetSettings()
+    failure: FailureSettings = FailureSettings()
+    serving: ServingSettings = ServingSettings()
+    redis: RedisSettings = RedisSettings()
+    mlflow: MlflowSettings = MlflowSettings()
+    prefect: PrefectSettings = PrefectSettings()
+
+    @field_validator("environment")
+    @classmethod
+    def _known_environment(cls, value: str) -> str:
+        if value not in ("development", "production"):
+            raise ValueError("must be 'development' or 'production'")
+        return value
+
+    @model_validator(mode="after")
+    def _no_dev_secret_in_production(self) -> Settings:
+        if self.environment == "production" and self.secret.get_secret_value() == DEV_SECRET:
+            raise ValueError("EXAMLOPS_SECRET must be set to a real secret when EXAMLOPS_ENVIRONMENT=production")
+        return self
+
+    # Derived locations. All of them live under `home` unless a URL says otherwise.
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home.resolve()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def catalog_path(self) -> Path:
+        if self.catalog_dir is not None:
+            return self.catalog_dir
+        return Path(__file__).resolve().parent.parent / "catalog"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.state_dir / "mlflow"
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri or f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifact_root(self) -> Path:
+        return self.mlflow_dir / "artifacts"
+
+    @property
+    def sql_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.state_dir / 'examlops.db'}"
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url or f"redis://127.0.0.1:{self.redis.port}/0"
+
+    @property
+    def redis_owned(self) -> bool:
+        return self.redis.url is None
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.state_dir / "prefect"
+
+    @property
+    def prefect_api_url(self) -> str:
+        return self.prefect.api_url or f"http://127.0.0.1:{self.prefect.port}/api"
+
+
+def setting_sources(settings: Settings, environ: dict[str, str] | None = None) -> Iterator[tuple[str, Any, str]]:
+    """Yield ``(dotted name, effective value, where it came from)`` for every leaf setting.
+
+    The source is ``env EXAMLOPS_...`` when that variable is set, else ``default``.
+    Secrets are shown masked.
+    """
+    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
+
+    def walk(model: BaseModel, prefix: list[str]) -> Iterator[tuple[str, Any, str]]:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            path = [*prefix, name]
+            if isinstance(value, BaseModel):
+                yield from walk(value, path)
+                continue
+            var = ENV_PREFIX + NESTED_DELIMITER.join(p.upper() for p in path)
+            section_var = ENV_PREFIX + path[0].upper()
+            if var in env:
+                source = f"env {var}"
+            elif len(path) > 1 and section_var in env:
+                source = f"env {section_var}"
+            else:
+                source = "default"
+            if isinstance(value, SecretStr):
+                value = "**********"
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            yield ".".join(path), value, source
+
+    yield from walk(settings, [])
+
+
+def setting_description(dotted: str) -> str:
+    """The docstring of one setting, for ``exa config show``."""
+    model: type[BaseModel] = Settings
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        annotation = model.model_fields[part].annotation
+        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation
+    return model.model_fields[parts[-1]].description or ""

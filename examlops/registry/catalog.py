@@ -1,0 +1,174 @@
+"""The model catalog: one YAML per model, validated as a whole when loaded.
+
+A catalog entry names the model, its bus address (``seanerbus_uuid``), its
+default alias, its input schema and the tasks it serves. Loading refuses the
+whole catalog on the first problem, with a message that names the file and
+the field: a bad UUID, a duplicate name or UUID, an unknown field type.
+Names match case-insensitively everywhere (``jpcp`` is ``JPCP``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from examlops.core.errors import CatalogError, ModelNotFound
+from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
+
+
+class FloatArrayField(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["float_array"]
+    length: int = Field(ge=1)
+
+
+class IntegerField(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["integer"]
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+class FloatField(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["float"]
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+InputField = Annotated[FloatArrayField | IntegerField | FloatField, Field(discriminator="type")]
+
+
+class InputSchema(BaseModel):
+    """The features a model takes: an embedding and a node count (seed 000, step 4)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    embedding: FloatArrayField
+    node_count: IntegerField
+
+
+class ModelSpec(BaseModel):
+    """One catalog entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seanerbus_uuid: uuid.UUID
+    default_alias: str = DEFAULT_ALIAS
+    description: str = ""
+    input_schema: InputSchema
+    tasks: tuple[str, ...] = ()
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.input_schema.embedding.length
+
+    @property
+    def min_node_count(self) -> int:
+        minimum = self.input_schema.node_count.minimum
+        return 1 if minimum is None else minimum
+
+    @property
+    def default_alias_canonical(self) -> str:
+        return canonical_alias(self.default_alias)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The loaded catalog, looked up by name (case-insensitive) or by bus UUID."""
+
+    models: tuple[ModelSpec, ...]
+    source: Path | None = None
+
+    def __iter__(self) -> Iterator[ModelSpec]:
+        return iter(self.models)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+    def get(self, name: str) -> ModelSpec:
+        lowered = name.lower()
+        for spec in self.models:
+            if spec.name.lower() == lowered:
+                return spec
+        raise ModelNotFound(f"model {name!r} is not in the catalog (known: {', '.join(self.names)})")
+
+    def by_uuid(self, address: str | uuid.UUID) -> ModelSpec:
+        try:
+            wanted = address if isinstance(address, uuid.UUID) else uuid.UUID(str(address))
+        except ValueError as exc:
+            raise ModelNotFound(f"{str(address)[:64]!r} is not a model address (a UUID)") from exc
+        for spec in self.models:
+            if spec.seanerbus_uuid == wanted:
+                return spec
+        raise ModelNotFound(f"no model has the bus address {wanted}")
+
+    def by_task(self, task: str) -> ModelSpec:
+        for spec in self.models:
+            if task in spec.tasks:
+                return spec
+        raise ModelNotFound(f"no model serves the task {task!r}")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(document)"
+
+
+def parse_model_spec(data: Any, file: str) -> ModelSpec:
+    """Validate one catalog document; the error names the file and the first bad field."""
+    if not isinstance(data, dict):
+        raise CatalogError("the document must be a mapping of fields", file=file)
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        message = first["msg"]
+        if first["type"] == "union_tag_invalid" or (loc and loc[-1] == "type"):
+            message = f"unknown type {first.get('input')!r} (expected float_array, integer or float)"
+        elif loc == ("seanerbus_uuid",):
+            message = f"{str(first.get('input'))[:64]!r} is not a UUID"
+        raise CatalogError(message, file=file, field=_field_path(loc)) from exc
+
+
+def load_catalog(folder: Path) -> Catalog:
+    """Load every ``*.yaml``/``*.yml`` in ``folder``; refuse the catalog on the first problem."""
+    if not folder.is_dir():
+        raise CatalogError(f"catalog folder {folder} does not exist")
+    files = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    if not files:
+        raise CatalogError(f"catalog folder {folder} holds no *.yaml file")
+    specs: list[ModelSpec] = []
+    names: dict[str, str] = {}
+    uuids: dict[uuid.UUID, str] = {}
+    for path in files:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"not valid YAML ({exc})", file=path.name) from exc
+        spec = parse_model_spec(data, path.name)
+        if spec.name.lower() in names:
+            raise CatalogError(
+                f"duplicate model name {spec.name!r} (also in {names[spec.name.lower()]})",
+                file=path.name,
+                field="name",
+            )
+        if spec.seanerbus_uuid in uuids:
+            raise CatalogError(
+                f"duplicate seanerbus_uuid {spec.seanerbus_uuid} (also in {uuids[spec.seanerbus_uuid]})",
+                file=path.name,
+                field="seanerbus_uuid",
+            )
+        names[spec.name.lower()] = path.name
+        uuids[spec.seanerbus_uuid] = path.name
+        specs.append(spec)
+    return Catalog(models=tuple(specs), source=folder)

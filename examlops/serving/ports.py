@@ -1,0 +1,75 @@
+"""The ports the serving core talks to. Adapters (MLflow, SQL) implement them.
+
+The core (transformer, router, hot set, predict pool) imports neither redis
+nor mlflow; the composition root (``examlops.bootstrap``) picks adapters.
+Unit tests implement these with fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from examlops.core.messages import ModelRef
+
+Rows = npt.NDArray[np.float64]
+"""A 2-D float array: one row per request, the embedding then the node count."""
+
+
+class Predictor(Protocol):
+    """A loaded model: a scikit-learn estimator or anything with the same ``predict``."""
+
+    def predict(self, rows: Any) -> Any: ...
+
+
+ModelLoader = Callable[[str], Predictor]
+"""Turns a local artifact location into a Predictor. Must be a top-level function
+(it is sent to worker processes by reference) and may raise anything: the pool
+turns any exception into ``ModelLoadError``."""
+
+
+class ModelSource(Protocol):
+    """Where model versions come from (the MLflow registry in production).
+
+    Every method raises ``ModelNotFound``, ``AliasNotFound`` or
+    ``VersionNotFound`` for what does not exist and ``RegistryUnavailable``
+    when the registry cannot be reached.
+    """
+
+    def aliases(self, name: str) -> Mapping[str, ModelRef]:
+        """Every alias of the model, by canonical alias name, with what it points at."""
+        ...
+
+    def resolve(self, name: str, alias: str) -> ModelRef:
+        """The version one alias points at now (alias matched case-insensitively)."""
+        ...
+
+    def version(self, name: str, version: str) -> ModelRef:
+        """One raw version."""
+        ...
+
+    def fetch(self, ref: ModelRef) -> str:
+        """A local path of the version's artifact, downloading it if needed."""
+        ...
+
+
+class TrafficRuleStore(Protocol):
+    """Where traffic splits are kept (SQL in production). Names are stored as given;
+    lookups are case-insensitive."""
+
+    def get(self, model: str) -> dict[str, int]:
+        """The split of a model, alias -> weight; empty when none is set."""
+        ...
+
+    def set(self, model: str, weights: Mapping[str, int]) -> None:
+        """Replace the split of a model; an empty mapping clears it."""
+        ...
+
+
+class Clock(Protocol):
+    def __call__(self) -> float:
+        """Monotonic seconds."""
+        ...

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create the virtual environment and install the locked dependencies and examlops itself.
+# uv installs in seconds; it must compile bytecode, or every `import evidently` costs
+# 12-15 s where PYTHONDONTWRITEBYTECODE is set. pip is the fallback.
+set -euo pipefail
+python=${1:-python3}
+venv=${2:-.venv}
+"$python" -c 'import sys; assert sys.version_info[:2] in ((3, 11), (3, 12)), "examlops needs Python 3.11 or 3.12"'
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+if "$venv/bin/python" -m pip install --quiet uv >/dev/null 2>&1; then
+  "$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode -r requirements.lock
+  "$venv/bin/uv" pip install --python "$venv/bin/python" --compile-bytecode --no-deps -e .
+else
+  "$venv/bin/python" -m pip install --quiet -r requirements.lock
+  "$venv/bin/python" -m pip install --quiet --no-deps -e .
+fi
+echo "examlops installed in $venv"
