@@ -31,7 +31,8 @@ error *means* lives here, as class attributes:
     └── DependencyUnavailable (ConnectionError)   [retryable]
         ├── RegistryUnavailable         MLflow cannot be reached
         ├── StoreUnavailable            Redis or SQL cannot be reached
-        └── PipelineUnavailable         the serving process cannot be reached
+        ├── PipelineUnavailable         the serving process cannot be reached
+        └── WorkerLost                  a predict worker died under a call
 """
 
 from __future__ import annotations
@@ -145,3 +146,9 @@ class StoreUnavailable(DependencyUnavailable):
 
 class PipelineUnavailable(DependencyUnavailable):
     code = "pipeline_unavailable"
+
+
+class WorkerLost(DependencyUnavailable):
+    """A predict worker died while it held a call; routing retries it elsewhere."""
+
+    code = "worker_lost"

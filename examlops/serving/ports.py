@@ -73,3 +73,23 @@ class Clock(Protocol):
     def __call__(self) -> float:
         """Monotonic seconds."""
         ...
+
+
+class PredictRuntime(Protocol):
+    """Runs predictions for loaded model versions (the predict pool in production).
+
+    ``key`` names one loaded version (``"JPCP/3"``). ``predict`` returns one
+    float per row, in row order, or raises: ``InferenceTimeout`` past the hard
+    limit, ``InferenceFailed`` when the model raised or returned nothing,
+    ``WorkerLost`` (retryable) when the worker died under the call.
+    """
+
+    async def load(self, key: str, location: str) -> None:
+        """Load a version so that ``predict`` can use it; ``ModelLoadError`` when it cannot be loaded."""
+        ...
+
+    async def unload(self, key: str) -> None:
+        """Release a version; unknown keys are ignored."""
+        ...
+
+    async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]: ...
