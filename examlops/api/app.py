@@ -1,0 +1,169 @@
+"""The serving HTTP API: thin routes over the inference pipeline.
+
+Routes parse, call the pipeline and format; every decision lives in
+``examlops.serving``. Errors become replies through the one table in
+``examlops.api.errors``; every error reply carries ``"prediction": 0.0``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from examlops.api.errors import error_response, handle_examlops, handle_unexpected, handle_validation
+from examlops.api.limits import BodyLimitMiddleware
+from examlops.api.schemas import ErrorReply, HotSetEntry, InferBody, InferReply, PredictBody, ReadyReply, TrafficReply
+from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.messages import InferenceRequest, InferenceResult
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorReply, "description": text}
+    for status, text in (
+        (404, "unknown model, alias or version"),
+        (413, "body over the size limit"),
+        (422, "the payload does not match the model's schema (never a model failure)"),
+        (500, "the model raised or returned nothing (inference_failed: true)"),
+        (503, "not ready, or a dependency is unavailable"),
+        (504, "the prediction ran past the hard limit, or the caller's deadline passed"),
+    )
+}
+
+
+class ServingPipeline(Protocol):
+    """What the routes need of the pipeline (``examlops.serving.pipeline.Pipeline``)."""
+
+    catalog: Catalog
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult: ...
+
+    def hot_set(self) -> Sequence[Any]: ...
+
+    def traffic(self, model: str) -> dict[str, int]: ...
+
+    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]: ...
+
+
+def create_app(settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry) -> FastAPI:
+    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(pipeline.start(), name="pipeline-start")
+        try:
+            yield
+        finally:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            await pipeline.close()
+
+    app = FastAPI(
+        title="examlops serving",
+        summary="Predictions from the MLflow registry by alias, through the inference pipeline of seed 000.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(ExamlopsError, handle_examlops)
+    app.add_exception_handler(Exception, handle_unexpected)
+
+    async def serve(body: PredictBody, model: str) -> InferReply | JSONResponse:
+        try:
+            if not pipeline.ready:
+                raise NotReady("the hot set is still loading")
+            if body.alias is not None and body.version is not None:
+                raise InvalidInput("give either alias or version, not both", field="version")
+            result = await pipeline.infer(
+                InferenceRequest(
+                    model=model,
+                    embedding=tuple(body.embedding),
+                    node_count=body.node_count,
+                    alias=body.alias,
+                    version=None if body.version is None else str(body.version),
+                    job_id=body.job_id,
+                    user_id=body.user_id,
+                    deadline=body.deadline,
+                )
+            )
+        except ExamlopsError as exc:
+            return error_response(exc, model=model, job_id=body.job_id)
+        return InferReply(
+            model=result.model,
+            alias=result.alias,
+            version=result.version,
+            run_id=result.run_id,
+            prediction=result.prediction,
+            job_id=result.job_id,
+        )
+
+    @app.post("/infer-pipeline/infer", response_model=InferReply, responses=ERRORS, tags=["inference"])
+    async def infer(body: InferBody) -> InferReply | JSONResponse:
+        """One prediction through the pipeline: the route the bus bridge calls."""
+        return await serve(body, body.model)
+
+    @app.post("/v1/models/{model}/predict", response_model=InferReply, responses=ERRORS, tags=["inference"])
+    async def predict(model: str, body: PredictBody) -> InferReply | JSONResponse:
+        """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
+        return await serve(body, model)
+
+    @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
+    async def models() -> list[HotSetEntry]:
+        """The hot set: every model and alias in memory, with its version and state."""
+        return [HotSetEntry(**asdict(entry)) for entry in pipeline.hot_set()]
+
+    @app.get("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
+    async def get_traffic(model: str) -> TrafficReply:
+        """The traffic split applied to requests addressed to the model's default alias."""
+        spec = pipeline.catalog.get(model)
+        return TrafficReply(model=spec.name, weights=await asyncio.to_thread(pipeline.traffic, spec.name))
+
+    @app.put("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
+    async def put_traffic(model: str, weights: dict[str, int]) -> TrafficReply:
+        """Set the split, e.g. `{"Production": 90, "Canary": 10}`: weights sum to 100 and name existing aliases."""
+        spec = pipeline.catalog.get(model)
+        stored = await asyncio.to_thread(pipeline.set_traffic, spec.name, weights)
+        return TrafficReply(model=spec.name, weights=stored)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Alive: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=ReadyReply, tags=["health"])
+    async def readyz() -> JSONResponse:
+        """200 once the hot set is loaded, 503 before."""
+        body = ReadyReply(ready=pipeline.ready, models=[HotSetEntry(**asdict(e)) for e in pipeline.hot_set()])
+        return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
+
+    @app.get("/metrics", tags=["health"])
+    async def prometheus() -> Response:
+        """Prometheus metrics: requests by model, alias and outcome; latency; batch sizes; in flight."""
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc: Exception) -> JSONResponse:
+        body = ErrorReply(error=f"no route {request.url.path}", code="not_found")
+        return JSONResponse(body.model_dump(), status_code=404)
+
+    return app

@@ -1,0 +1,94 @@
+"""The one table from our errors to HTTP statuses, and the handlers that use it.
+
+No bad input may yield a 500 or a 2xx, and no reply echoes the input back:
+a validation error names the field and what was wrong with it, nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from examlops.api.schemas import ErrorReply
+from examlops.core import errors
+
+log = logging.getLogger(__name__)
+
+STATUS: tuple[tuple[type[errors.ExamlopsError], int], ...] = (
+    # Most specific first: the first match wins.
+    (errors.PayloadTooLarge, 413),
+    (errors.InvalidInput, 422),
+    (errors.NotFound, 404),
+    (errors.Conflict, 409),
+    (errors.NotReady, 503),
+    (errors.InferenceTimeout, 504),
+    (errors.DeadlineExceeded, 504),
+    (errors.InferenceFailed, 500),
+    (errors.DependencyUnavailable, 503),
+    (errors.ModelLoadError, 503),
+)
+
+
+def status_of(error: errors.ExamlopsError) -> int:
+    for kind, status in STATUS:
+        if isinstance(error, kind):
+            return status
+    return 500
+
+
+def error_response(
+    error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None
+) -> JSONResponse:
+    body = ErrorReply(
+        error=error.message,
+        code=error.code,
+        field=error.field,
+        inference_failed=error.model_failure,
+        model=model,
+        job_id=job_id,
+    )
+    return JSONResponse(body.model_dump(), status_code=status_of(error))
+
+
+def describe_validation(details: Sequence[Any]) -> tuple[str, str]:
+    """(field, message) of the first validation problem, without the offending input."""
+    first = details[0] if details else {}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(loc) or "body"
+    kind = first.get("type", "")
+    message = {
+        "finite_number": "must be a finite number (NaN, Infinity and overflowing numbers are refused)",
+        "float_type": "must be a number",
+        "int_type": "must be an integer",
+        "extra_forbidden": "is not a known field",
+        "missing": "is required",
+        "json_invalid": "the body is not valid JSON",
+        "list_type": "must be a list of numbers",
+        "too_long": "has too many values",
+        "string_type": "must be a string",
+    }.get(kind, str(first.get("msg", "is not valid")))
+    return field, f"{field}: {message}"
+
+
+async def handle_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    field, message = describe_validation(exc.errors())
+    return error_response(errors.InvalidInput(message, field=field))
+
+
+async def handle_examlops(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.ExamlopsError)
+    if status_of(exc) >= 500:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(exc)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    body = ErrorReply(error="internal error", code="internal_error")
+    return JSONResponse(body.model_dump(), status_code=500)

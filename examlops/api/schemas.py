@@ -1,0 +1,98 @@
+"""Request and reply bodies of the HTTP API: where untrusted input meets pydantic.
+
+Every float in an embedding must be a finite JSON number: NaN, Infinity,
+numbers that overflow to infinity, strings, booleans, nulls and nested lists
+are refused. Unknown fields are refused. The length of the embedding is the
+catalog's business and is checked by the feature transformer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+ShortText = Annotated[StrictStr, Field(min_length=1, max_length=128)]
+
+MAX_EMBEDDING_VALUES = 8192
+"""A ceiling well above any catalog's embedding, so a huge list is refused by pydantic before it is copied."""
+
+
+class PredictBody(BaseModel):
+    """One prediction through the direct API (`POST /v1/models/{model}/predict`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"example": {"alias": "Production", "embedding": [0.01] * 4, "node_count": 12}},
+    )
+
+    alias: ShortText | None = None
+    """Production, Canary or Staging, any case. Unset: the model's default alias and its traffic split."""
+    version: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Pin a raw registry version instead of an alias (kept loaded in an LRU of recent pins)."""
+    embedding: Annotated[list[FiniteFloat], Field(max_length=MAX_EMBEDDING_VALUES)]
+    """Exactly as many finite numbers as the model's catalog entry says (384 for the demo models)."""
+    node_count: Annotated[StrictInt, Field(ge=1)]
+    """The mesh node count, a positive integer."""
+    job_id: ShortText | None = None
+    """Kept as metadata and echoed in the reply."""
+    user_id: ShortText | None = None
+    """Kept as metadata."""
+    deadline: Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)] | None = None
+    """Absolute UNIX time after which the caller no longer waits; work past it is refused, never done."""
+
+
+class InferBody(PredictBody):
+    """One prediction through the inference pipeline (`POST /infer-pipeline/infer`), the route the bridge calls."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"example": {"model": "JPCP", "embedding": [0.01] * 4, "node_count": 12, "job_id": "j-1"}},
+    )
+
+    model: ShortText
+    """The catalog name of the model, any case."""
+
+
+class InferReply(BaseModel):
+    model: str
+    alias: str
+    version: str
+    run_id: str | None
+    prediction: float
+    error: None = None
+    job_id: str | None = None
+
+
+class ErrorReply(BaseModel):
+    """Every error: a message, a prediction of 0.0 (seed 000), and what kind of error it was."""
+
+    error: str
+    prediction: float = 0.0
+    code: str
+    field: str | None = None
+    inference_failed: bool = False
+    model: str | None = None
+    job_id: str | None = None
+
+
+class HotSetEntry(BaseModel):
+    model: str
+    alias: str | None
+    version: str | None
+    run_id: str | None
+    loaded_at: float | None
+    state: str
+    reason: str | None = None
+
+
+class TrafficReply(BaseModel):
+    model: str
+    weights: dict[str, int]
+    """Alias -> percent. Empty: all traffic to the default alias goes to that alias."""
+
+
+class ReadyReply(BaseModel):
+    ready: bool
+    models: list[HotSetEntry]

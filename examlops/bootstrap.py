@@ -1,0 +1,89 @@
+"""The composition root: the one place that picks real adapters from the settings.
+
+Nothing here runs at import time; every function builds what it is asked for.
+Heavy imports (mlflow) stay inside the functions so that the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel, create_engine
+
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog, load_catalog
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+
+def catalog(settings: Settings) -> Catalog:
+    return load_catalog(settings.catalog_path)
+
+
+def sql_engine(settings: Settings) -> Engine:
+    """The SQLModel engine with every table created; SQLite in the state folder unless a URL is set."""
+    url = settings.sql_url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _wal(dbapi_connection: object, _record: object) -> None:
+            # WAL lets serving read rules while a CLI writes them.
+            cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]  # DB-API connection
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    # Import the table modules so that create_all knows every table.
+    import examlops.serving.traffic_store  # noqa: F401
+
+    SQLModel.metadata.create_all(engine)
+    return engine
+
+
+def model_registry(settings: Settings) -> MlflowRegistry:
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+    settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
+    return MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+
+
+def serving_app(settings: Settings) -> FastAPI:
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules."""
+    from prometheus_client import CollectorRegistry
+
+    from examlops.api.app import create_app
+    from examlops.registry.loader import load_sklearn_model
+    from examlops.serving.pipeline import Pipeline
+    from examlops.serving.pool import ProcessPredictPool
+    from examlops.serving.traffic_store import SqlTrafficRuleStore
+
+    metrics = CollectorRegistry()
+    pipeline = Pipeline(
+        settings,
+        catalog(settings),
+        model_registry(settings),
+        SqlTrafficRuleStore(sql_engine(settings)),
+        ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
+        registry=metrics,
+    )
+    return create_app(settings, pipeline, metrics)
+
+
+def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
+    """What `exa up` does before starting the services: state folders, SQL tables, demo models."""
+    from examlops.registry.demo import seed_demo
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    sql_engine(settings).dispose()
+    report = seed_demo(settings, catalog(settings), on_progress)
+    if on_progress is not None and report.created:
+        on_progress(f"registered demo models: {', '.join(report.created)}")

@@ -1,0 +1,52 @@
+"""A small HTTP client for the serving API, used by `exa serve ...` and `exa predict`.
+
+httpx errors are translated here: an unreachable server is ``PipelineUnavailable``
+(exit 3), and an error reply becomes the error its ``code`` names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from examlops.core import errors
+
+_BY_STATUS: dict[int, type[errors.ExamlopsError]] = {
+    404: errors.NotFound,
+    409: errors.Conflict,
+    413: errors.PayloadTooLarge,
+    422: errors.InvalidInput,
+    503: errors.NotReady,
+    504: errors.InferenceTimeout,
+}
+
+
+class ServingClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    def __enter__(self) -> ServingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, *, json: Any = None, ok: tuple[int, ...] = (200,)) -> Any:
+        try:
+            response = self._http.request(method, path, json=json)
+        except httpx.TransportError as exc:
+            raise errors.PipelineUnavailable(f"serving at {self.base_url} cannot be reached ({exc})") from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": response.text[:200]}
+        if response.status_code in ok:
+            return body
+        message = body.get("error") if isinstance(body, dict) else None
+        kind = _BY_STATUS.get(response.status_code, errors.InferenceFailed)
+        raise kind(message or f"HTTP {response.status_code} from {path}", field=(body or {}).get("field"))
+
+    def get(self, path: str, *, ok: tuple[int, ...] = (200,)) -> Any:
+        return self.request("GET", path, ok=ok)

@@ -1,0 +1,85 @@
+"""`exa`: the examlops command line. Thin: parse, call a service, format."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from examlops.cli import lifecycle
+from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.cli.serve import predict, serve_app
+from examlops.core.settings import Settings, setting_description, setting_sources
+
+app = typer.Typer(
+    name="exa",
+    help="examlops: serve scikit-learn models by MLflow alias, record every bus inference, "
+    "watch drift and retrain with Prefect.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Show the effective settings and where each came from.", no_args_is_help=True)
+demo_app = typer.Typer(help="Demo models and data: register JPCP, CRCP and AC in MLflow.", no_args_is_help=True)
+
+app.add_typer(config_app, name="config")
+app.add_typer(demo_app, name="demo")
+app.add_typer(serve_app, name="serve")
+app.command("predict", help="One prediction through the direct API (records nothing).")(predict)
+lifecycle.register(app)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        fail(f"invalid setting {where}: {first['msg']}", BAD_INPUT)
+
+
+@config_app.command("show")
+def config_show(as_json: JsonOption = False) -> None:
+    """Every setting: its effective value, where it came from (env or default) and what it does."""
+    settings = _settings()
+    rows = list(setting_sources(settings))
+    if as_json:
+        print_json({name: {"value": value, "source": source} for name, value, source in rows})
+        return
+    print_table(
+        "examlops settings (EXAMLOPS_<SECTION>__<NAME>)",
+        ["setting", "value", "source", "meaning"],
+        [[name, json.dumps(value), source, setting_description(name)] for name, value, source in rows],
+    )
+
+
+@demo_app.command("seed")
+def demo_seed(as_json: JsonOption = False) -> None:
+    """Train two versions of each catalog model on synthetic data and register them
+    (Production -> 1, Canary -> 2). Running it again changes nothing."""
+    from examlops.bootstrap import catalog
+    from examlops.registry.demo import seed_demo
+
+    settings = _settings()
+    with errors_as_exit():
+        if as_json:
+            report = seed_demo(settings, catalog(settings))
+        else:
+            with console.status("seeding demo models") as status:
+                report = seed_demo(settings, catalog(settings), lambda line: status.update(line))
+    if as_json:
+        print_json({"created": list(report.created), "skipped": list(report.skipped)})
+        return
+    for name in report.created:
+        console.print(f"registered {name}: Production -> version 1, Canary -> version 2")
+    for name in report.skipped:
+        console.print(f"{name} already has Production and Canary: left as it is")
+    console.print(f"MLflow store: {settings.mlflow_tracking_uri}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,66 @@
+"""How the CLI prints and exits: JSON for scripts, rich tables for people, one exit-code table.
+
+Exit codes live here and nowhere else:
+
+- 0: done
+- 1: the thing asked about is not well (not ready, a check failed)
+- 2: bad input (usage, a file or value that cannot be used)
+- 3: a dependency is unavailable (serving, MLflow, Redis, Prefect)
+- 4: not found (model, alias, version)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from examlops.core import errors
+
+OK, UNWELL, BAD_INPUT, UNAVAILABLE, NOT_FOUND = 0, 1, 2, 3, 4
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def exit_code_of(error: errors.ExamlopsError) -> int:
+    if isinstance(error, errors.InvalidInput | errors.ConfigError):
+        return BAD_INPUT
+    if isinstance(error, errors.DependencyUnavailable | errors.NotReady):
+        return UNAVAILABLE
+    if isinstance(error, errors.NotFound):
+        return NOT_FOUND
+    return UNWELL
+
+
+def fail(message: str, code: int = UNWELL) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def errors_as_exit() -> Iterator[None]:
+    """Turn our errors into a one-line message and the exit code of the table above."""
+    try:
+        yield
+    except errors.ExamlopsError as exc:
+        fail(str(exc), exit_code_of(exc))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    console.print(table)

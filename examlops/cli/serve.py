@@ -1,0 +1,196 @@
+"""`exa serve ...` and `exa predict`: run the serving process and talk to it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from examlops.cli.client import ServingClient
+from examlops.cli.output import BAD_INPUT, UNWELL, console, errors_as_exit, fail, print_json, print_table
+from examlops.core.settings import Settings
+
+serve_app = typer.Typer(help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True)
+
+UrlOption = Annotated[str | None, typer.Option("--url", help="Base URL of serving; default: the local one.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _url(url: str | None) -> str:
+    return url or Settings().serving.local_url
+
+
+@serve_app.command("start")
+def start(
+    host: Annotated[str | None, typer.Option(help="Interface to bind; default 127.0.0.1.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port; default 18001 (EXAMLOPS_SERVING__PORT).")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Start serving in the foreground: load the hot set from MLflow and answer on HTTP."""
+    import uvicorn
+
+    from examlops.bootstrap import serving_app
+
+    settings = Settings()
+    with errors_as_exit():
+        app = serving_app(settings)
+    uvicorn.run(
+        app,
+        host=host or settings.serving.host,
+        port=port or settings.serving.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(settings.serving.drain_grace_s),
+    )
+
+
+def _hot_set_rows(models: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for entry in models:
+        loaded = entry.get("loaded_at")
+        when = time.strftime("%H:%M:%S", time.localtime(loaded)) if loaded else ""
+        rows.append(
+            [entry["model"], entry["alias"], entry["version"], entry["run_id"], when, entry["state"], entry.get("reason")]
+        )
+    return rows
+
+
+@serve_app.command("check")
+def check(url: UrlOption = None, as_json: JsonOption = False) -> None:
+    """Health of serving and the hot set it has loaded; exits 1 when not ready."""
+    with errors_as_exit(), ServingClient(_url(url), timeout_s=10) as client:
+        ready = client.get("/readyz", ok=(200, 503))
+    if as_json:
+        print_json(ready)
+    else:
+        state = "[green]ready[/]" if ready["ready"] else "[yellow]not ready[/]"
+        console.print(f"serving at {_url(url)}: {state}")
+        print_table(
+            "hot set",
+            ["model", "alias", "version", "run id", "loaded", "state", "reason"],
+            _hot_set_rows(ready["models"]),
+        )
+    if not ready["ready"]:
+        raise typer.Exit(UNWELL)
+
+
+@serve_app.command("infer-check")
+def infer_check(
+    model: Annotated[str | None, typer.Option(help="Model to ask; default: the first in the catalog.")] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One request end to end through /infer-pipeline/infer; prints the reply and the latency."""
+    from examlops.bootstrap import catalog
+
+    settings = Settings()
+    with errors_as_exit():
+        spec = catalog(settings).get(model) if model else next(iter(catalog(settings)))
+        body = {"model": spec.name, "embedding": _random_embedding(spec.embedding_dim), "node_count": 12}
+        body["job_id"] = f"infer-check-{int(time.time())}"
+        with ServingClient(_url(url)) as client:
+            started = time.perf_counter()
+            reply = client.request("POST", "/infer-pipeline/infer", json=body)
+            latency_ms = (time.perf_counter() - started) * 1000
+    if as_json:
+        print_json({**reply, "latency_ms": round(latency_ms, 2)})
+    else:
+        print_table(
+            "infer-check",
+            ["model", "alias", "version", "run id", "prediction", "latency"],
+            [[reply["model"], reply["alias"], reply["version"], reply["run_id"], reply["prediction"], f"{latency_ms:.1f} ms"]],
+        )
+
+
+@serve_app.command("traffic")
+def traffic(
+    model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
+    production: Annotated[int | None, typer.Option(help="Percent to Production.")] = None,
+    canary: Annotated[int | None, typer.Option(help="Percent to Canary.")] = None,
+    staging: Annotated[int | None, typer.Option(help="Percent to Staging.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the split: all to the default alias.")] = False,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a model's traffic split, or set it (weights sum to 100 and name existing aliases)."""
+    weights = {
+        alias: value
+        for alias, value in (("Production", production), ("Canary", canary), ("Staging", staging))
+        if value is not None
+    }
+    with errors_as_exit(), ServingClient(_url(url)) as client:
+        if weights or clear:
+            reply = client.request("PUT", f"/v1/traffic/{model}", json={} if clear else weights)
+        else:
+            reply = client.get(f"/v1/traffic/{model}")
+    if as_json:
+        print_json(reply)
+    elif reply["weights"]:
+        print_table(f"traffic split of {reply['model']}", ["alias", "percent"], list(reply["weights"].items()))
+    else:
+        console.print(f"{reply['model']}: no split; all traffic to its default alias")
+
+
+def _random_embedding(dim: int) -> list[float]:
+    import numpy as np
+
+    return [float(v) for v in np.random.default_rng().normal(0.0, 1.0 / dim**0.5, size=dim)]
+
+
+def read_embedding(path: Path) -> list[float]:
+    """A JSON list of numbers, or numbers separated by white space or commas."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", BAD_INPUT)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            return [float(part) for part in text.replace(",", " ").split()]
+        except ValueError:
+            fail(f"{path} holds neither a JSON list nor plain numbers", BAD_INPUT)
+    if isinstance(data, dict) and "embedding" in data:
+        data = data["embedding"]
+    if not isinstance(data, list):
+        fail(f"{path} must hold a JSON list of numbers", BAD_INPUT)
+    return data
+
+
+def predict(
+    model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
+    node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
+    alias: Annotated[str | None, typer.Option(help="Production, Canary or Staging; default: the traffic split.")] = None,
+    version: Annotated[int | None, typer.Option(help="Pin a raw registry version instead of an alias.")] = None,
+    embedding_file: Annotated[
+        Path | None, typer.Option("--embedding-file", help="JSON list (or plain numbers) of the embedding.")
+    ] = None,
+    random: Annotated[bool, typer.Option("--random", help="Use a random embedding of the model's length.")] = False,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One prediction through the direct API (records nothing)."""
+    from examlops.bootstrap import catalog
+
+    if (embedding_file is None) == (not random):
+        fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
+    with errors_as_exit():
+        spec = catalog(Settings()).get(model)
+        embedding = read_embedding(embedding_file) if embedding_file else _random_embedding(spec.embedding_dim)
+        body: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
+        if alias:
+            body["alias"] = alias
+        if version is not None:
+            body["version"] = version
+        with ServingClient(_url(url)) as client:
+            reply = client.request("POST", f"/v1/models/{spec.name}/predict", json=body)
+    if as_json:
+        print_json(reply)
+    else:
+        print_table(
+            None,
+            ["model", "alias", "version", "run id", "prediction"],
+            [[reply["model"], reply["alias"], reply["version"], reply["run_id"], reply["prediction"]]],
+        )

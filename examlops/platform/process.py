@@ -1,0 +1,254 @@
+"""One child process that examlops starts, watches and stops: ``ManagedProcess``.
+
+Contract:
+
+- ``start()`` launches ``argv`` in a new session (so it leads its own process
+  group), stdout and stderr into ``log_path`` (the previous log is kept as
+  ``<name>.log.1``). A missing program raises ``ServiceStartFailed``.
+- ``wait_ready(timeout)`` polls the health check until it answers; the process
+  dying first raises ``ServiceStartFailed`` with the tail of its log, running
+  past ``timeout`` raises ``ServiceStartFailed`` too.
+- ``stop(grace)`` signals the whole group (``stop_signal``, SIGTERM by
+  default), waits ``grace`` seconds, then SIGKILLs the group. It is idempotent
+  and never raises for a process that is already gone. Signalling the group
+  matters: ``mlflow server`` forks uvicorn, and SIGTERM to its pid alone
+  orphans the workers.
+
+The errors of this package live here too::
+
+    ExamlopsError
+    └── ServiceError                    a platform service could not be run
+        ├── PortInUse                   the port is taken; names the setting to change
+        ├── ServiceStartFailed          exited or never became ready; carries the log tail
+        ├── ServiceExited               died after it was ready
+        └── AlreadyRunning (Conflict)   another `exa up` owns this state folder
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from examlops.core.errors import Conflict, ExamlopsError
+
+HealthCheck = str | Callable[[], bool]
+"""An ``http(s)://`` URL that must answer below 400, a ``redis://`` URL that must PING, or a callable."""
+
+
+class ServiceError(ExamlopsError):
+    code = "service_error"
+
+
+class PortInUse(ServiceError):
+    code = "port_in_use"
+
+
+class ServiceStartFailed(ServiceError):
+    code = "service_start_failed"
+
+    def __init__(self, message: str, *, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class ServiceExited(ServiceStartFailed):
+    code = "service_exited"
+
+
+class AlreadyRunning(ServiceError, Conflict):
+    code = "already_running"
+
+
+def probe(check: HealthCheck, timeout: float = 1.0) -> bool:
+    """Ask a health check once; any error or refusal is ``False``, never an exception."""
+    if callable(check):
+        try:
+            return check()
+        except Exception:
+            return False
+    scheme = urlsplit(check).scheme
+    try:
+        if scheme in ("redis", "rediss", "unix"):
+            import redis  # a local import keeps `exa --help` fast
+
+            client = redis.Redis.from_url(check, socket_connect_timeout=timeout, socket_timeout=timeout)
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+        import httpx
+
+        return httpx.get(check, timeout=timeout).status_code < 400
+    except Exception:
+        return False
+
+
+def ensure_port_free(host: str, port: int, *, what: str, setting: str) -> None:
+    """Raise ``PortInUse`` naming ``setting`` when something already listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR, as the servers themselves set it: a port in TIME_WAIT is free to them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUse(
+                f"port {port} on {host} ({what}) is already in use; stop what holds it or set {setting}"
+            ) from exc
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` exists (a zombie counts until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a text file; empty when it does not exist."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 16_384))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class ManagedProcess:
+    """A child process in its own process group, with a log file and a health check."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        health: HealthCheck,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        stop_signal: signal.Signals = signal.SIGTERM,
+        prepare: Callable[[], None] | None = None,
+        stop_grace: float = 10.0,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.health = health
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.stop_signal = stop_signal
+        self._prepare = prepare
+        self.stop_grace = stop_grace
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen else None
+
+    @property
+    def pgid(self) -> int | None:
+        # start_new_session makes the child the leader of a group whose id is its pid.
+        return self.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll() if self._popen else None
+
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def start(self) -> None:
+        """Launch the process; a second call while it runs is a no-op."""
+        if self.alive():
+            return
+        if self._prepare is not None:
+            self._prepare()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
+        with self.log_path.open("wb") as log:
+            try:
+                self._popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **self.env},
+                    cwd=self.cwd,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ServiceStartFailed(f"{self.name}: cannot run {self.argv[0]}: {exc}") from exc
+
+    def check_ready(self) -> bool:
+        """One readiness poll. Raises ``ServiceStartFailed`` (with the log tail) when the process has exited."""
+        if not self.alive():
+            raise ServiceStartFailed(
+                f"{self.name} exited with code {self.returncode} while starting (log: {self.log_path})",
+                log_tail=self.log_tail(),
+            )
+        # Alive again after a good answer: a port taken by a stranger must not pass for us.
+        return probe(self.health) and self.alive()
+
+    def wait_ready(self, timeout: float, interval: float = 0.2) -> None:
+        """Block until the health check answers; ``ServiceStartFailed`` on exit or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.check_ready():
+            if time.monotonic() >= deadline:
+                raise ServiceStartFailed(
+                    f"{self.name} was not ready after {timeout:.0f} s (log: {self.log_path})",
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(interval)
+
+    def stop(self, grace: float | None = None) -> int | None:
+        """Stop the whole group: ``stop_signal``, ``grace`` seconds (default ``stop_grace``), then SIGKILL.
+
+        Returns the exit code, None when it was never started.
+        """
+        if self._popen is None:
+            return None
+        grace = self.stop_grace if grace is None else grace
+        pgid = self._popen.pid
+        if group_alive(pgid):
+            kill_group(pgid, self.stop_signal)
+            deadline = time.monotonic() + grace
+            while group_alive(pgid) and time.monotonic() < deadline:
+                self._popen.poll()  # reap our child so its group can empty
+                time.sleep(0.05)
+            if group_alive(pgid):
+                kill_group(pgid, signal.SIGKILL)
+        return self._popen.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return tail(self.log_path, lines)

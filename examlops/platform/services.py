@@ -1,0 +1,172 @@
+"""What ``exa up`` runs: one ``ServiceSpec`` per service, built from the settings.
+
+A service is *owned* when no setting points elsewhere; then it has a
+``process`` to start. An external service (``EXAMLOPS_REDIS__URL``,
+``EXAMLOPS_PREFECT__API_URL``, an ``http(s)`` ``EXAMLOPS_MLFLOW__TRACKING_URI``)
+has none: it is listed with its URL and never started or stopped by us.
+
+Programs are launched from the venv's bin (``Path(sys.executable).parent``) as
+subprocesses, so neither mlflow nor prefect is imported here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from examlops.core.settings import Settings
+from examlops.platform.process import HealthCheck, ManagedProcess
+from examlops.platform.redis_server import EmbeddedRedis
+
+SERVICE_NAMES = ("redis", "mlflow", "prefect", "serving")
+"""Start order; they are stopped in reverse."""
+
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """One service: where it answers and, when owned, the process that provides it."""
+
+    name: str
+    title: str
+    url: str
+    """Shown to the user; credentials are masked."""
+    links: tuple[tuple[str, str], ...] = ()
+    """Further (title, URL) pairs for the table, such as the OpenAPI docs."""
+    process: ManagedProcess | None = None
+    """None for an external service."""
+    port: int | None = None
+    port_setting: str = ""
+    health_url: str | None = None
+    """What ``exa status`` probes; None when probing would need a secret."""
+
+    @property
+    def owned(self) -> bool:
+        return self.process is not None
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _bin(program: str) -> str:
+    beside_python = Path(sys.executable).parent / program
+    return str(beside_python) if beside_python.exists() else program
+
+
+def _external(name: str, title: str, url: str, health: str | None) -> ServiceSpec:
+    shown = redact(url)
+    return ServiceSpec(name, title, shown, health_url=health if shown == url else None)
+
+
+def redis_spec(settings: Settings) -> ServiceSpec:
+    if not settings.redis_owned:
+        return _external("redis", "Redis", settings.redis_url, settings.redis_url)
+    server = EmbeddedRedis(
+        settings.state_dir / "redis", settings.redis.port, log_path=settings.log_dir / "redis.log"
+    )
+    return ServiceSpec(
+        "redis", "Redis", server.url, process=server.process, port=server.port,
+        port_setting="EXAMLOPS_REDIS__PORT", health_url=server.url,
+    )  # fmt: skip
+
+
+def mlflow_spec(settings: Settings) -> ServiceSpec:
+    tracking = settings.mlflow_tracking_uri
+    if urlsplit(tracking).scheme in ("http", "https"):
+        return _external("mlflow", "MLflow UI", tracking, tracking.rstrip("/") + "/health")
+    port = settings.mlflow.ui_port
+    url = f"http://{LOCALHOST}:{port}"
+    artifacts = settings.mlflow_artifact_root
+    argv = [
+        _bin("mlflow"), "server",
+        "--backend-store-uri", tracking,
+        "--default-artifact-root", str(artifacts),
+        "--artifacts-destination", str(artifacts),
+        "--host", LOCALHOST, "--port", str(port),
+        "--workers", "1",
+    ]  # fmt: skip
+    process = ManagedProcess(
+        "mlflow",
+        argv,
+        log_path=settings.log_dir / "mlflow.log",
+        health=f"{url}/health",
+        # Without this, the server forks a pool of job workers (about 15 processes, 2 GB).
+        env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        cwd=settings.mlflow_dir,  # anything it writes relative to the cwd stays in the state folder
+        prepare=lambda: artifacts.mkdir(parents=True, exist_ok=True),
+    )
+    return ServiceSpec(
+        "mlflow", "MLflow UI", url, process=process, port=port,
+        port_setting="EXAMLOPS_MLFLOW__UI_PORT", health_url=f"{url}/health",
+    )  # fmt: skip
+
+
+def prefect_spec(settings: Settings) -> ServiceSpec:
+    api = settings.prefect_api_url.rstrip("/")
+    ui = api.removesuffix("/api")
+    if settings.prefect.api_url is not None:
+        return _external("prefect", "Prefect UI", ui, f"{api}/health")
+    port = settings.prefect.port
+    home = settings.prefect_home
+    env = {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # `--port` alone leaves the bundled UI calling port 4200; these set what the UI is told.
+        "PREFECT_SERVER_API_HOST": LOCALHOST,
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_API_URL": api,
+    }
+    process = ManagedProcess(
+        "prefect",
+        [_bin("prefect"), "server", "start", "--host", LOCALHOST, "--port", str(port)],
+        log_path=settings.log_dir / "prefect.log",
+        health=f"{api}/health",
+        env=env,
+        cwd=home,
+        prepare=lambda: home.mkdir(parents=True, exist_ok=True),
+    )
+    return ServiceSpec(
+        "prefect", "Prefect UI", ui, process=process, port=port,
+        port_setting="EXAMLOPS_PREFECT__PORT", health_url=f"{api}/health",
+    )  # fmt: skip
+
+
+def serving_spec(settings: Settings) -> ServiceSpec:
+    host, port = settings.serving.host, settings.serving.port
+    url = settings.serving.local_url
+    process = ManagedProcess(
+        "serving",
+        [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--host", host, "--port", str(port)],
+        log_path=settings.log_dir / "serving.log",
+        health=f"{url}/readyz",
+        # The child reads its own Settings from the environment; this keeps it on our state folder.
+        env={"EXAMLOPS_HOME": str(settings.state_dir)},
+        cwd=settings.state_dir,
+        stop_grace=settings.serving.drain_grace_s + 5,  # it drains requests in flight on SIGTERM
+    )
+    return ServiceSpec(
+        "serving", "Serving API", url, links=(("OpenAPI docs", f"{url}/docs"),), process=process,
+        port=port, port_setting="EXAMLOPS_SERVING__PORT", health_url=f"{url}/readyz",
+    )  # fmt: skip
+
+
+_BUILDERS = {"redis": redis_spec, "mlflow": mlflow_spec, "prefect": prefect_spec, "serving": serving_spec}
+
+
+def build_specs(settings: Settings, services: Collection[str] | None = None) -> list[ServiceSpec]:
+    """Specs for ``services`` (default: all) in start order. ``ValueError`` for an unknown name."""
+    wanted = SERVICE_NAMES if services is None else tuple(services)
+    unknown = sorted(set(wanted) - set(SERVICE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(SERVICE_NAMES)}")
+    return [_BUILDERS[name](settings) for name in SERVICE_NAMES if name in wanted]

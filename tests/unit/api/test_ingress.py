@@ -1,0 +1,176 @@
+"""The HTTP ingress against a fake pipeline: every refusal is a 422 or 413 that names the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from examlops.api.app import create_app
+from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelNotFound
+from examlops.core.messages import InferenceRequest, InferenceResult
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog, load_catalog
+
+
+@dataclass
+class FakePipeline:
+    catalog: Catalog
+    ready: bool = True
+    seen: list[InferenceRequest] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult:
+        self.seen.append(request)
+        if self.fail_with is not None:
+            raise self.fail_with
+        spec = self.catalog.get(request.model)
+        return InferenceResult(spec.name, request.alias or "Production", "1", "run-1", 0.5, request.job_id)
+
+    def hot_set(self) -> Sequence[Any]:
+        return []
+
+    def traffic(self, model: str) -> dict[str, int]:
+        return {}
+
+    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
+        return dict(weights)
+
+
+@pytest.fixture
+def pipeline(settings: Settings) -> FakePipeline:
+    return FakePipeline(load_catalog(settings.catalog_path))
+
+
+@pytest.fixture
+async def client(settings: Settings, pipeline: FakePipeline) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, pipeline, CollectorRegistry())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://serving") as c:
+        yield c
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": "JPCP", "embedding": [0.1] * 384, "node_count": 12}
+    base.update(overrides)
+    return base
+
+
+async def test_a_valid_request_is_answered_with_the_model_version_and_job_id(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/infer-pipeline/infer", json=body(job_id="j-1"))
+    assert reply.status_code == 200
+    assert reply.json() == {
+        "model": "JPCP", "alias": "Production", "version": "1", "run_id": "run-1",
+        "prediction": 0.5, "error": None, "job_id": "j-1",
+    }
+
+
+RAW_REFUSALS = [
+    ("embedding.0", '{"model":"JPCP","embedding":[NaN],"node_count":1}'),
+    ("embedding.0", '{"model":"JPCP","embedding":[Infinity],"node_count":1}'),
+    ("embedding.1", '{"model":"JPCP","embedding":[1, 1e309],"node_count":1}'),
+    ("embedding.0", '{"model":"JPCP","embedding":["1.0"],"node_count":1}'),
+    ("embedding.0", '{"model":"JPCP","embedding":[true],"node_count":1}'),
+    ("embedding.0", '{"model":"JPCP","embedding":[null],"node_count":1}'),
+    ("embedding.0", '{"model":"JPCP","embedding":[[1.0]],"node_count":1}'),
+    ("embedding", '{"model":"JPCP","embedding":"abc","node_count":1}'),
+    ("embedding", '{"model":"JPCP","node_count":1}'),
+    ("node_count", '{"model":"JPCP","embedding":[1.0]}'),
+    ("node_count", '{"model":"JPCP","embedding":[1.0],"node_count":0}'),
+    ("node_count", '{"model":"JPCP","embedding":[1.0],"node_count":2.5}'),
+    ("node_count", '{"model":"JPCP","embedding":[1.0],"node_count":true}'),
+    ("node_count", '{"model":"JPCP","embedding":[1.0],"node_count":"3"}'),
+    ("surprise", '{"model":"JPCP","embedding":[1.0],"node_count":1,"surprise":1}'),
+    ("body", '{"model": "JPCP", "embedding": [1.0'),
+]
+
+
+@pytest.mark.parametrize(("field", "raw"), RAW_REFUSALS)
+async def test_bad_payloads_get_a_422_naming_the_field(
+    client: httpx.AsyncClient, pipeline: FakePipeline, field: str, raw: str
+) -> None:
+    reply = await client.post("/infer-pipeline/infer", content=raw, headers={"content-type": "application/json"})
+    assert reply.status_code == 422, reply.text
+    data = reply.json()
+    assert data["prediction"] == 0.0
+    assert data["inference_failed"] is False
+    assert data["field"].startswith(field) or field == "body"
+    assert pipeline.seen == []
+
+
+async def test_a_refusal_never_echoes_the_input(client: httpx.AsyncClient) -> None:
+    secret = "x" * 5000
+    reply = await client.post("/infer-pipeline/infer", json=body(embedding=[secret]))
+    assert reply.status_code == 422
+    assert "xxxxxxxxxx" not in reply.text
+    assert len(reply.content) < 1000
+
+
+async def test_alias_and_version_together_are_refused(client: httpx.AsyncClient) -> None:
+    reply = await client.post("/infer-pipeline/infer", json=body(alias="Canary", version=2))
+    assert reply.status_code == 422
+    assert reply.json()["field"] == "version"
+
+
+async def test_a_declared_oversized_body_gets_413_before_it_is_read(client: httpx.AsyncClient) -> None:
+    big = json.dumps(body(embedding=[0.123456789] * 120_000)).encode()
+    assert len(big) > 1024 * 1024
+    reply = await client.post("/infer-pipeline/infer", content=big, headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+    assert reply.json()["code"] == "payload_too_large"
+
+
+async def test_a_chunked_oversized_body_gets_413(client: httpx.AsyncClient) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(40):
+            yield b" " * 65536
+
+    reply = await client.post("/infer-pipeline/infer", content=chunks(), headers={"content-type": "application/json"})
+    assert reply.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "failed"),
+    [
+        (ModelNotFound("no such model"), 404, False),
+        (InferenceFailed("model raised"), 500, True),
+        (InferenceTimeout("past 30 s"), 504, True),
+    ],
+)
+async def test_pipeline_errors_map_to_statuses_with_a_zero_prediction(
+    client: httpx.AsyncClient, pipeline: FakePipeline, error: Exception, status: int, failed: bool
+) -> None:
+    pipeline.fail_with = error
+    reply = await client.post("/infer-pipeline/infer", json=body(job_id="j-9"))
+    assert reply.status_code == status
+    data = reply.json()
+    assert data["prediction"] == 0.0
+    assert data["inference_failed"] is failed
+    assert data["job_id"] == "j-9"
+    assert data["error"]
+
+
+async def test_not_ready_is_503(client: httpx.AsyncClient, pipeline: FakePipeline) -> None:
+    pipeline.ready = False
+    reply = await client.post("/v1/models/JPCP/predict", json={"embedding": [0.1] * 384, "node_count": 1})
+    assert reply.status_code == 503
+    assert (await client.get("/readyz")).status_code == 503
+    assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_direct_predict_uses_the_path_model(client: httpx.AsyncClient, pipeline: FakePipeline) -> None:
+    reply = await client.post("/v1/models/jpcp/predict", json={"embedding": [0.1] * 384, "node_count": 3, "alias": "canary"})
+    assert reply.status_code == 200
+    assert pipeline.seen[0].model == "jpcp"
+    assert pipeline.seen[0].alias == "canary"
