@@ -1,0 +1,83 @@
+"""Helpers that run the real serving process for integration tests: a real uvicorn on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def examlops_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child process: no EXAMLOPS_* from the shell, a private state folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env["EXAMLOPS_HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+class ServingProcess:
+    """`exa serve start` in a child process; `stop()` sends SIGTERM and waits."""
+
+    def __init__(self, home: Path, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / f"serving-{self.port}.log"
+        full_env = examlops_env(home, **dict(env or {}))
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(self.port)],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serving exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"serving not ready after {timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        # The predict workers live in the same session; none may outlive serving.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return self.proc.returncode
+            time.sleep(0.1)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        raise AssertionError("serving left processes behind in its session")

@@ -1,0 +1,233 @@
+"""The serving process for real: uvicorn on a free port, models from a real MLflow store."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import httpx
+import numpy as np
+import pytest
+
+from examlops.core.settings import Settings
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from tests.integration import sleepy
+from tests.integration.servers import ServingProcess
+from tests.unit.api.test_ingress import RAW_REFUSALS
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+SLOW_YAML = """name: SLOW
+seanerbus_uuid: 00000000-0000-4000-8000-000000000001
+default_alias: Production
+input_schema:
+  embedding: {type: float_array, length: 384}
+  node_count: {type: integer, minimum: 1}
+tasks: [test.slow]
+"""
+
+
+def register_slow_model(settings: Settings) -> None:
+    """A real MLflow version whose predict sleeps a minute, serialised by value."""
+    import mlflow
+    import mlflow.sklearn
+
+    cloudpickle.register_pickle_by_value(sleepy)
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    client = mlflow.MlflowClient(settings.mlflow_tracking_uri)
+    artifacts = settings.mlflow_artifact_root / "tests"
+    experiment_id = client.create_experiment("examlops-tests", artifact_location=artifacts.as_uri())
+    model = sleepy.SleepyRegressor(60.0).fit(np.zeros((2, 385)), np.zeros(2))
+    with mlflow.start_run(experiment_id=experiment_id):
+        info = mlflow.sklearn.log_model(
+            model,
+            name="model",
+            serialization_format="cloudpickle",
+            pip_requirements=["scikit-learn"],
+            registered_model_name="SLOW",
+        )
+    client.set_registered_model_alias("SLOW", "Production", str(info.registered_model_version))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+    home = tmp_path_factory.mktemp("serving")
+    settings = Settings(home=home)
+    seed_demo(settings, load_catalog(settings.catalog_path))
+    catalog_dir = home / "catalog"
+    shutil.copytree(settings.catalog_path, catalog_dir)
+    (catalog_dir / "slow.yaml").write_text(SLOW_YAML)
+    register_slow_model(settings)
+    proc = ServingProcess(
+        home,
+        env={
+            "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
+            "EXAMLOPS_PREDICT__WORKERS": "2",
+            "EXAMLOPS_PREDICT__TIMEOUT_S": "1.5",
+        },
+    )
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        code = proc.stop()
+        assert code == 0, proc.log_tail()
+
+
+def embedding(seed: int = 0) -> list[float]:
+    return [float(v) for v in np.random.default_rng(seed).normal(0, 0.05, 384)]
+
+
+def infer(server: ServingProcess, **body: Any) -> httpx.Response:
+    payload: dict[str, Any] = {"model": "JPCP", "embedding": embedding(), "node_count": 12}
+    payload.update(body)
+    return httpx.post(f"{server.url}/infer-pipeline/infer", json=payload, timeout=30)
+
+
+def test_a_reply_names_the_model_alias_version_and_run(server: ServingProcess) -> None:
+    reply = infer(server, job_id="job-1")
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert (data["model"], data["alias"], data["version"], data["job_id"]) == ("JPCP", "Production", "1", "job-1")
+    assert data["run_id"] and data["error"] is None
+    assert math.isfinite(data["prediction"])
+
+
+def test_the_hot_set_lists_every_alias_that_exists(server: ServingProcess) -> None:
+    models = httpx.get(f"{server.url}/v1/models").json()
+    loaded = {(m["model"], m["alias"]): m["version"] for m in models if m["state"] == "ready"}
+    for name in ("JPCP", "CRCP", "AC"):
+        assert loaded[(name, "Production")] == "1"
+        assert loaded[(name, "Canary")] == "2"
+
+
+@pytest.mark.parametrize(("field", "raw"), RAW_REFUSALS)
+def test_bad_payloads_are_refused_with_422_over_real_http(server: ServingProcess, field: str, raw: str) -> None:
+    reply = httpx.post(
+        f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": "application/json"}
+    )
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["prediction"] == 0.0
+
+
+@pytest.mark.parametrize("length", [0, 383, 385])
+def test_an_embedding_of_the_wrong_length_is_a_422_naming_the_embedding(server: ServingProcess, length: int) -> None:
+    reply = infer(server, embedding=[0.1] * length)
+    assert reply.status_code == 422
+    assert reply.json()["field"] == "embedding"
+    assert reply.json()["inference_failed"] is False
+
+
+def test_a_body_over_one_mebibyte_is_a_413(server: ServingProcess) -> None:
+    reply = httpx.post(
+        f"{server.url}/infer-pipeline/infer",
+        content=b"[" + b"0.5," * 400_000 + b"0.5]",
+        headers={"content-type": "application/json"},
+    )
+    assert reply.status_code == 413
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"model": "NOPE"}, {"alias": "Staging"}, {"alias": "Nightly"}, {"version": 99}],
+)
+def test_unknown_models_aliases_and_versions_are_404(server: ServingProcess, body: dict[str, Any]) -> None:
+    reply = infer(server, **body)
+    assert reply.status_code == 404, reply.text
+    assert reply.json()["prediction"] == 0.0
+
+
+def test_names_and_aliases_match_case_insensitively(server: ServingProcess) -> None:
+    reply = infer(server, model="jpcp", alias="CANARY")
+    assert reply.status_code == 200, reply.text
+    assert (reply.json()["model"], reply.json()["alias"], reply.json()["version"]) == ("JPCP", "Canary", "2")
+
+
+def test_a_pinned_version_is_served_by_that_version(server: ServingProcess) -> None:
+    reply = infer(server, model="crcp", version=2)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["version"] == "2"
+
+
+def test_a_split_naming_a_missing_alias_or_not_summing_to_100_is_refused(server: ServingProcess) -> None:
+    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Staging": 50}).status_code == 422
+    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Canary": 40}).status_code == 422
+    assert httpx.get(f"{server.url}/v1/traffic/AC").json()["weights"] == {}
+
+
+async def _send_many(url: str, count: int, concurrency: int) -> Counter[str]:
+    seen: Counter[str] = Counter()
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def one(i: int) -> None:
+            async with limit:
+                reply = await client.post(
+                    f"{url}/infer-pipeline/infer", json={"model": "ac", "embedding": embedding(i % 7), "node_count": 3}
+                )
+                data = reply.json()
+                seen[data["alias"] if reply.status_code == 200 else f"error {reply.status_code}"] += 1
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+    return seen
+
+
+def test_a_split_sends_its_share_within_binomial_bounds(server: ServingProcess) -> None:
+    put = httpx.put(f"{server.url}/v1/traffic/ac", json={"production": 70, "canary": 30})
+    assert put.status_code == 200, put.text
+    assert put.json()["weights"] == {"Production": 70, "Canary": 30}
+    try:
+        n = 2000
+        seen = asyncio.run(_send_many(server.url, n, 32))
+    finally:
+        httpx.put(f"{server.url}/v1/traffic/AC", json={})
+    assert set(seen) == {"Production", "Canary"}, seen
+    bound = 4.5 * math.sqrt(n * 0.3 * 0.7)
+    assert abs(seen["Canary"] - 0.3 * n) < bound, seen
+
+
+def test_a_pinned_alias_ignores_the_split(server: ServingProcess) -> None:
+    assert httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 0, "Canary": 100}).status_code == 200
+    try:
+        assert infer(server, alias="Production").json()["alias"] == "Production"
+        assert infer(server).json()["alias"] == "Canary"
+    finally:
+        httpx.put(f"{server.url}/v1/traffic/JPCP", json={})
+
+
+def test_a_model_slower_than_the_limit_gets_504_and_the_next_request_is_served(server: ServingProcess) -> None:
+    slow = infer(server, model="SLOW")
+    assert slow.status_code == 504, slow.text
+    assert slow.json()["inference_failed"] is True
+    assert slow.json()["prediction"] == 0.0
+    # Both workers are free again: two slow calls in a row would otherwise starve these.
+    assert infer(server, model="SLOW").status_code == 504
+    for _ in range(3):
+        assert infer(server).status_code == 200
+
+
+def test_metrics_count_requests_by_model_alias_and_outcome(server: ServingProcess) -> None:
+    infer(server)
+    infer(server, embedding=[0.1])
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'examlops_requests_total{alias="Production",model="JPCP",outcome="ok"}' in text
+    assert "examlops_request_latency_seconds_bucket" in text
+    assert "examlops_batch_size_bucket" in text
+    assert "examlops_requests_in_flight" in text
+
+
+def test_no_file_is_written_outside_the_state_folder(server: ServingProcess) -> None:
+    assert not Path("mlflow.db").exists()
+    assert not Path("mlruns").exists()
