@@ -41,9 +41,7 @@ def status_of(error: errors.ExamlopsError) -> int:
     return 500
 
 
-def error_response(
-    error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None
-) -> JSONResponse:
+def error_response(error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> JSONResponse:
     body = ErrorReply(
         error=error.message,
         code=error.code,

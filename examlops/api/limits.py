@@ -7,6 +7,7 @@ crosses the limit. The application's own reply to a cut-off body is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,10 +57,8 @@ class BodyLimitMiddleware:
             started = True
             await send(message)
 
-        try:
+        with contextlib.suppress(_BodyTooLarge):
             await self.app(scope, limited_receive, guarded_send)
-        except _BodyTooLarge:
-            pass
         if cut and not started:
             await self._refuse(send)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from examlops.core.settings import Settings
-from examlops.platform.process import HealthCheck, ManagedProcess
+from examlops.platform.process import ManagedProcess
 from examlops.platform.redis_server import EmbeddedRedis
 
 SERVICE_NAMES = ("redis", "mlflow", "prefect", "serving")
@@ -71,9 +71,7 @@ def _external(name: str, title: str, url: str, health: str | None) -> ServiceSpe
 def redis_spec(settings: Settings) -> ServiceSpec:
     if not settings.redis_owned:
         return _external("redis", "Redis", settings.redis_url, settings.redis_url)
-    server = EmbeddedRedis(
-        settings.state_dir / "redis", settings.redis.port, log_path=settings.log_dir / "redis.log"
-    )
+    server = EmbeddedRedis(settings.state_dir / "redis", settings.redis.port, log_path=settings.log_dir / "redis.log")
     return ServiceSpec(
         "redis", "Redis", server.url, process=server.process, port=server.port,
         port_setting="EXAMLOPS_REDIS__PORT", health_url=server.url,

@@ -84,6 +84,14 @@ class PredictRuntime(Protocol):
     ``WorkerLost`` (retryable) when the worker died under the call.
     """
 
+    async def start(self) -> None:
+        """Start the workers; called once by the pipeline before anything is loaded."""
+        ...
+
+    async def close(self) -> None:
+        """Stop every worker; pending calls fail. Called once by the pipeline on shutdown."""
+        ...
+
     async def load(self, key: str, location: str) -> None:
         """Load a version so that ``predict`` can use it; ``ModelLoadError`` when it cannot be loaded."""
         ...

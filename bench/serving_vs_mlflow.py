@@ -1,0 +1,176 @@
+"""Serving throughput and latency: `exa serve start` beside `mlflow models serve`, in one run.
+
+Both servers are pinned to core 0 and the load generator to core 1. For each
+concurrency the two take turns on the same bounded count of requests for the
+same model version (JPCP v1, tensor signature). The in-process limit is the
+model's own predict on batches of 32 rows on core 0.
+
+    .venv/bin/python bench/serving_vs_mlflow.py [--requests 3000] [--home .examlops/bench]
+
+Figures only: nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import LoadResult, run_load
+
+from examlops.core.settings import Settings
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+
+BIN = Path(sys.executable).parent
+SERVER_CORE, CLIENT_CORE = 0, 1
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["taskset", "-c", str(SERVER_CORE), *argv],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"{url} not up after {timeout} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def in_process_limit(settings: Settings) -> float:
+    """Rows per second of the model's own predict on batches of 32, on the server's core."""
+    from examlops.bootstrap import model_registry
+    from examlops.registry.loader import load_sklearn_model
+
+    registry = model_registry(settings)
+    model = load_sklearn_model(registry.fetch(registry.resolve("JPCP", "Production")))
+    rows = np.random.default_rng(0).normal(0, 0.05, (32, 385))
+    rows[:, -1] = 12
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {SERVER_CORE})
+    try:
+        model.predict(rows)
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < 2.0:
+            model.predict(rows)
+            count += 32
+        return count / (time.perf_counter() - started)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=3000, help="requests per run at c=8 and c=64")
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench"), help="state folder of the bench")
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    if home.exists():
+        shutil.rmtree(home)
+    settings = Settings(home=home)
+    print(f"seeding demo models in {home} ...", flush=True)
+    seed_demo(settings, load_catalog(settings.catalog_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
+    ours_port, theirs_port = 18101, 18102
+    ours = start([str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log")
+    theirs = start(
+        [
+            str(BIN / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            "models:/JPCP/1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(theirs_port),
+            "--env-manager",
+            "local",
+        ],
+        env,
+        home / "mlflow-serve.log",
+    )
+    try:
+        ours_start = wait_http(f"http://127.0.0.1:{ours_port}/readyz", ours)
+        theirs_start = wait_http(f"http://127.0.0.1:{theirs_port}/ping", theirs)
+        print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
+        os.sched_setaffinity(0, {CLIENT_CORE})
+
+        rng = np.random.default_rng(1)
+        embeddings = [rng.normal(0, 0.05, 384).round(6).tolist() for _ in range(64)]
+        ours_bodies = [json.dumps({"model": "JPCP", "embedding": e, "node_count": 12}).encode() for e in embeddings]
+        theirs_bodies = [json.dumps({"inputs": [[*e, 12.0]]}).encode() for e in embeddings]
+        ours_url = f"http://127.0.0.1:{ours_port}/infer-pipeline/infer"
+        theirs_url = f"http://127.0.0.1:{theirs_port}/invocations"
+
+        results: list[tuple[int, LoadResult, LoadResult]] = []
+        for concurrency in (1, 8, 64):
+            total = args.requests // 4 if concurrency == 1 else args.requests
+            for url, bodies in ((ours_url, ours_bodies), (theirs_url, theirs_bodies)):
+                asyncio.run(run_load(url, lambda i, b=bodies: b[i % 64], total=100, concurrency=concurrency))
+            a = asyncio.run(run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency))
+            b = asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=total, concurrency=concurrency))
+            results.append((concurrency, a, b))
+            print(f"c={concurrency}: done", flush=True)
+        limit = in_process_limit(settings)
+    finally:
+        stop(ours)
+        stop(theirs)
+
+    print()
+    print("server pinned to core 0, load generator to core 1; JPCP v1 (HistGradientBoosting, 385 inputs)")
+    header = f"{'c':>3} | {'server':<20} | {'req/s':>8} | {'p50 ms':>8} | {'p99 ms':>8} | {'errors':>6} | {'sent':>6}"
+    print(header)
+    print("-" * len(header))
+    for concurrency, a, b in results:
+        for name, r in (("examlops", a), ("mlflow models serve", b)):
+            print(
+                f"{concurrency:>3} | {name:<20} | {r.rps:>8.1f} | {r.p50:>8.2f} | {r.p99:>8.2f} | "
+                f"{r.errors:>6} | {r.sent:>6}"
+            )
+        ratio = a.rps / b.rps if b.rps else float("inf")
+        print(f"{concurrency:>3} | {'ratio examlops/mlflow':<20} | {ratio:>8.2f}x")
+    print()
+    print(f"in-process limit (predict on batches of 32, one core): {limit:,.0f} rows/s")
+    for concurrency, a, _ in results:
+        print(f"  c={concurrency}: examlops serves {a.rps / limit:.1%} of it")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""`exa up`, `exa down`, `exa status`: start, stop and inspect every service of one state folder.
+
+Thin: parse, call ``examlops.platform``, format. Nothing heavy is imported at
+module level, so `exa --help` stays fast. Exit codes come from ``output.py``:
+0 done (and `up` stopped by Ctrl-C or `exa down`), 1 already running / not
+running / a service not well, 2 a setting that cannot be used (a taken port),
+3 a service that failed to start or died.
+
+``--skip NAME`` (repeatable) leaves a service out of `exa up`, e.g.
+``--skip serving`` to run the platform without the serving process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from examlops.cli.output import BAD_INPUT, OK, UNAVAILABLE, UNWELL, console, err_console, fail, print_json
+from examlops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from examlops.platform.supervisor import SetupHook, UpState
+
+TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait.", min=1)]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level commands `up`, `down` and `status` to ``app``."""
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", BAD_INPUT)
+
+
+def _print_failure(message: str, log_tail: str = "") -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    if log_tail:
+        err_console.print("[dim]--- last lines of the log ---[/]")
+        err_console.print(log_tail, highlight=False, markup=False)
+
+
+def _setup_hook() -> SetupHook | None:
+    try:
+        from examlops.bootstrap import prepare_platform
+    except ImportError as exc:
+        if exc.name != "examlops.bootstrap":
+            raise  # a dependency of bootstrap is broken: that must not pass silently
+        console.print("[yellow]examlops.bootstrap.prepare_platform is not available: skipping seeding[/]")
+        return None
+    return prepare_platform
+
+
+def up(
+    detach: Annotated[bool, typer.Option("--detach", help="Start in the background and return once ready.")] = False,
+    no_seed: Annotated[bool, typer.Option("--no-seed", help="Skip preparing the store and demo models.")] = False,
+    timeout: TimeoutOption = 180.0,
+    skip: Annotated[
+        list[str] | None, typer.Option("--skip", help="Leave a service out (redis, mlflow, prefect, serving).")
+    ] = None,
+) -> None:
+    """Start Redis, MLflow, Prefect and serving; print their URLs; Ctrl-C stops them all."""
+    from examlops.platform.process import AlreadyRunning, PortInUse, ServiceStartFailed
+    from examlops.platform.services import SERVICE_NAMES
+    from examlops.platform.supervisor import Supervisor
+
+    settings = _settings()
+    skipped = set(skip or ())
+    if skipped - set(SERVICE_NAMES):
+        fail(
+            f"--skip takes {', '.join(SERVICE_NAMES)}, not {', '.join(sorted(skipped - set(SERVICE_NAMES)))}", BAD_INPUT
+        )
+    if detach:
+        _up_detached(settings, no_seed=no_seed, timeout=timeout, skip=sorted(skipped))
+        return
+    supervisor = Supervisor(
+        settings,
+        services=[name for name in SERVICE_NAMES if name not in skipped],
+        setup=None if no_seed else _setup_hook(),
+        console=console,
+        ready_timeout=timeout,
+    )
+    try:
+        supervisor.run()
+    except AlreadyRunning as exc:
+        fail(str(exc), UNWELL)
+    except PortInUse as exc:
+        fail(str(exc), BAD_INPUT)
+    except ServiceStartFailed as exc:  # and ServiceExited
+        _print_failure(str(exc), exc.log_tail)
+        raise typer.Exit(UNAVAILABLE) from None
+    raise typer.Exit(OK)
+
+
+def _cli_module() -> str:
+    """The module to re-launch: the one running now when it is ours (tests run lifecycle alone)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    name = getattr(spec, "name", "")
+    return name if name.startswith("examlops.cli.") else "examlops.cli.main"
+
+
+def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: list[str]) -> None:
+    from examlops.platform.process import tail
+    from examlops.platform.supervisor import UpState, url_table
+
+    argv = [sys.executable, "-m", _cli_module(), "up", "--timeout", str(timeout)]
+    argv += ["--no-seed"] * no_seed + [arg for name in skip for arg in ("--skip", name)]
+    log = settings.log_dir / "up.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # posix_spawn with setsid: the child leads its own session and outlives us; no Popen to warn at exit.
+    pid = os.posix_spawn(
+        sys.executable,
+        argv,
+        # COLUMNS: rich wraps at 80 columns when it writes to a file, which mangles log tails.
+        {**os.environ, "EXAMLOPS_HOME": str(settings.state_dir), "COLUMNS": os.environ.get("COLUMNS", "160")},
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+    )
+    deadline = time.monotonic() + timeout + 120  # the setup hook runs before the readiness clock starts
+    try:
+        with console.status("starting in the background") as progress:
+            while time.monotonic() < deadline:
+                if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                    _print_failure(f"exa up exited before it was ready (log: {log})", tail(log, 30))
+                    raise typer.Exit(UNAVAILABLE)
+                state = UpState.read(settings.run_dir)
+                if state is not None and state.supervisor_pid == pid:
+                    if state.state == "ready":
+                        console.print(url_table(state))
+                        console.print(f"supervisor pid {pid}; log {log}; `exa down` stops everything")
+                        return
+                    progress.update(", ".join(f"{r.name}: {r.state}" for r in state.services))
+                time.sleep(0.3)
+    except KeyboardInterrupt:
+        os.kill(pid, signal.SIGTERM)  # it stops whatever it started
+        os.waitpid(pid, 0)
+        fail("interrupted: the background exa up was stopped", UNWELL)
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    _print_failure(f"exa up was not ready after {timeout:.0f} s; stopped it (log: {log})", tail(log, 30))
+    raise typer.Exit(UNAVAILABLE)
+
+
+def down(timeout: TimeoutOption = 60.0) -> None:
+    """Stop what `exa up` started: SIGTERM its supervisor, then SIGKILL any process group left behind."""
+    from examlops.platform.process import group_alive, kill_group, pid_alive
+    from examlops.platform.supervisor import STATE_FILE, UpState, supervisor_running
+
+    settings = _settings()
+    run_dir = settings.run_dir
+    state = UpState.read(run_dir)
+    if state is None:
+        console.print("nothing running")
+        raise typer.Exit(OK)
+    # The lock, not the pid, says whether the supervisor lives: a stale pid may belong to a stranger now.
+    if supervisor_running(run_dir):
+        with console.status(f"stopping exa up (pid {state.supervisor_pid})"):
+            os.kill(state.supervisor_pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if pid_alive(state.supervisor_pid):
+            err_console.print(f"exa up (pid {state.supervisor_pid}) did not stop in {timeout:.0f} s: killing it")
+            os.kill(state.supervisor_pid, signal.SIGKILL)
+    leftovers = [r for r in state.services if r.pgid is not None and group_alive(r.pgid)]
+    for record in leftovers:
+        assert record.pgid is not None
+        err_console.print(f"{record.name} (group {record.pgid}) was left running: stopping it")
+        kill_group(record.pgid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while any(group_alive(r.pgid) for r in leftovers if r.pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for record in leftovers:
+        if record.pgid is not None and group_alive(record.pgid):
+            kill_group(record.pgid, signal.SIGKILL)
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    console.print("stopped")
+
+
+def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
+    from examlops.platform.process import pid_alive, probe
+
+    healthy = probe(record.health_url) if record.health_url else None
+    if not record.owned:
+        state = "external" if healthy is not False else "unreachable"
+    elif record.pid is None or not pid_alive(record.pid):
+        state = "stopped"
+    elif healthy:
+        state = "running"
+    else:
+        state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
+    return {
+        "name": record.name,
+        "title": record.title,
+        "state": state,
+        "healthy": healthy,
+        "url": record.url,
+        "links": dict(record.links),
+        "pid": record.pid,
+        "pgid": record.pgid,
+        "log": record.log,
+        "owned": record.owned,
+    }
+
+
+def _status_document(state: UpState | None, run_dir: Path) -> dict[str, Any]:
+    from examlops.platform.supervisor import supervisor_running
+
+    up = supervisor_running(run_dir)
+    if state is None:
+        return {"running": up, "state": None, "supervisor_pid": None, "services": []}
+    with ThreadPoolExecutor(max_workers=max(1, len(state.services))) as pool:
+        services = list(pool.map(lambda r: _service_status(r, up), state.services))
+    return {
+        "running": up,
+        "state": state.state if up else "dead",
+        "supervisor_pid": state.supervisor_pid,
+        "state_dir": state.state_dir,
+        "started_at": state.started_at,
+        "services": services,
+    }
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Each service of `exa up`: state, pid, URL, health. Exit 1 when something that should run does not."""
+    from rich.table import Table
+
+    from examlops.platform.supervisor import UpState
+
+    settings = _settings()
+    doc = _status_document(UpState.read(settings.run_dir), settings.run_dir)
+    well = doc["running"] and all(s["state"] in ("running", "external") for s in doc["services"])
+    if as_json:
+        print_json({**doc, "ok": well})
+    elif not doc["services"]:
+        console.print("nothing running")
+    else:
+        table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
+        for column in ("service", "state", "pid", "URL", "health"):
+            table.add_column(column)
+        for s in doc["services"]:
+            health = {True: "ok", False: "failing", None: "-"}[s["healthy"]]
+            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health)
+        console.print(table)
+    raise typer.Exit(OK if well else UNWELL)
+
+
+if __name__ == "__main__":
+    _app = typer.Typer(pretty_exceptions_enable=False)
+    register(_app)
+    _app()

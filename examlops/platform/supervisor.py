@@ -1,0 +1,326 @@
+"""``exa up`` in one object: start every service, show the URLs, stop them all.
+
+``Supervisor(settings).run()`` contract:
+
+- Refuses to start (``AlreadyRunning``) while another supervisor holds
+  ``run_dir/up.lock`` (an flock, released by the kernel however that process
+  ended), or while a dead one's ``up.json`` names process groups still alive.
+- Checks every owned port before starting anything (``PortInUse`` names the
+  setting to change).
+- Starts redis, then calls the setup hook, then starts mlflow, prefect and
+  serving together and waits for all three. ``ServiceStartFailed`` carries the
+  log tail of the one that failed.
+- Keeps ``run_dir/up.json`` current (``UpState``: supervisor pid, state, and
+  per service pid, pgid, URL, log, state) for ``exa status`` and ``exa down``.
+- Returns the signal's name after SIGINT, SIGTERM or SIGHUP; raises
+  ``ServiceExited`` when a service dies on its own.
+- Whatever happened, every process it started is stopped (reverse order, whole
+  process groups, SIGKILL after the grace) and ``up.json`` is removed before
+  ``run`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from examlops.core.settings import Settings
+from examlops.platform.process import (
+    AlreadyRunning,
+    ServiceExited,
+    ServiceStartFailed,
+    ensure_port_free,
+    group_alive,
+)
+from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
+
+Progress = Callable[[str], None]
+SetupHook = Callable[[Settings, Progress], None]
+"""Runs after redis is ready and before the other services start (``bootstrap.prepare_platform``)."""
+
+STATE_FILE = "up.json"
+LOCK_FILE = "up.lock"
+
+
+@dataclass(slots=True)
+class ServiceRecord:
+    name: str
+    title: str
+    url: str
+    links: list[tuple[str, str]] = field(default_factory=list)
+    owned: bool = True
+    state: str = "pending"
+    """pending, starting, running, failed, stopped, or external."""
+    pid: int | None = None
+    pgid: int | None = None
+    port: int | None = None
+    log: str | None = None
+    health_url: str | None = None
+    ready_after_s: float | None = None
+
+
+@dataclass(slots=True)
+class UpState:
+    """The content of ``up.json``."""
+
+    supervisor_pid: int
+    state_dir: str
+    state: str = "starting"
+    """starting, ready or stopping."""
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    services: list[ServiceRecord] = field(default_factory=list)
+
+    def write(self, run_dir: Path) -> None:
+        """Atomic: a reader sees the old document or the new one, never half of one."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".{STATE_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(run_dir / STATE_FILE)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> UpState | None:
+        """None when there is no file or it cannot be parsed."""
+        try:
+            data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
+            services = [
+                ServiceRecord(**{**s, "links": [tuple(link) for link in s.get("links", [])]})
+                for s in data.pop("services", [])
+            ]
+            return cls(**data, services=services)
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def url_table(state: UpState, title: str = "examlops is up") -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("service")
+    table.add_column("URL")
+    table.add_column("state")
+    for record in state.services:
+        table.add_row(record.title, record.url, record.state)
+        for link_title, link_url in record.links:
+            table.add_row(f"  {link_title}", link_url, "")
+    return table
+
+
+def _record(spec: ServiceSpec) -> ServiceRecord:
+    return ServiceRecord(
+        spec.name,
+        spec.title,
+        spec.url,
+        list(spec.links),
+        owned=spec.owned,
+        state="pending" if spec.owned else "external",
+        port=spec.port,
+        log=str(spec.process.log_path) if spec.process else None,
+        health_url=spec.health_url,
+    )
+
+
+class StopRequested(BaseException):
+    """Raised from the signal handler to unwind whatever the supervisor was doing."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signame = signal.Signals(signum).name
+
+
+class Supervisor:
+    """Owns every process of one ``exa up``; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        services: Collection[str] | None = None,
+        setup: SetupHook | None = None,
+        console: Console | None = None,
+        ready_timeout: float = 180.0,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.settings = settings
+        self.specs = build_specs(settings, services)
+        self.setup = setup
+        self.console = console or Console()
+        self.ready_timeout = ready_timeout
+        self.poll_interval = poll_interval
+        self.state = UpState(os.getpid(), str(settings.state_dir), services=[_record(s) for s in self.specs])
+        self._records = {r.name: r for r in self.state.services}
+        self._started: list[ServiceSpec] = []
+        self._stopping = False
+        self._lock: IO[str] | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.settings.run_dir
+
+    def run(self) -> str:
+        """Start, print the URLs, wait; returns the name of the signal that stopped it."""
+        self._claim()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self._start_all()
+            self.state.state = "ready"
+            self._save()
+            self.console.print(url_table(self.state))
+            self.console.print(f"logs in {self.settings.log_dir}; Ctrl-C or `exa down` stops everything")
+            self._watch()
+        except StopRequested as stop:
+            self.console.print(f"{stop.signame} received: stopping")
+            return stop.signame
+        finally:
+            try:
+                self._shutdown()
+            except StopRequested:  # the first signal landed before _shutdown marked us as stopping
+                self._shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        raise AssertionError("unreachable: _watch only leaves by raising")
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self._stopping:
+            return  # already unwinding; stop() finishes within its grace
+        self._stopping = True
+        raise StopRequested(signum)
+
+    def _claim(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        lock = (self.run_dir / LOCK_FILE).open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            other = UpState.read(self.run_dir)
+            pid = f" (pid {other.supervisor_pid})" if other else ""
+            raise AlreadyRunning(
+                f"exa up is already running{pid} for {self.settings.state_dir}; see `exa status`, or `exa down`"
+            ) from None
+        self._lock = lock
+        stale = UpState.read(self.run_dir)
+        if stale is not None:
+            alive = [r.name for r in stale.services if r.pgid is not None and group_alive(r.pgid)]
+            if alive:
+                self._release()
+                raise AlreadyRunning(
+                    f"a previous exa up (pid {stale.supervisor_pid}) ended without stopping {', '.join(alive)}; "
+                    "run `exa down` to stop them"
+                )
+            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        self._save()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops the flock
+            self._lock = None
+
+    def _save(self) -> None:
+        self.state.write(self.run_dir)
+
+    def _start_all(self) -> None:
+        owned = [s for s in self.specs if s.process is not None]
+        for spec in owned:
+            assert spec.port is not None
+            ensure_port_free(LOCALHOST, spec.port, what=spec.title, setting=spec.port_setting)
+        first = [s for s in owned if s.name == "redis"]
+        self._start_group(first)
+        if self.setup is not None:
+            self.console.print("preparing the platform (MLflow store, SQL tables, demo models)")
+            t0 = time.monotonic()
+            self.setup(self.settings, lambda line: self.console.print(f"  {line}", highlight=False))
+            self.console.print(f"[green]✓[/] platform prepared ({time.monotonic() - t0:.1f} s)")
+        self._start_group([s for s in owned if s.name != "redis"])
+
+    def _start_group(self, specs: list[ServiceSpec]) -> None:
+        """Start every spec, then wait for all of them together; the first failure raises."""
+        if not specs:
+            return
+        t0 = time.monotonic()
+        for spec in specs:
+            assert spec.process is not None
+            record = self._records[spec.name]
+            record.state = "starting"
+            self._started.append(spec)
+            spec.process.start()
+            record.pid, record.pgid = spec.process.pid, spec.process.pgid
+        self._save()
+        pending = list(specs)
+        with self.console.status("") as status:
+            while pending:
+                waited = time.monotonic() - t0
+                status.update(f"starting {', '.join(s.name for s in pending)} ({waited:.0f} s)")
+                for spec in list(pending):
+                    assert spec.process is not None
+                    if spec.process.check_ready():
+                        pending.remove(spec)
+                        record = self._records[spec.name]
+                        record.state, record.ready_after_s = "running", round(time.monotonic() - t0, 1)
+                        self._save()
+                        self.console.print(f"[green]✓[/] {spec.name} ready in {record.ready_after_s} s at {spec.url}")
+                if pending and waited > self.ready_timeout:
+                    spec = pending[0]
+                    assert spec.process is not None
+                    raise ServiceStartFailed(
+                        f"{spec.name} was not ready after {self.ready_timeout:.0f} s (log: {spec.process.log_path})",
+                        log_tail=spec.process.log_tail(),
+                    )
+                if pending:
+                    time.sleep(0.2)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.poll_interval)
+            for spec in self._started:
+                assert spec.process is not None
+                if not spec.process.alive():
+                    record = self._records[spec.name]
+                    record.state = "failed"
+                    self._save()
+                    raise ServiceExited(
+                        f"{spec.name} exited unexpectedly with code {spec.process.returncode} "
+                        f"(log: {spec.process.log_path})",
+                        log_tail=spec.process.log_tail(),
+                    )
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        try:
+            self.state.state = "stopping"
+            self._save()
+            for spec in reversed(self._started):
+                assert spec.process is not None
+                t0 = time.monotonic()
+                with self.console.status(f"stopping {spec.name}"):
+                    code = spec.process.stop()
+                self._records[spec.name].state = "stopped"
+                self.console.print(f"stopped {spec.name} (exit {code}, {time.monotonic() - t0:.1f} s)")
+        finally:
+            with contextlib.suppress(OSError):
+                (self.run_dir / STATE_FILE).unlink()
+            self._release()
+
+
+def supervisor_running(run_dir: Path) -> bool:
+    """True while some ``exa up`` holds the lock of this state folder; immune to pid reuse."""
+    path = run_dir / LOCK_FILE
+    if not path.exists():
+        return False
+    with path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False

@@ -1,0 +1,373 @@
+"""The hot set: the model versions held in the predict runtime, by alias and by pinned version.
+
+Contracts:
+
+- ``load_all`` resolves, for every catalog model, every configured alias that exists (Production,
+  Canary, Staging, plus the model's default alias) and loads its version. One model or alias failing
+  does not stop the others: it is recorded with state ``error`` and the reason; an alias the registry
+  does not have is ``missing``. ``load_model`` retries one model's aliases that are not loaded.
+- A version is loaded into the runtime once (key ``"{name}/{version}"``) however many aliases, pinned
+  slots and requests in flight use it, and unloaded when the last of them lets go (reference counts).
+  Blocking registry calls (``source.*``) run in a thread; a load never overlaps an unload of its key.
+- ``get`` / ``acquire`` answer by alias (case-insensitive; the default alias when none is named) or by
+  raw version. Pinned versions are loaded on demand and the ``version_cache_size`` most recently used
+  stay loaded (LRU). ``acquire`` also holds the version until ``release``, so a request in flight
+  finishes on the version it started with even if a reload swaps its alias meanwhile.
+- ``reload`` asks the registry where each alias points now; for an alias that moved it loads the new
+  version first, then swaps, then releases the old one. A new version that fails to load is refused:
+  the old one keeps serving, marked ``degraded`` with the reason. An unreachable registry changes
+  nothing but marks the model's entries stale (in ``reason``).
+
+Errors: ``ModelNotFound``, ``AliasNotFound`` (the model does not have or serve that alias),
+``VersionNotFound``, ``NotReady`` (the alias exists but its load failed), ``ModelLoadError``,
+``RegistryUnavailable`` (pinned versions only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from examlops.core.errors import AliasNotFound, ExamlopsError, ModelLoadError, NotReady
+from examlops.core.messages import KNOWN_ALIASES, ModelRef, canonical_alias
+from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.serving.ports import ModelSource, PredictRuntime
+
+log = logging.getLogger(__name__)
+
+EntryState = Literal["ready", "degraded", "error", "missing"]
+NOT_LOADED = "not loaded yet"
+
+
+def runtime_key(ref: ModelRef) -> str:
+    return f"{ref.name}/{ref.version}"
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, ExamlopsError) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A loaded version as a request sees it; ``alias`` is None for a pinned version."""
+
+    ref: ModelRef
+    key: str
+    alias: str | None
+    loaded_at: float
+    state: EntryState = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    """One row of ``GET /v1/models``."""
+
+    model: str
+    alias: str | None
+    version: str | None
+    run_id: str | None
+    loaded_at: float | None
+    state: EntryState
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadChange:
+    """What a reload did to one alias: ``swapped``, ``loaded``, ``removed``, ``refused`` or ``unreachable``."""
+
+    model: str
+    alias: str
+    old_version: str | None
+    new_version: str | None
+    outcome: Literal["swapped", "loaded", "removed", "refused", "unreachable"]
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class _Slot:
+    model: str
+    alias: str
+    entry: Entry | None = None
+    state: EntryState = "missing"
+    reason: str | None = NOT_LOADED
+    stale: str | None = None
+
+
+class _Residency:
+    """Reference-counted keys in the runtime: loaded once, unloaded when the last reference goes."""
+
+    def __init__(self, source: ModelSource, runtime: PredictRuntime) -> None:
+        self._source = source
+        self._runtime = runtime
+        self.refs: dict[str, int] = {}
+        self._loaded: set[str] = set()
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        self._unloading: dict[str, asyncio.Task[None]] = {}
+
+    async def take(self, ref: ModelRef) -> str:
+        """One more reference to ``ref``'s key, loading it first if needed (``ModelLoadError`` and co.)."""
+        key = runtime_key(ref)
+        self.refs[key] = self.refs.get(key, 0) + 1
+        try:
+            if key not in self._loaded:
+                task = self._loading.get(key)
+                if task is None:
+                    task = self._loading[key] = asyncio.get_running_loop().create_task(self._load(key, ref))
+                # shield: a waiter that gives up must not cancel a load other waiters share.
+                await asyncio.shield(task)
+        except BaseException:
+            self.drop(key)
+            raise
+        return key
+
+    def hold(self, key: str) -> None:
+        """One more reference to a key that is loaded and referenced already."""
+        self.refs[key] += 1
+
+    def drop(self, key: str) -> None:
+        left = self.refs.get(key, 0) - 1
+        if left > 0:
+            self.refs[key] = left
+            return
+        self.refs.pop(key, None)
+        if key in self._loaded:
+            self._loaded.discard(key)
+            self._unloading[key] = asyncio.get_running_loop().create_task(self._unload(key))
+
+    async def _load(self, key: str, ref: ModelRef) -> None:
+        try:
+            if (pending := self._unloading.get(key)) is not None:
+                await pending
+            try:
+                location = await asyncio.to_thread(self._source.fetch, ref)
+                await self._runtime.load(key, location)
+            except ExamlopsError:
+                raise
+            except Exception as exc:
+                raise ModelLoadError(f"{key} could not be loaded: {_describe(exc)}") from exc
+            self._loaded.add(key)
+            if key not in self.refs:  # every taker gave up while it loaded
+                self.refs[key] = 1
+                self.drop(key)
+        finally:
+            self._loading.pop(key, None)
+
+    async def _unload(self, key: str) -> None:
+        try:
+            await self._runtime.unload(key)
+        except Exception:
+            log.exception("unloading %s failed", key)
+        finally:
+            if self._unloading.get(key) is asyncio.current_task():
+                del self._unloading[key]
+
+    async def settle(self) -> None:
+        """Wait for every load and unload in progress."""
+        while pending := [*self._loading.values(), *self._unloading.values()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+class HotSet:
+    """The versions in memory, by model and alias, plus an LRU of pinned versions (contracts above)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        source: ModelSource,
+        runtime: PredictRuntime,
+        *,
+        aliases: Sequence[str] = KNOWN_ALIASES,
+        version_cache_size: int = 8,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._catalog = catalog
+        self._source = source
+        self._residency = _Residency(source, runtime)
+        self._cache_size = version_cache_size
+        self._clock = clock
+        self._slots: dict[str, list[_Slot]] = {}
+        for spec in catalog:
+            names = [canonical_alias(alias) for alias in aliases]
+            if spec.default_alias_canonical.lower() not in {name.lower() for name in names}:
+                names.insert(0, spec.default_alias_canonical)
+            self._slots[spec.name.lower()] = [_Slot(spec.name, name) for name in names]
+        self._pinned: OrderedDict[str, Entry] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def load_all(self) -> None:
+        """Load every model's existing aliases; never raises for one model's failure."""
+        await asyncio.gather(*(self.load_model(spec.name) for spec in self._catalog))
+
+    async def load_model(self, model: str) -> None:
+        """Load the aliases of one model that are not loaded yet; failures are recorded, not raised."""
+        spec, slots = self._model(model)
+        async with self._lock(spec):
+            todo = [slot for slot in slots if slot.entry is None]
+            if not todo:
+                return
+            try:
+                refs = await self._aliases(spec)
+            except Exception as exc:
+                for slot in todo:
+                    slot.state, slot.reason = "error", f"registry: {_describe(exc)}"
+                return
+            await asyncio.gather(*(self._follow(slot, refs.get(slot.alias.lower())) for slot in todo))
+
+    async def get(self, model: str, alias: str | None = None, version: str | None = None) -> Entry:
+        """The entry that answers (model, alias or version) now; errors in the module docstring."""
+        return await self._entry(model, alias, version, hold=False)
+
+    async def acquire(self, model: str, alias: str | None = None, version: str | None = None) -> Entry:
+        """Like ``get``, and the version stays loaded until ``release(entry)``."""
+        return await self._entry(model, alias, version, hold=True)
+
+    def release(self, entry: Entry) -> None:
+        self._residency.drop(entry.key)
+
+    def available_aliases(self, model: str) -> set[str]:
+        """The canonical aliases of a model that can answer now (ready or degraded)."""
+        return {slot.alias for slot in self._model(model)[1] if slot.entry is not None}
+
+    def missing_defaults(self) -> list[str]:
+        """Catalog models whose default alias is not loaded."""
+        return [
+            spec.name for spec in self._catalog if spec.default_alias_canonical not in self.available_aliases(spec.name)
+        ]
+
+    def entries(self) -> list[EntryInfo]:
+        """Every configured alias of every model (loaded or not, with why), then the pinned versions."""
+        infos: list[EntryInfo] = []
+        for slots in list(self._slots.values()):  # copies: metrics may read this from another thread
+            for slot in list(slots):
+                entry, reason = slot.entry, "; ".join(r for r in (slot.reason, slot.stale) if r) or None
+                version, run_id, loaded_at = (
+                    (entry.ref.version, entry.ref.run_id, entry.loaded_at) if entry else (None,) * 3
+                )
+                infos.append(EntryInfo(slot.model, slot.alias, version, run_id, loaded_at, slot.state, reason))
+        for entry in list(self._pinned.values()):
+            infos.append(EntryInfo(entry.ref.name, None, entry.ref.version, entry.ref.run_id, entry.loaded_at, "ready"))
+        return infos
+
+    async def reload(self, model: str | None = None) -> list[ReloadChange]:
+        """Follow the registry's aliases for one model (all when None); returns what changed."""
+        specs = [self._catalog.get(model)] if model is not None else list(self._catalog)
+        done = await asyncio.gather(*(self._reload_model(spec) for spec in specs))
+        return [change for changes in done for change in changes]
+
+    async def settle(self) -> None:
+        """Wait for loads and unloads in progress (unloads run behind the request that let go)."""
+        await self._residency.settle()
+
+    async def close(self) -> None:
+        """Settle; the runtime itself, and unloading everything, belongs to whoever built it."""
+        await self.settle()
+
+    def _model(self, model: str) -> tuple[ModelSpec, list[_Slot]]:
+        spec = self._catalog.get(model)
+        return spec, self._slots[spec.name.lower()]
+
+    def _lock(self, spec: ModelSpec) -> asyncio.Lock:
+        # Created on first use, on the running loop; serialises loads and reloads of one model.
+        return self._locks.setdefault(spec.name.lower(), asyncio.Lock())
+
+    async def _aliases(self, spec: ModelSpec) -> dict[str, ModelRef]:
+        refs = await asyncio.to_thread(self._source.aliases, spec.name)
+        return {alias.lower(): ref for alias, ref in refs.items()}
+
+    async def _entry(self, model: str, alias: str | None, version: str | None, *, hold: bool) -> Entry:
+        spec, slots = self._model(model)
+        if version is not None:
+            return await self._pinned_entry(spec, slots, str(version).strip(), hold=hold)
+        wanted = spec.default_alias_canonical if alias is None else alias.strip()
+        slot = next((slot for slot in slots if slot.alias.lower() == wanted.lower()), None)
+        if slot is None:
+            served = ", ".join(slot.alias for slot in slots)
+            raise AliasNotFound(f"{spec.name} does not serve the alias {wanted[:40]!r} (served: {served})")
+        if slot.entry is None:
+            if slot.state == "missing" and slot.reason != NOT_LOADED:
+                raise AliasNotFound(f"{spec.name} has no alias {slot.alias} in the registry")
+            raise NotReady(f"{spec.name}@{slot.alias} is not loaded: {slot.reason}")
+        if hold:
+            self._residency.hold(slot.entry.key)
+        return slot.entry
+
+    async def _pinned_entry(self, spec: ModelSpec, slots: list[_Slot], version: str, *, hold: bool) -> Entry:
+        pin = f"{spec.name.lower()}/{version}"
+        entry = self._pinned.get(pin)
+        if entry is None:
+            # A version an alias already serves needs no trip to the registry.
+            ref = next((s.entry.ref for s in slots if s.entry is not None and s.entry.ref.version == version), None)
+            if ref is None:
+                ref = await asyncio.to_thread(self._source.version, spec.name, version)
+            key = await self._residency.take(ref)  # the LRU's own reference
+            entry = self._pinned.get(pin)
+            if entry is None:
+                entry = self._pinned[pin] = Entry(ref, key, None, self._clock())
+            else:  # a concurrent request pinned it first; keep one reference only
+                self._residency.drop(key)
+        self._pinned.move_to_end(pin)
+        if hold:
+            self._residency.hold(entry.key)
+        while len(self._pinned) > self._cache_size:
+            _, evicted = self._pinned.popitem(last=False)
+            self._residency.drop(evicted.key)
+        return entry
+
+    async def _reload_model(self, spec: ModelSpec) -> list[ReloadChange]:
+        slots = self._slots[spec.name.lower()]
+        async with self._lock(spec):
+            try:
+                refs = await self._aliases(spec)
+            except Exception as exc:
+                stale = f"stale: the registry was unreachable at reload ({_describe(exc)})"
+                for slot in slots:
+                    slot.stale = stale
+                return [
+                    ReloadChange(spec.name, s.alias, s.entry.ref.version, None, "unreachable", stale)
+                    for s in slots
+                    if s.entry is not None
+                ]
+            changes: list[ReloadChange] = []
+            for slot in slots:
+                slot.stale = None
+                change = await self._follow(slot, refs.get(slot.alias.lower()))
+                if change is not None:
+                    changes.append(change)
+            return changes
+
+    async def _follow(self, slot: _Slot, ref: ModelRef | None) -> ReloadChange | None:
+        """Point one slot at ``ref``: load first, swap, then release the old version."""
+        old = slot.entry
+        old_version = old.ref.version if old is not None else None
+        if ref is None:
+            slot.state, slot.reason = "missing", "the registry has no such alias"
+            if old is None:
+                return None
+            slot.entry = None
+            self._residency.drop(old.key)
+            return ReloadChange(slot.model, slot.alias, old_version, None, "removed")
+        if old is not None and old.ref.version == ref.version:
+            if slot.state == "degraded":  # the registry went back to the version that serves
+                slot.entry, slot.state, slot.reason = dataclasses.replace(old, state="ready"), "ready", None
+            return None
+        try:
+            key = await self._residency.take(ref)
+        except Exception as exc:
+            reason = f"version {ref.version} refused: {_describe(exc)}"
+            log.warning("%s@%s: %s", slot.model, slot.alias, reason)
+            if old is not None:
+                slot.entry, slot.state = dataclasses.replace(old, state="degraded"), "degraded"
+            else:
+                slot.state = "error"
+            slot.reason = reason
+            return ReloadChange(slot.model, slot.alias, old_version, ref.version, "refused", reason)
+        slot.entry, slot.state, slot.reason = Entry(ref, key, slot.alias, self._clock()), "ready", None
+        if old is not None:
+            self._residency.drop(old.key)
+        return ReloadChange(slot.model, slot.alias, old_version, ref.version, "swapped" if old else "loaded")

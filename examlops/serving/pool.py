@@ -1,0 +1,377 @@
+"""The predict pool: long-lived worker processes that run predictions under a hard limit.
+
+Processes, not threads, because a prediction that times out in a thread keeps running and
+keeps its thread, while a process can be killed (``bench/pool_timeout.py`` measures both).
+Workers are started with the "spawn" context (the parent runs an event loop and threads, so
+fork is unsafe) and talk over one pipe each; replies come back through ``loop.add_reader``
+on the pipe, matched to futures by request id, so the event loop never blocks on a worker.
+
+Contract (``PredictRuntime`` of ``examlops.serving.ports``):
+
+- ``start()`` spawns ``workers`` processes plus one warm spare and returns once all answer.
+- ``load(key, location)``: every worker, the spare, and every worker started later runs
+  ``loader(location)``. ``ModelLoadError`` naming the key and the cause when it raises in a
+  worker; the key is then unloaded everywhere. Loading the same location again is a no-op.
+  A worker started later that cannot load a key logs it and answers ``VersionNotFound`` for it.
+- ``predict(key, rows)`` goes to an idle worker; with none idle it waits, first come first
+  served. It returns one finite float64 per row, in row order, or raises:
+
+  - ``VersionNotFound`` when ``key`` is not loaded, ``InvalidInput`` when ``rows`` is not a
+    non-empty 2-D array;
+  - ``InferenceFailed`` when the model raised or returned an empty, wrongly sized or
+    non-finite result; the worker keeps serving;
+  - ``InferenceTimeout`` past ``timeout_s``: the worker is SIGKILLed, the warm spare takes its
+    place at once (already loaded, so the next call does not wait for the stuck one), and a
+    new spare starts in the background and loads every loaded key;
+  - ``WorkerLost`` (retryable) when the worker died under the call (crash, OOM kill); it is
+    replaced the same way;
+  - ``PipelineUnavailable`` once the pool is closed or broken; ``NotReady`` before ``start``.
+
+- ``close()`` stops every worker (idle ones by closing their pipe, busy ones by SIGKILL),
+  waits for them all to be reaped, and fails every pending call with ``PipelineUnavailable``.
+- No caller hangs: a dead worker fails what it held; when the pool's own machinery fails
+  (a reply it cannot read, a worker it cannot spawn, workers dying as they start), the pool
+  breaks: every worker is stopped and every pending call and waiter gets an error.
+- Workers ignore SIGINT (the parent owns shutdown) and exit when the parent dies.
+- Not thread-safe: call every method from the event loop that ran ``start()``.
+
+Spawning a worker blocks the loop for about 5 ms (the start-up itself, about 0.3 s plus the
+model loads, happens in the child): only in ``start`` and when a worker is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from examlops.core.errors import (
+    ExamlopsError,
+    InferenceFailed,
+    InferenceTimeout,
+    InvalidInput,
+    ModelLoadError,
+    NotReady,
+    PipelineUnavailable,
+    VersionNotFound,
+    WorkerLost,
+)
+from examlops.serving import pool_worker
+from examlops.serving.ports import ModelLoader, Rows
+
+log = logging.getLogger(__name__)
+
+MAX_START_FAILURES = 3
+"""Workers in a row that die before answering once: then the pool breaks instead of respawning forever."""
+REAP_TIMEOUT_S = 5.0
+_ERRORS: dict[str, type[ExamlopsError]] = {
+    "failed": InferenceFailed,
+    "missing": VersionNotFound,
+    "load_error": ModelLoadError,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    workers: int
+    """Worker processes that take predictions (the warm spare is not counted)."""
+    busy: int
+    """Of those, how many are running a request or still starting."""
+    replaced: int
+    """Workers killed after a timeout or found dead since start."""
+    in_flight: int
+    """predict() calls not answered yet, running or waiting for a worker."""
+
+
+@dataclass(eq=False, slots=True)
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    deadline: tuple[int, asyncio.TimerHandle] | None = None
+    started: bool = False
+    retired: bool = False
+
+
+class ProcessPredictPool:
+    """A ``PredictRuntime`` on worker processes; the module docstring states the contract."""
+
+    def __init__(self, loader: ModelLoader, *, workers: int = 4, timeout_s: float = 30.0) -> None:
+        if workers < 1 or timeout_s <= 0:
+            raise ValueError("workers must be at least 1 and timeout_s positive")
+        self._loader, self._size, self._timeout_s = loader, workers, timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._active: list[_Worker] = []
+        self._spare: _Worker | None = None
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
+        self._keys: dict[str, str] = {}
+        self._loading: dict[str, str] = {}
+        self._ids = itertools.count(1)
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: str | None = None
+        self._replaced = self._in_flight = self._start_failures = 0
+
+    async def start(self) -> None:
+        if self._loop is not None:
+            raise RuntimeError("the predict pool was already started")
+        self._loop = asyncio.get_running_loop()
+        try:
+            while len(self._active) < self._size:
+                self._active.append(self._spawn())
+            self._spare = self._spawn()
+        except OSError as exc:
+            await self.close()
+            raise PipelineUnavailable(f"cannot start a predict worker: {exc}") from exc
+        pings = [future for worker in self._workers() for future in worker.pending.values()]
+        failed = [r for r in await asyncio.gather(*pings, return_exceptions=True) if isinstance(r, BaseException)]
+        if failed:
+            await self.close()
+            raise PipelineUnavailable(f"predict workers failed to start: {failed[0]}")
+
+    async def load(self, key: str, location: str) -> None:
+        self._check_open()
+        if self._keys.get(key) == location:
+            return
+        self._loading[key] = location  # workers spawned meanwhile load it too
+        try:
+            sent = [self._send(worker, "load", key, location) for worker in self._workers()]
+            results = await asyncio.gather(*sent, return_exceptions=True)
+        finally:
+            self._loading.pop(key, None)
+        self._check_open()
+        failures = [r for r in results if isinstance(r, ModelLoadError)]
+        # A worker lost meanwhile is fine: its replacement loads the key. All lost is not.
+        if failures or all(isinstance(r, BaseException) for r in results):
+            await self.unload(key)
+            cause = failures[0].message if failures else "every worker died while loading it"
+            raise ModelLoadError(f"cannot load model version {key!r} from {location!r}: {cause}")
+        self._keys[key] = location
+
+    async def unload(self, key: str) -> None:
+        self._keys.pop(key, None)
+        if self._loop is not None and self._stopped is None:
+            for worker in self._workers():
+                self._watch(self._send(worker, "unload", key, None), f"unload {key!r}")
+
+    async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]:
+        self._check_open()
+        if key not in self._keys:
+            raise VersionNotFound(f"model version {key!r} is not loaded in the predict pool")
+        array = np.ascontiguousarray(rows, dtype=np.float64)
+        if array.ndim != 2 or len(array) == 0:
+            raise InvalidInput(f"rows must be a non-empty 2-D array, not one of shape {array.shape}")
+        self._in_flight += 1
+        try:
+            worker = await self._acquire()
+            result: npt.NDArray[np.float64] = await self._send(worker, "predict", key, array, limit=True)
+            return result
+        finally:
+            self._in_flight -= 1
+
+    async def close(self) -> None:
+        """Stop every worker and fail every pending call; safe to call twice."""
+        if self._loop is None:
+            return
+        self._break("the predict pool is closed", graceful=True)
+        await asyncio.gather(*self._reaping)
+
+    def stats(self) -> PoolStats:
+        busy = sum(1 for worker in self._active if worker.pending)
+        return PoolStats(len(self._active), busy, self._replaced, self._in_flight)
+
+    def _check_open(self) -> None:
+        if self._stopped is not None:
+            raise PipelineUnavailable(self._stopped)
+        if self._loop is None:
+            raise NotReady("the predict pool is not started")
+
+    def _workers(self) -> list[_Worker]:
+        return [*self._active, *([self._spare] if self._spare else [])]
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "start() sets the loop before any worker exists"
+        return self._loop
+
+    async def _acquire(self) -> _Worker:
+        if self._idle:
+            return self._idle.popleft()
+        waiter: asyncio.Future[_Worker] = self._running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result())  # handed over just as the caller gave up
+            raise
+
+    def _release(self, worker: _Worker) -> None:
+        if worker.pending or worker.retired or worker not in self._active or worker in self._idle:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
+        self._idle.append(worker)
+
+    def _spawn(self) -> _Worker:
+        parent_end, child_end = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=pool_worker.serve,
+            args=(child_end, self._loader, os.getpid()),
+            name="examlops-predict-worker",
+            daemon=True,
+        )
+        try:
+            process.start()
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()  # so that the worker's death reads as EOF here
+        worker = _Worker(process, parent_end)
+        loop = self._running_loop()
+        loop.add_reader(parent_end.fileno(), self._guarded, self._on_reply, worker)
+        loop.add_reader(process.sentinel, self._guarded, self._retire, worker, "the predict worker exited")
+        self._watch(self._send(worker, "ping", "", None), "start")
+        for key, location in {**self._keys, **self._loading}.items():
+            self._watch(self._send(worker, "load", key, location), f"load {key!r}")
+        return worker
+
+    def _send(self, worker: _Worker, op: str, key: str, argument: Any, *, limit: bool = False) -> asyncio.Future[Any]:
+        loop = self._running_loop()
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = loop.create_future()
+        worker.pending[request_id] = future
+        if worker in self._idle:
+            self._idle.remove(worker)
+        try:
+            worker.conn.send((request_id, op, key, argument))
+        except (OSError, ValueError):  # a broken pipe, or a worker retired already
+            self._retire(worker, "the predict worker died")
+        else:
+            if limit:
+                timer = loop.call_later(self._timeout_s, self._guarded, self._on_timeout, worker, request_id, key)
+                worker.deadline = (request_id, timer)
+        return future
+
+    def _on_reply(self, worker: _Worker) -> None:
+        try:
+            request_id, status, value = worker.conn.recv()
+        except (EOFError, OSError):
+            self._retire(worker, "the predict worker died under the call")
+            return
+        if not worker.started:
+            worker.started, self._start_failures = True, 0
+        if worker.deadline is not None and worker.deadline[0] == request_id:
+            worker.deadline[1].cancel()
+            worker.deadline = None
+        future = worker.pending.pop(request_id, None)
+        if future is not None and not future.done():
+            if status == "ok":
+                future.set_result(value)
+            else:
+                future.set_exception(_ERRORS[status](value))
+        self._release(worker)
+
+    def _on_timeout(self, worker: _Worker, request_id: int, key: str) -> None:
+        worker.deadline = None
+        future = worker.pending.pop(request_id, None)
+        if future is not None and not future.done():
+            limit = f"{self._timeout_s:g} s"
+            future.set_exception(InferenceTimeout(f"predicting with {key!r} ran past the {limit} limit"))
+        self._retire(worker, f"the predict worker was killed after predicting with {key!r} timed out")
+
+    def _retire(self, worker: _Worker, reason: str, error: type[ExamlopsError] = WorkerLost, kill: bool = True) -> None:
+        """Stop a worker, fail what it held and, unless the pool is stopping, put the spare in its place."""
+        kill = kill or bool(worker.pending)
+        for future in worker.pending.values():
+            if not future.done():
+                future.set_exception(error(reason))
+        worker.pending.clear()
+        if worker.retired:
+            return
+        worker.retired = True
+        loop = self._running_loop()
+        loop.remove_reader(worker.conn.fileno())
+        loop.remove_reader(worker.process.sentinel)
+        if worker.deadline is not None:
+            worker.deadline[1].cancel()
+        if kill:
+            worker.process.kill()
+        worker.conn.close()  # an idle worker exits on EOF
+        task = loop.create_task(self._reap(worker.process))
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+        if self._stopped is not None:
+            return
+        self._replaced += 1
+        self._start_failures += not worker.started
+        if self._start_failures >= MAX_START_FAILURES:
+            self._break(f"{MAX_START_FAILURES} predict workers in a row died while starting")
+            return
+        try:
+            if worker in self._active:
+                self._active.remove(worker)
+                promoted = self._spare or self._spawn()
+                self._spare = None
+                self._active.append(promoted)
+                self._release(promoted)
+            elif worker is self._spare:
+                self._spare = None
+            if self._spare is None:
+                self._spare = self._spawn()
+        except OSError as exc:
+            self._break(f"cannot start a predict worker: {exc}")
+
+    def _break(self, reason: str, *, graceful: bool = False) -> None:
+        """Take no more calls: stop every worker and fail every waiter."""
+        self._stopped = self._stopped or reason
+        workers, self._active, self._spare = self._workers(), [], None
+        self._idle.clear()
+        for worker in workers:
+            self._retire(worker, reason, PipelineUnavailable, kill=not graceful)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(PipelineUnavailable(reason))
+
+    def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run a loop callback; if the pool's own code fails, break the pool so that no caller hangs."""
+        try:
+            callback(*args)
+        except Exception as exc:
+            log.exception("the predict pool failed")
+            self._break(f"the predict pool failed: {exc!r}")
+
+    @staticmethod
+    async def _reap(process: BaseProcess) -> None:
+        await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
+        if process.exitcode is None:
+            process.kill()
+            await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
+        if process.exitcode is not None:
+            process.close()
+
+    @staticmethod
+    def _watch(future: asyncio.Future[Any], what: str) -> None:
+        """Log the failure of a request nobody awaits (start-up loads, unloads)."""
+
+        def report(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and (exc := done.exception()) is not None:
+                log.warning("a predict worker could not %s: %s", what, exc)
+
+        future.add_done_callback(report)

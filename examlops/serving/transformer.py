@@ -1,0 +1,288 @@
+"""The feature transformer: an async micro-batcher and the feature checks applied to a batch.
+
+Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
+``batching.py`` are the models):
+
+- Every submitted item gets its own future; ``submit`` returns that item's result or raises its error.
+- A batch is flushed as soon as it holds ``max_size`` items, or ``max_wait_s`` after its first item
+  arrived, whichever comes first. With ``eager_below=N > 0`` it is also flushed as soon as no further
+  item is queued while fewer than N batches are being handled: an idle handler never makes a lone
+  request wait, and under load batches fill while earlier ones run. A batch is never empty: items whose caller gave up (cancelled) are
+  dropped before the handler sees them, and a batch left with none is not sent.
+- The handler gets the items in arrival order and returns one outcome per item, in the same order. An
+  outcome that is an exception fails that item alone.
+- If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
+  the same error. Batches are handled concurrently: the next one is collected while earlier ones run.
+- If the batching task dies, every waiting item fails (no caller hangs) and later submits are refused.
+- ``close`` refuses new items and fails the waiting ones with ``NotReady``; batches already handed to
+  the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
+
+Queues and futures are created on the running loop (``start``), never in ``__init__``: a batcher built
+outside a loop must not bind to the wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.messages import InferenceRequest
+from examlops.registry.catalog import ModelSpec
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+BatchHandler = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
+
+
+@dataclass(slots=True)
+class _Waiter(Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+
+
+def _fail(waiters: Sequence[_Waiter[Any, Any]], error: BaseException) -> None:
+    for waiter in waiters:
+        if not waiter.future.done():
+            waiter.future.set_exception(error)
+
+
+class MicroBatcher(Generic[T, R]):
+    """Collects submitted items into batches and hands each batch to ``handler`` (contract above)."""
+
+    def __init__(
+        self,
+        handler: BatchHandler[T, R],
+        *,
+        max_size: int,
+        max_wait_s: float,
+        eager_below: int = 0,
+        name: str = "batcher",
+    ):
+        if max_size < 1 or max_wait_s < 0 or eager_below < 0:
+            raise ValueError("max_size must be >= 1, max_wait_s and eager_below >= 0")
+        self._handler = handler
+        self._max_size = max_size
+        self._max_wait_s = max_wait_s
+        self._eager_below = eager_below
+        self._capacity: asyncio.Event | None = None
+        self._name = name
+        self._queue: asyncio.Queue[_Waiter[T, R]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._collecting: list[_Waiter[T, R]] = []
+        self._in_flight: dict[asyncio.Task[None], list[_Waiter[T, R]]] = {}
+        self._closed = False
+        self._died: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and not self._closed
+
+    def start(self) -> None:
+        """Start the batching task on the running loop; idempotent."""
+        if self._closed:
+            raise NotReady(f"{self._name} is closed")
+        if self._task is None:
+            self._queue = asyncio.Queue()
+            self._capacity = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+            self._task.add_done_callback(self._on_task_done)
+
+    async def submit(self, item: T) -> R:
+        """Wait for ``item``'s outcome; ``NotReady`` once closed, ``ExamlopsError`` once the task died."""
+        if self._died is not None:
+            raise ExamlopsError(f"{self._name} stopped: {type(self._died).__name__}") from self._died
+        self.start()
+        assert self._queue is not None
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Waiter(item, future))
+        return await future
+
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Refuse new items, fail the waiting ones, give batches in flight ``grace_s`` to finish."""
+        if self._closed:
+            return
+        self._closed = True
+        closing = NotReady(f"{self._name} is closing")
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_waiting(closing)
+        if self._in_flight:
+            tasks = list(self._in_flight)
+            _, late = await asyncio.wait(tasks, timeout=grace_s) if grace_s > 0 else (set(), set(tasks))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self._collecting = [await queue.get()]
+            flush_at = loop.time() + self._max_wait_s
+            while len(batch) < self._max_size:
+                # Under load the queue already holds the next items: take them without arming a timer.
+                if not queue.empty():
+                    batch.append(queue.get_nowait())
+                    continue
+                if len(self._in_flight) < self._eager_below:
+                    break
+                try:
+                    async with asyncio.timeout_at(flush_at):
+                        item = await self._next_or_capacity(queue)
+                except TimeoutError:
+                    break
+                if item is None:
+                    continue
+                batch.append(item)
+            self._collecting = []
+            live = [waiter for waiter in batch if not waiter.future.done()]
+            if live:
+                task = loop.create_task(self._handle(live), name=f"{self._name}-batch")
+                self._in_flight[task] = live
+                task.add_done_callback(self._forget)
+
+    async def _next_or_capacity(self, queue: asyncio.Queue[_Waiter[T, R]]) -> _Waiter[T, R] | None:
+        """The next queued item, or None as soon as a running batch finishes (eager mode only)."""
+        if self._eager_below == 0 or self._capacity is None:
+            return await queue.get()
+        self._capacity.clear()
+        getter = asyncio.ensure_future(queue.get())
+        freed = asyncio.ensure_future(self._capacity.wait())
+        try:
+            await asyncio.wait((getter, freed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            freed.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        return None
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(task, None)
+        if self._capacity is not None:
+            self._capacity.set()
+
+    async def _handle(self, batch: list[_Waiter[T, R]]) -> None:
+        try:
+            outcomes = await self._handler([waiter.item for waiter in batch])
+            if len(outcomes) != len(batch):
+                raise ExamlopsError(f"{self._name}: the handler returned {len(outcomes)} outcomes for {len(batch)}")
+        except asyncio.CancelledError:
+            _fail(batch, NotReady(f"{self._name} closed before the batch finished"))
+            raise
+        except Exception as exc:
+            log.warning("%s: a batch of %d failed: %r", self._name, len(batch), exc)
+            _fail(batch, exc)
+            return
+        for waiter, outcome in zip(batch, outcomes, strict=True):
+            if waiter.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                waiter.future.set_exception(outcome)
+            else:
+                waiter.future.set_result(outcome)
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        waiting = self._collecting
+        self._collecting = []
+        if self._queue is not None:
+            while not self._queue.empty():
+                waiting.append(self._queue.get_nowait())
+        _fail(waiting, error)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if self._closed:
+            return
+        cause: BaseException = asyncio.CancelledError() if task.cancelled() else (task.exception() or RuntimeError())
+        log.error("%s: the batching task died; failing every waiting request", self._name, exc_info=cause)
+        self._died = cause
+        error = ExamlopsError(f"{self._name} stopped: {type(cause).__name__}")
+        error.__cause__ = cause
+        self._fail_waiting(error)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """One validated request: its feature row (embedding then node count, float64) and its metadata."""
+
+    row: npt.NDArray[np.float64]
+    job_id: str | None
+    user_id: str | None
+
+
+def _node_count_error(value: object, spec: ModelSpec) -> InvalidInput | None:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        return InvalidInput("node_count must be an integer", field="node_count")
+    if int(value) < spec.min_node_count:
+        return InvalidInput(f"node_count must be at least {spec.min_node_count}", field="node_count")
+    maximum = spec.input_schema.node_count.maximum
+    if maximum is not None and int(value) > maximum:
+        return InvalidInput(f"node_count must be at most {maximum}", field="node_count")
+    return None
+
+
+def _as_matrix(embeddings: list[tuple[float, ...]], dim: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The embeddings as a float64 matrix and which rows are numbers; only a bad batch goes row by row."""
+    try:
+        return np.asarray(embeddings, dtype=np.float64).reshape(len(embeddings), dim), np.ones(len(embeddings), bool)
+    except (TypeError, ValueError):
+        matrix = np.full((len(embeddings), dim), np.nan)
+        numeric = np.zeros(len(embeddings), bool)
+        for j, embedding in enumerate(embeddings):
+            try:
+                matrix[j] = np.asarray(embedding, dtype=np.float64)
+                numeric[j] = True
+            except (TypeError, ValueError):
+                pass
+        return matrix, numeric
+
+
+def validate_features(
+    requests: Sequence[InferenceRequest], specs: Sequence[ModelSpec]
+) -> list[Features | InvalidInput]:
+    """Check each request against its spec; one outcome per request, in order.
+
+    A bad request gets an ``InvalidInput`` naming ``embedding`` or ``node_count`` and saying what is
+    wrong in a few words; the values themselves are never echoed. The good ones get a row of
+    ``embedding_dim + 1`` float64 values (layout ``embedding + [node_count]``), a view into one matrix
+    per batch. The numeric checks run vectorised over all requests of the same embedding size.
+    """
+    outcomes: list[Features | InvalidInput | None] = [None] * len(requests)
+    by_dim: dict[int, list[int]] = {}
+    for i, (request, spec) in enumerate(zip(requests, specs, strict=True)):
+        error = _node_count_error(request.node_count, spec)
+        if error is None and len(request.embedding) != spec.embedding_dim:
+            error = InvalidInput(
+                f"expected {spec.embedding_dim} values, got {len(request.embedding)}", field="embedding"
+            )
+        if error is not None:
+            outcomes[i] = error
+        else:
+            by_dim.setdefault(spec.embedding_dim, []).append(i)
+    for dim, indices in by_dim.items():
+        embeddings, numeric = _as_matrix([requests[i].embedding for i in indices], dim)
+        not_finite = dim - np.count_nonzero(np.isfinite(embeddings), axis=1)
+        rows = np.empty((len(indices), dim + 1), dtype=np.float64)
+        rows[:, :dim] = embeddings
+        rows[:, dim] = [float(requests[i].node_count) for i in indices]
+        for j, i in enumerate(indices):
+            if not numeric[j]:
+                outcomes[i] = InvalidInput("embedding values must be numbers", field="embedding")
+            elif not_finite[j]:
+                outcomes[i] = InvalidInput(f"{not_finite[j]} of {dim} values are not finite", field="embedding")
+            else:
+                outcomes[i] = Features(rows[j], requests[i].job_id, requests[i].user_id)
+    return [outcome for outcome in outcomes if outcome is not None]

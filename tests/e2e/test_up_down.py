@@ -1,0 +1,181 @@
+"""`exa up --detach`, `exa status --json`, `exa down` as a user runs them, against the real services.
+
+Serving is left out (``--skip serving``) and nothing is seeded (``--no-seed``): this test is about the
+lifecycle of the processes. MLflow takes 9-30 s to start and Prefect 7-30 s, in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from examlops.platform.process import pid_alive
+
+pytestmark = pytest.mark.e2e
+
+EXPECTED = ("redis", "mlflow", "prefect")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Every process whose command line (or, on Linux, environment) mentions ``text``."""
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    found = [line.strip() for line in ps.splitlines() if text in line and "pytest" not in line]
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if text.encode() in environ.read_bytes() and int(environ.parent.name) != os.getpid():
+                found.append(f"{environ.parent.name} (environment)")
+        except OSError:
+            continue
+    return found
+
+
+class Exa:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def __call__(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "examlops.cli.main", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+@pytest.fixture
+def exa(tmp_path: Path) -> Iterator[Exa]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env.update(
+        EXAMLOPS_HOME=str(tmp_path / "state"),
+        EXAMLOPS_REDIS__PORT=str(_free_port()),
+        EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
+        EXAMLOPS_PREFECT__PORT=str(_free_port()),
+        EXAMLOPS_SERVING__PORT=str(_free_port()),
+        COLUMNS="200",
+    )
+    runner = Exa(env)
+    yield runner
+    runner("down", timeout=90)  # whatever the test did, leave nothing running
+
+
+def test_up_detach_status_and_down_leave_no_process_behind(exa: Exa, tmp_path: Path) -> None:
+    up = exa("up", "--detach", "--no-seed", "--skip", "serving", "--timeout", "120")
+    assert up.returncode == 0, up.stdout + up.stderr
+    for title in ("Redis", "MLflow UI", "Prefect UI"):
+        assert title in up.stdout
+
+    status = exa("status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    doc = json.loads(status.stdout)
+    services = {s["name"]: s for s in doc["services"]}
+    assert sorted(services) == sorted(EXPECTED)
+    assert all(services[name]["state"] == "running" for name in EXPECTED), doc
+    client = redis.Redis.from_url(services["redis"]["url"])
+    try:
+        assert client.ping()
+    finally:
+        client.close()
+    assert httpx.get(services["mlflow"]["url"] + "/health", timeout=5).status_code == 200
+    assert httpx.get(services["prefect"]["url"] + "/api/health", timeout=5).status_code == 200
+    recorded = [doc["supervisor_pid"]] + [s["pid"] for s in services.values()]
+
+    down = exa("down", timeout=90)
+    assert down.returncode == 0, down.stdout + down.stderr
+
+    assert [pid for pid in recorded if pid_alive(pid)] == []
+    assert _processes_mentioning(str(tmp_path / "state")) == []
+    after = exa("status", "--json")
+    assert after.returncode == 1
+    assert json.loads(after.stdout)["services"] == []
+    assert "nothing running" in exa("down").stdout
+
+
+REDIS_ONLY = ("--no-seed", "--skip", "mlflow", "--skip", "prefect", "--skip", "serving")
+
+
+def _start_foreground(exa: Exa) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """`exa up` with redis only, in the foreground; returns once up.json says ready."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examlops.cli.main", "up", *REDIS_ONLY],
+        env=exa.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    up_json = Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            doc: dict[str, object] = json.loads(up_json.read_text())
+            if doc["state"] == "ready":
+                return proc, doc
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"exa up never became ready:\n{proc.communicate()[0]}")
+
+
+def _redis_pid(doc: dict[str, object]) -> int:
+    services = doc["services"]
+    assert isinstance(services, list)
+    pid = services[0]["pid"]
+    assert isinstance(pid, int)
+    return pid
+
+
+def test_foreground_up_stops_every_process_on_sigint(exa: Exa) -> None:
+    proc, doc = _start_foreground(exa)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert "stopped redis" in output
+    assert not pid_alive(_redis_pid(doc))
+    assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
+
+
+def test_second_up_is_refused_while_one_runs(exa: Exa) -> None:
+    proc, _ = _start_foreground(exa)
+    try:
+        second = exa("up", *REDIS_ONLY, timeout=30)
+        assert second.returncode == 1
+        assert "already running" in second.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_a_service_that_dies_stops_the_rest_and_says_which(exa: Exa) -> None:
+    proc, doc = _start_foreground(exa)
+    os.kill(_redis_pid(doc), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert "redis exited unexpectedly" in output
+
+
+def test_a_taken_port_is_refused_naming_the_setting(exa: Exa) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(exa.env["EXAMLOPS_REDIS__PORT"])))
+        squatter.listen()
+        result = exa("up", *REDIS_ONLY, timeout=30)
+    assert result.returncode == 2
+    assert "EXAMLOPS_REDIS__PORT" in result.stderr

@@ -1,0 +1,180 @@
+"""The micro-batcher's contract and the feature checks of the transformer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.messages import InferenceRequest
+from examlops.serving.transformer import Features, MicroBatcher, validate_features
+from tests.unit.serving.fakes import make_spec
+
+
+class Doubler:
+    """A handler that records its batches; odd values fail alone when ``odd_fails``."""
+
+    def __init__(self, *, odd_fails: bool = False, gate: asyncio.Event | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.odd_fails = odd_fails
+        self.gate = gate
+
+    async def __call__(self, items: Sequence[int]) -> list[int | BaseException]:
+        self.batches.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        return [InvalidInput("odd", field="x") if self.odd_fails and i % 2 else i * 2 for i in items]
+
+
+async def test_batch_flushes_at_size() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=4, max_wait_s=60)
+    async with asyncio.timeout(5):  # the 60 s wait must never be reached
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+    assert results == [i * 2 for i in range(8)]
+    assert [len(b) for b in handler.batches] == [4, 4]
+    await batcher.close()
+
+
+async def test_batch_flushes_after_max_wait_when_not_full() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=0.01)
+    async with asyncio.timeout(5):
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 2, 4]
+    assert handler.batches == [[0, 1, 2]]
+    await batcher.close()
+
+
+async def test_an_idle_eager_batcher_flushes_a_lone_request_at_once() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=60, eager_below=1)
+    async with asyncio.timeout(5):  # the 60 s wait must never be reached
+        assert await batcher.submit(7) == 14
+    assert handler.batches == [[7]]
+    await batcher.close()
+
+
+async def test_an_eager_batcher_fills_the_next_batch_while_one_runs_and_flushes_when_it_ends() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=60, eager_below=1)
+    first = asyncio.ensure_future(batcher.submit(0))
+    while not handler.batches:
+        await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 6)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert handler.batches == [[0]], "the second batch waits while the first one runs"
+    gate.set()
+    async with asyncio.timeout(5):  # flushed when the first batch ends, not after 60 s
+        assert await asyncio.gather(first, *rest) == [0, 2, 4, 6, 8, 10]
+    assert handler.batches == [[0], [1, 2, 3, 4, 5]]
+    await batcher.close()
+
+
+async def test_batch_is_never_empty_when_every_caller_gave_up() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=0.02)
+    gone = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    for task in gone:
+        task.cancel()
+    await asyncio.gather(*gone, return_exceptions=True)
+    assert await batcher.submit(7) == 14
+    assert handler.batches == [[7]]
+    assert all(handler.batches)
+    await batcher.close()
+
+
+async def test_a_bad_item_fails_alone() -> None:
+    batcher: MicroBatcher[int, int] = MicroBatcher(Doubler(odd_fails=True), max_size=4, max_wait_s=0.01)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(4)), return_exceptions=True)
+    assert outcomes[0] == 0 and outcomes[2] == 4
+    assert isinstance(outcomes[1], InvalidInput) and isinstance(outcomes[3], InvalidInput)
+    await batcher.close()
+
+
+async def test_a_failed_handler_fails_every_item_of_its_batch() -> None:
+    async def broken(items: Sequence[int]) -> list[int | BaseException]:
+        raise ExamlopsError("the handler broke")
+
+    batcher: MicroBatcher[int, int] = MicroBatcher(broken, max_size=4, max_wait_s=0.01)
+    outcomes = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(o, ExamlopsError) and "broke" in str(o) for o in outcomes)
+    assert await asyncio.gather(batcher.submit(1), return_exceptions=True)  # the batcher itself lives on
+    await batcher.close()
+
+
+async def test_task_failure_fails_every_waiter_and_later_submits() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=60)
+    waiting = [asyncio.create_task(batcher.submit(i)) for i in range(5)]
+    await asyncio.sleep(0.01)
+    assert batcher._task is not None
+    batcher._task.cancel()  # the batching task dies under waiting callers
+    async with asyncio.timeout(5):
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(type(o) is ExamlopsError and "stopped" in str(o) for o in outcomes)
+    assert not batcher.running
+    with pytest.raises(ExamlopsError, match="stopped"):
+        await batcher.submit(9)
+    assert handler.batches == []
+    await batcher.close()
+
+
+async def test_close_fails_pending_and_in_flight_items() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=2, max_wait_s=60)
+    in_flight = [asyncio.create_task(batcher.submit(i)) for i in range(2)]
+    await asyncio.sleep(0.01)
+    pending = asyncio.create_task(batcher.submit(2))
+    await asyncio.sleep(0.01)
+    await batcher.close()
+    outcomes = await asyncio.gather(*in_flight, pending, return_exceptions=True)
+    assert all(isinstance(o, NotReady) for o in outcomes)
+    with pytest.raises(NotReady):
+        await batcher.submit(3)
+
+
+def request(embedding: Sequence[float], node_count: int = 3, **kw: str) -> InferenceRequest:
+    return InferenceRequest(model="m", embedding=tuple(embedding), node_count=node_count, **kw)  # type: ignore[arg-type]
+
+
+def test_validated_row_is_embedding_then_node_count_with_metadata() -> None:
+    spec = make_spec("m", dim=4)
+    (out,) = validate_features([request([0.1, 0.2, 0.3, 0.4], 7, job_id="j1", user_id="u1")], [spec])
+    assert isinstance(out, Features)
+    assert out.row.dtype == np.float64 and out.row.tolist() == [0.1, 0.2, 0.3, 0.4, 7.0]
+    assert (out.job_id, out.user_id) == ("j1", "u1")
+
+
+def test_catalog_embedding_has_385_columns() -> None:
+    spec = make_spec("m", dim=384)
+    (out,) = validate_features([request([0.5] * 384)], [spec])
+    assert isinstance(out, Features) and out.row.shape == (385,)
+
+
+@pytest.mark.parametrize(
+    ("embedding", "node_count", "field", "message"),
+    [
+        ([0.1] * 12, 3, "embedding", "expected 4 values, got 12"),
+        ([0.1, math.nan, math.inf, 0.2], 3, "embedding", "2 of 4 values are not finite"),
+        ([0.1, "x", 0.3, 0.4], 3, "embedding", "must be numbers"),
+        ([0.1] * 4, 0, "node_count", "at least 1"),
+    ],
+)
+def test_a_bad_request_fails_alone_without_echoing_its_values(
+    embedding: list[float], node_count: int, field: str, message: str
+) -> None:
+    spec = make_spec("m", dim=4)
+    good = request([9.5, 9.25, 9.125, 9.0625])
+    outcomes = validate_features([good, request(embedding, node_count), good], [spec] * 3)
+    assert isinstance(outcomes[0], Features) and isinstance(outcomes[2], Features)
+    error = outcomes[1]
+    assert isinstance(error, InvalidInput) and error.field == field and message in str(error)
+    assert "0.1" not in str(error)
