@@ -13,7 +13,9 @@ from examlops.cli.client import ServingClient
 from examlops.cli.output import BAD_INPUT, UNWELL, console, errors_as_exit, fail, print_json, print_table
 from examlops.core.settings import Settings
 
-serve_app = typer.Typer(help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True)
+serve_app = typer.Typer(
+    help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True
+)
 
 UrlOption = Annotated[str | None, typer.Option("--url", help="Base URL of serving; default: the local one.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -52,7 +54,15 @@ def _hot_set_rows(models: list[dict[str, Any]]) -> list[list[Any]]:
         loaded = entry.get("loaded_at")
         when = time.strftime("%H:%M:%S", time.localtime(loaded)) if loaded else ""
         rows.append(
-            [entry["model"], entry["alias"], entry["version"], entry["run_id"], when, entry["state"], entry.get("reason")]
+            [
+                entry["model"],
+                entry["alias"],
+                entry["version"],
+                entry["run_id"],
+                when,
+                entry["state"],
+                entry.get("reason"),
+            ]
         )
     return rows
 
@@ -100,7 +110,16 @@ def infer_check(
         print_table(
             "infer-check",
             ["model", "alias", "version", "run id", "prediction", "latency"],
-            [[reply["model"], reply["alias"], reply["version"], reply["run_id"], reply["prediction"], f"{latency_ms:.1f} ms"]],
+            [
+                [
+                    reply["model"],
+                    reply["alias"],
+                    reply["version"],
+                    reply["run_id"],
+                    reply["prediction"],
+                    f"{latency_ms:.1f} ms",
+                ]
+            ],
         )
 
 
@@ -162,7 +181,9 @@ def read_embedding(path: Path) -> list[float]:
 def predict(
     model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
     node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
-    alias: Annotated[str | None, typer.Option(help="Production, Canary or Staging; default: the traffic split.")] = None,
+    alias: Annotated[
+        str | None, typer.Option(help="Production, Canary or Staging; default: the traffic split.")
+    ] = None,
     version: Annotated[int | None, typer.Option(help="Pin a raw registry version instead of an alias.")] = None,
     embedding_file: Annotated[
         Path | None, typer.Option("--embedding-file", help="JSON list (or plain numbers) of the embedding.")

@@ -61,7 +61,9 @@ class SqlTrafficRuleStore:
                 for alias, weight in weights.items():
                     session.add(TrafficRule(model=key, alias=alias, weight=int(weight)))
                 session.add(
-                    TrafficChange(model=key, weights=json.dumps(dict(weights), sort_keys=True), changed_at=datetime.now(UTC))
+                    TrafficChange(
+                        model=key, weights=json.dumps(dict(weights), sort_keys=True), changed_at=datetime.now(UTC)
+                    )
                 )
                 session.commit()
         except OperationalError as exc:

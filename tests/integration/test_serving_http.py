@@ -115,9 +115,7 @@ def test_the_hot_set_lists_every_alias_that_exists(server: ServingProcess) -> No
 
 @pytest.mark.parametrize(("field", "raw"), RAW_REFUSALS)
 def test_bad_payloads_are_refused_with_422_over_real_http(server: ServingProcess, field: str, raw: str) -> None:
-    reply = httpx.post(
-        f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": "application/json"}
-    )
+    reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": "application/json"})
     assert reply.status_code == 422, reply.text
     assert reply.json()["prediction"] == 0.0
 

@@ -71,8 +71,13 @@ async def test_a_valid_request_is_answered_with_the_model_version_and_job_id(cli
     reply = await client.post("/infer-pipeline/infer", json=body(job_id="j-1"))
     assert reply.status_code == 200
     assert reply.json() == {
-        "model": "JPCP", "alias": "Production", "version": "1", "run_id": "run-1",
-        "prediction": 0.5, "error": None, "job_id": "j-1",
+        "model": "JPCP",
+        "alias": "Production",
+        "version": "1",
+        "run_id": "run-1",
+        "prediction": 0.5,
+        "error": None,
+        "job_id": "j-1",
     }
 
 
@@ -170,7 +175,9 @@ async def test_not_ready_is_503(client: httpx.AsyncClient, pipeline: FakePipelin
 
 
 async def test_direct_predict_uses_the_path_model(client: httpx.AsyncClient, pipeline: FakePipeline) -> None:
-    reply = await client.post("/v1/models/jpcp/predict", json={"embedding": [0.1] * 384, "node_count": 3, "alias": "canary"})
+    reply = await client.post(
+        "/v1/models/jpcp/predict", json={"embedding": [0.1] * 384, "node_count": 3, "alias": "canary"}
+    )
     assert reply.status_code == 200
     assert pipeline.seen[0].model == "jpcp"
     assert pipeline.seen[0].alias == "canary"
