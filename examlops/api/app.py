@@ -83,6 +83,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
         version="0.1.0",
         lifespan=lifespan,
     )
+    app.state.draining = False
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(ExamlopsError, handle_examlops)
@@ -152,8 +153,11 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
 
     @app.get("/readyz", response_model=ReadyReply, tags=["health"])
     async def readyz() -> JSONResponse:
-        """200 once the hot set is loaded, 503 before."""
-        body = ReadyReply(ready=pipeline.ready, models=[HotSetEntry(**asdict(e)) for e in pipeline.hot_set()])
+        """200 once the hot set is loaded, 503 before, and 503 again while draining for shutdown."""
+        body = ReadyReply(
+            ready=pipeline.ready and not app.state.draining,
+            models=[HotSetEntry(**asdict(e)) for e in pipeline.hot_set()],
+        )
         return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
     @app.get("/metrics", tags=["health"])

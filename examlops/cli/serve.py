@@ -32,19 +32,18 @@ def start(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Start serving in the foreground: load the hot set from MLflow and answer on HTTP."""
-    import uvicorn
-
+    from examlops.api.server import run_server
     from examlops.bootstrap import serving_app
 
     settings = Settings()
     with errors_as_exit():
         app = serving_app(settings)
-    uvicorn.run(
+    run_server(
         app,
         host=host or settings.serving.host,
         port=port or settings.serving.port,
+        grace_s=settings.serving.drain_grace_s,
         log_level=log_level,
-        timeout_graceful_shutdown=int(settings.serving.drain_grace_s),
     )
 
 

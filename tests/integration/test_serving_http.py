@@ -196,11 +196,13 @@ def test_a_split_sends_its_share_within_binomial_bounds(server: ServingProcess) 
     assert abs(seen["Canary"] - 0.3 * n) < bound, seen
 
 
-def test_a_pinned_alias_ignores_the_split(server: ServingProcess) -> None:
-    assert httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 0, "Canary": 100}).status_code == 200
+def test_the_split_applies_to_the_default_alias_and_other_aliases_are_pinned(server: ServingProcess) -> None:
+    assert httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 100, "Canary": 0}).status_code == 200
     try:
-        assert infer(server, alias="Production").json()["alias"] == "Production"
-        assert infer(server).json()["alias"] == "Canary"
+        assert infer(server, alias="Canary").json()["alias"] == "Canary"
+        assert infer(server, alias="canary").json()["alias"] == "Canary"
+        assert infer(server).json()["alias"] == "Production"
+        assert infer(server, alias="production").json()["alias"] == "Production"
     finally:
         httpx.put(f"{server.url}/v1/traffic/JPCP", json={})
 
