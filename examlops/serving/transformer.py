@@ -7,8 +7,9 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
 - A batch is flushed as soon as it holds ``max_size`` items, or ``max_wait_s`` after its first item
   arrived, whichever comes first. With ``eager_below=N > 0`` it is also flushed as soon as no further
   item is queued while fewer than N batches are being handled: an idle handler never makes a lone
-  request wait, and under load batches fill while earlier ones run. A batch is never empty: items whose caller gave up (cancelled) are
-  dropped before the handler sees them, and a batch left with none is not sent.
+  request wait, and under load batches fill while earlier ones run. A batch is never empty: items
+  whose caller gave up (cancelled) are dropped before the handler sees them, and a batch left with
+  none is not sent.
 - The handler gets the items in arrival order and returns one outcome per item, in the same order. An
   outcome that is an exception fails that item alone.
 - If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
