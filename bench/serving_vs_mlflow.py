@@ -107,6 +107,8 @@ def main() -> None:
     seed_demo(settings, load_catalog(settings.catalog_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
+    # `mlflow models serve` runs `uvicorn` from PATH.
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     ours_port, theirs_port = 18101, 18102
     ours = start([str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log")
     theirs = start(

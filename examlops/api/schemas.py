@@ -96,3 +96,25 @@ class TrafficReply(BaseModel):
 class ReadyReply(BaseModel):
     ready: bool
     models: list[HotSetEntry]
+
+
+class ReloadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ShortText | None = None
+    """Reload one model (any case); unset, every model."""
+
+
+class ReloadChangeReply(BaseModel):
+    model: str
+    alias: str
+    old_version: str | None
+    new_version: str | None
+    outcome: str
+    """swapped, loaded, removed, refused (the old version keeps serving) or unreachable (MLflow is down)."""
+    reason: str | None = None
+
+
+class ReloadReply(BaseModel):
+    changes: list[ReloadChangeReply]
+    """What moved; empty when every alias in memory already matched MLflow."""

@@ -214,3 +214,29 @@ def predict(
             ["model", "alias", "version", "run id", "prediction"],
             [[reply["model"], reply["alias"], reply["version"], reply["run_id"], reply["prediction"]]],
         )
+
+
+@serve_app.command("reload")
+def reload(
+    model: Annotated[str | None, typer.Argument(help="One model (any case); default: every model.")] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Ask serving to check MLflow for moved aliases now and hot-reload them; prints what changed."""
+    with errors_as_exit(), ServingClient(_url(url), timeout_s=120) as client:
+        reply = client.request("POST", "/admin/reload", json={"model": model} if model else None)
+    if as_json:
+        print_json(reply)
+    elif not reply["changes"]:
+        console.print("every alias in memory already matches MLflow")
+    else:
+        print_table(
+            "reload",
+            ["model", "alias", "from", "to", "outcome", "reason"],
+            [
+                [c["model"], c["alias"], c["old_version"], c["new_version"], c["outcome"], c["reason"]]
+                for c in reply["changes"]
+            ],
+        )
+    if any(c["outcome"] in ("refused", "unreachable") for c in reply["changes"]):
+        raise typer.Exit(UNWELL)

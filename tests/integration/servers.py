@@ -33,6 +33,7 @@ class ServingProcess:
     """`exa serve start` in a child process; `stop()` sends SIGTERM and waits."""
 
     def __init__(self, home: Path, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        self.home = home
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"serving-{self.port}.log"

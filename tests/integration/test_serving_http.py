@@ -231,3 +231,23 @@ def test_metrics_count_requests_by_model_alias_and_outcome(server: ServingProces
 def test_no_file_is_written_outside_the_state_folder(server: ServingProcess) -> None:
     assert not Path("mlflow.db").exists()
     assert not Path("mlruns").exists()
+
+
+def test_reload_on_request_follows_a_moved_alias_and_reports_it(server: ServingProcess) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(Settings(home=server.home).mlflow_tracking_uri)
+    client.set_registered_model_alias("CRCP", "Production", "2")
+    try:
+        reply = httpx.post(f"{server.url}/admin/reload", json={"model": "crcp"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        changes = reply.json()["changes"]
+        assert [(c["alias"], c["old_version"], c["new_version"], c["outcome"]) for c in changes] == [
+            ("Production", "1", "2", "swapped")
+        ]
+        assert infer(server, model="CRCP").json()["version"] == "2"
+        assert httpx.post(f"{server.url}/admin/reload", json={}, timeout=60).json()["changes"] == []
+    finally:
+        client.set_registered_model_alias("CRCP", "Production", "1")
+        httpx.post(f"{server.url}/admin/reload", json={"model": "CRCP"}, timeout=60)
+    assert infer(server, model="CRCP").json()["version"] == "1"

@@ -1,0 +1,425 @@
+"""The bus and the bridge against a real redis-server: request/reply, refusals, reclaim, Redis restarts.
+
+Most tests put a small stand-in for serving (uvicorn in a thread, answering
+``/infer-pipeline/infer`` and logging every job id it sees) behind the bridge,
+so that they can slow it down and see exactly what reached it. The tests
+marked ``real_serving`` run `exa serve start` with the demo models instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from examlops.core.errors import DeadlineExceeded
+from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings
+from examlops.platform.redis_server import EmbeddedRedis
+from examlops.registry.catalog import Catalog, load_catalog
+from examlops.serving import bus
+from examlops.serving.bridge import Bridge
+from examlops.serving.bridge_handler import http_client
+from examlops.serving.bus_client import BusClient, SyncBusClient
+from examlops.serving.bus_store import connect
+from tests.integration.servers import examlops_env, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CATALOG = load_catalog(Settings().catalog_path)
+JPCP = CATALOG.get("JPCP")
+ADDRESS = str(JPCP.seanerbus_uuid)
+PAYLOAD = {"embedding": [0.01] * 384, "node_count": 12}
+FAST_HTTP = HttpSettings(connect_timeout_s=1.0, read_timeout_s=2.0)
+"""Reclaim after 1 + 2 + 2 = 5 s idle instead of 17 s."""
+
+
+class StandIn:
+    """A stand-in for serving: answers like `/infer-pipeline/infer`, refuses passed deadlines, logs job ids."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.delay = 0.0
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = FastAPI()
+
+        @app.post("/infer-pipeline/infer")
+        async def infer(request: Request) -> JSONResponse:
+            body = await request.json()
+            if body.get("deadline") is not None and body["deadline"] < time.time():
+                error = {"error": "deadline passed", "prediction": 0.0, "code": "deadline_exceeded"}
+                return JSONResponse(error, status_code=504)
+            self.seen.append(body["job_id"])
+            await asyncio.sleep(self.delay)
+            reply = {"model": body["model"], "alias": body.get("alias") or "Production", "version": "1"}
+            reply |= {"run_id": "run-1", "prediction": 0.5, "error": None, "job_id": body["job_id"]}
+            return JSONResponse(reply)
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> StandIn:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the stand-in did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class ListRecorder:
+    def __init__(self) -> None:
+        self.served: list[bus.ServedInference] = []
+
+    def record(self, served: Any) -> None:
+        self.served.extend(served)
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    with StandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    """The session's redis-server, emptied for this test."""
+    with redis.Redis.from_url(redis_server) as client:
+        client.flushdb()
+    return redis_server
+
+
+def bus_settings(home: Path, redis_url: str, serving_port: int) -> Settings:
+    return Settings(
+        home=home,
+        redis=RedisSettings(url=redis_url),
+        serving=ServingSettings(port=serving_port),
+        http=FAST_HTTP,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
+    redis_client = connect(settings.redis_url)
+    async with http_client(settings.http) as http:
+        bridge = Bridge(settings, catalog, redis_client, http, **options)
+        stop = asyncio.Event()
+        task = asyncio.create_task(bridge.run(stop))
+        try:
+            yield bridge
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+            await redis_client.aclose()
+
+
+async def until(check: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
+
+
+async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    recorder = ListRecorder()
+    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+        reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
+    assert reply == {
+        "model": "JPCP",
+        "alias": "Production",
+        "version": "1",
+        "run_id": "run-1",
+        "prediction": 0.5,
+        "error": None,
+        "job_id": "job-one",
+    }
+    assert standin.seen == ["job-one"]
+    assert [(s.job_id, s.model, s.caller, s.node_count) for s in recorder.served] == [("job-one", "JPCP", "t", 12)]
+
+
+async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    async with running_bridge(settings, sweep_s=0.2), BusClient.from_settings(settings, caller="t") as client:
+        reply = await client.request(uuid.uuid4(), PAYLOAD, 10)
+    assert reply["code"] == "model_not_found"
+    assert reply["prediction"] == 0.0 and reply["error"]
+    assert standin.seen == []
+
+
+async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    recorder = ListRecorder()
+    async with BusClient.from_settings(settings, caller="t") as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.request(ADDRESS, PAYLOAD, 0.2, job_id="too-late")  # no bridge runs yet
+        async with running_bridge(settings, on_served=recorder):
+            await until(lambda: replies_per_job(redis_url, client.reply_stream)["too-late"] == 1)
+            assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="in-time"))["error"] is None
+    assert standin.seen == ["in-time"]
+    assert [s.job_id for s in recorder.served] == ["in-time"]
+
+
+async def test_an_altered_job_is_refused_and_dead_lettered(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    reply_to = bus.replies_stream("tamper-test")
+    fields = bus.encode_job(
+        settings.secret.get_secret_value().encode(),
+        address=ADDRESS,
+        job_id="altered",
+        reply_to=reply_to,
+        caller="t",
+        deadline=time.time() + 10,
+        payload=PAYLOAD,
+    )
+    fields["payload"] = fields["payload"].replace('"node_count":12', '"node_count":13')
+    unsigned = {k: v for k, v in fields.items() if k != "sig"} | {"job_id": "unsigned"}
+    with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+        sync_redis.xadd(bus.jobs_stream(ADDRESS), fields)  # type: ignore[arg-type]
+        sync_redis.xadd(bus.jobs_stream(ADDRESS), unsigned)  # type: ignore[arg-type]
+        async with running_bridge(settings):
+            await until(lambda: sync_redis.xlen(reply_to) == 2)
+        replies = [bus.read_reply(f)[1] for _id, f in sync_redis.xrange(reply_to)]
+        dead = sync_redis.xrange(bus.DEAD_STREAM)
+    assert [(r["code"], r["prediction"]) for r in replies] == [("bad_signature", 0.0)] * 2
+    assert len(dead) == 2
+    assert standin.seen == []
+
+
+async def test_a_job_delivered_more_than_three_times_is_dead_lettered_with_an_error_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    stream = bus.jobs_stream(ADDRESS)
+    async with BusClient.from_settings(settings, caller="t") as client:
+        with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+            sync_redis.xgroup_create(stream, bus.GROUP, id="0", mkstream=True)
+            waiting = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 20, job_id="cursed"))
+            await until(lambda: sync_redis.xlen(stream) == 1)
+            # Three bridges took it and died: three deliveries, idle for a minute.
+            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(bus.GROUP, "ghost", {stream: ">"})
+            sync_redis.xclaim(stream, bus.GROUP, "ghost", 0, [entry_id], idle=60_000, retrycount=3)
+            async with running_bridge(settings, sweep_s=0.2):
+                reply = await waiting
+            assert [f["job"] for _id, f in sync_redis.xrange(bus.DEAD_STREAM)][0].count("cursed") == 1
+    assert reply["code"] == "undeliverable" and reply["prediction"] == 0.0
+    assert standin.seen == []
+
+
+async def test_a_redelivered_job_that_was_answered_is_acked_without_serving_it_again(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    stream = bus.jobs_stream(ADDRESS)
+    async with running_bridge(settings), BusClient.from_settings(settings, caller="t") as client:
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
+        # The same signed job delivered again (a bridge reclaimed it after the first one answered).
+        with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+            job = bus.encode_job(
+                settings.secret.get_secret_value().encode(),
+                address=ADDRESS,
+                job_id="twice",
+                reply_to=client.reply_stream,
+                caller="t",
+                deadline=time.time() + 10,
+                payload=PAYLOAD,
+            )
+            sync_redis.xadd(stream, job)  # type: ignore[arg-type]
+            await until(lambda: sync_redis.xlen(stream) == 0)
+    assert standin.seen == ["twice"]
+    assert replies_per_job(redis_url, client.reply_stream) == Counter({"twice": 1})
+
+
+def start_bridge_process(
+    home: Path, redis_url: str, port: int, concurrency: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log = home / f"bridge-{port}-{concurrency}.log"
+    env = examlops_env(
+        home,
+        EXAMLOPS_REDIS__URL=redis_url,
+        EXAMLOPS_SERVING__PORT=str(port),
+        EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
+        EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
+    )
+    code = "from examlops.cli.bus import bridge_app; bridge_app()"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "start", "--concurrency", str(concurrency)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc, log
+
+
+async def wait_logged(proc: subprocess.Popen[bytes], log: Path, text: str) -> None:
+    await until(lambda: proc.poll() is None and text in log.read_text(errors="replace"), 30)
+
+
+async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_once(
+    tmp_path: Path, redis_url: str
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, 1)
+    with StandIn() as slow, StandIn() as fast:
+        slow.delay = 1.5
+        doomed, doomed_log = start_bridge_process(tmp_path, redis_url, slow.port, concurrency=2)
+        survivor, survivor_log = None, None
+        try:
+            await wait_logged(doomed, doomed_log, "ready")
+            async with BusClient.from_settings(settings, caller="t") as client:
+                jobs = [f"job-{i}" for i in range(12)]
+                waits = [asyncio.create_task(client.request(ADDRESS, PAYLOAD, 40, job_id=j)) for j in jobs[:4]]
+                await until(lambda: len(slow.seen) >= 1)
+                survivor, survivor_log = start_bridge_process(tmp_path, redis_url, fast.port, concurrency=64)
+                await wait_logged(survivor, survivor_log, "ready")
+                waits += [asyncio.create_task(client.request(ADDRESS, PAYLOAD, 40, job_id=j)) for j in jobs[4:]]
+                await until(lambda: len(fast.seen) >= 2)
+                os.killpg(doomed.pid, signal.SIGKILL)  # mid-job: the slow stand-in holds its calls for 1.5 s
+                doomed.wait()
+                replies = await asyncio.gather(*waits)
+            assert [r["error"] for r in replies] == [None] * len(jobs)
+            assert [r["job_id"] for r in replies] == jobs
+            assert replies_per_job(redis_url, client.reply_stream) == Counter(dict.fromkeys(jobs, 1))
+            assert set(slow.seen) & set(fast.seen), "no job held by the killed bridge was reclaimed"
+            assert "reclaimed job" in survivor_log.read_text()
+            with redis.Redis.from_url(redis_url) as sync_redis:
+                assert sync_redis.xpending(bus.jobs_stream(ADDRESS), bus.GROUP)["pending"] == 0
+        finally:
+            for proc in (doomed, survivor):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+        assert survivor is not None and survivor.returncode == 0
+
+
+async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(tmp_path: Path, standin: StandIn) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", free_port())
+    server.start()
+    try:
+        settings = bus_settings(tmp_path, server.url, standin.port)
+        async with BusClient.from_settings(settings, caller="t") as client:
+            async with running_bridge(settings):
+                assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None
+                standin.delay = 1.0
+                in_flight = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 30, job_id="across"))
+                await until(lambda: "across" in standin.seen)
+                server.stop()
+                server.start()
+                assert (await in_flight)["error"] is None  # replied once Redis was back
+                standin.delay = 0.0
+                assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="after"))["error"] is None
+            # Accepted while no bridge runs, then Redis restarts: the AOF keeps the job.
+            queued = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 30, job_id="queued"))
+            with redis.Redis.from_url(server.url) as sync_redis:
+                await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 1)
+            server.stop()
+            server.start()
+            async with running_bridge(settings):
+                assert (await queued)["error"] is None
+        assert replies_per_job(server.url, client.reply_stream) == Counter(
+            dict.fromkeys(("before", "across", "after", "queued"), 1)
+        )
+    finally:
+        server.stop()
+
+
+async def test_an_external_redis_without_an_append_only_file_is_warned_about(
+    tmp_path: Path, redis_url: str, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    with redis.Redis.from_url(redis_url) as sync_redis:
+        sync_redis.config_set("appendonly", "no")
+        try:
+            async with running_bridge(settings):
+                pass
+        finally:
+            sync_redis.config_set("appendonly", "yes")
+    assert any("jobs accepted before a Redis restart can be lost" in r.message for r in caplog.records)
+
+
+def test_the_sync_client_gets_a_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+
+    async def serve_one() -> None:
+        async with running_bridge(settings):
+            await until(lambda: bool(standin.seen))
+            await asyncio.sleep(0.2)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve_one(),))
+    thread.start()
+    with SyncBusClient(settings, caller="sync") as client:
+        reply = client.request(JPCP.seanerbus_uuid, PAYLOAD, 10)
+    thread.join(30)
+    assert reply["error"] is None and reply["model"] == "JPCP"
+
+
+# Against the real serving process with the demo models.
+
+
+def requests_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("examlops_requests_total{")
+    )
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from examlops.registry.demo import seed_demo
+    from tests.integration.servers import ServingProcess
+
+    home = tmp_path_factory.mktemp("bus-serving")
+    seed_demo(Settings(home=home), CATALOG)
+    proc = ServingProcess(home)
+    try:
+        proc.wait_ready(60)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning")
+async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
+    tmp_path: Path, redis_url: str, serving: Any
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, serving.port)
+    async with BusClient.from_settings(settings, caller="t") as client:
+        with pytest.raises(DeadlineExceeded):
+            await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
+        before = requests_total(serving.url)
+        async with running_bridge(settings):
+            await until(lambda: replies_per_job(redis_url, client.reply_stream)["expired"] == 1)
+            assert requests_total(serving.url) == before
+            reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="real")
+            canary = await client.request(ADDRESS, PAYLOAD | {"alias": "canary"}, 10)
+    assert (reply["model"], reply["alias"], reply["version"], reply["job_id"]) == ("JPCP", "Production", "1", "real")
+    assert reply["run_id"] and reply["error"] is None
+    assert (canary["alias"], canary["version"]) == ("Canary", "2")
+    assert requests_total(serving.url) == before + 2
