@@ -63,8 +63,9 @@ async def test_an_eager_batcher_fills_the_next_batch_while_one_runs_and_flushes_
     handler = Doubler(gate=gate)
     batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=60, eager_below=1)
     first = asyncio.ensure_future(batcher.submit(0))
-    while not handler.batches:
+    for _ in range(100):  # let the lone first item reach the handler, which holds it at the gate
         await asyncio.sleep(0)
+    assert handler.batches == [[0]]
     rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 6)]
     for _ in range(20):
         await asyncio.sleep(0)
