@@ -42,8 +42,11 @@ def status_of(error: errors.ExamlopsError) -> int:
 
 
 def error_response(error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> JSONResponse:
+    message = error.message
+    if error.field and not message.startswith(error.field):
+        message = f"{error.field}: {message}"
     body = ErrorReply(
-        error=error.message,
+        error=message,
         code=error.code,
         field=error.field,
         inference_failed=error.model_failure,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated
 
 import typer
@@ -29,6 +30,16 @@ app.command("predict", help="One prediction through the direct API (records noth
 lifecycle.register(app)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@app.callback()
+def _process_environment() -> None:
+    """Keep third-party state inside the state folder and telemetry off, for us and every child process."""
+    # MLflow and Prefect write to the home folder and call home unless told otherwise; examlops
+    # writes only under its state folder and runs offline.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_HOME", str(_settings().prefect_home))
 
 
 def _settings() -> Settings:

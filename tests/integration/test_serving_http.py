@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 from collections import Counter
@@ -14,7 +15,9 @@ import cloudpickle
 import httpx
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
@@ -251,3 +254,57 @@ def test_reload_on_request_follows_a_moved_alias_and_reports_it(server: ServingP
         client.set_registered_model_alias("CRCP", "Production", "1")
         httpx.post(f"{server.url}/admin/reload", json={"model": "CRCP"}, timeout=60)
     assert infer(server, model="CRCP").json()["version"] == "1"
+
+
+def test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server(server: ServingProcess, tmp_path: Path) -> None:
+    runner = CliRunner()
+    check = runner.invoke(exa, ["serve", "check", "--url", server.url, "--json"])
+    assert check.exit_code == 0, check.output
+    assert json.loads(check.output)["ready"] is True
+
+    emb = tmp_path / "embedding.json"
+    emb.write_text(json.dumps(embedding(3)))
+    predicted = runner.invoke(
+        exa,
+        [
+            "predict",
+            "jpcp",
+            "--embedding-file",
+            str(emb),
+            "--node-count",
+            "4",
+            "--alias",
+            "canary",
+            "--url",
+            server.url,
+            "--json",
+        ],
+    )
+    assert predicted.exit_code == 0, predicted.output
+    assert json.loads(predicted.output)["version"] == "2"
+
+    wrong = tmp_path / "short.json"
+    wrong.write_text("[1, 2, 3]")
+    refused = runner.invoke(
+        exa, ["predict", "JPCP", "--embedding-file", str(wrong), "--node-count", "4", "--url", server.url]
+    )
+    assert refused.exit_code == 2
+    assert "embedding" in refused.output
+
+    bad_split = runner.invoke(
+        exa, ["serve", "traffic", "CRCP", "--production", "90", "--canary", "20", "--url", server.url]
+    )
+    assert bad_split.exit_code == 2
+    set_split = runner.invoke(
+        exa, ["serve", "traffic", "CRCP", "--production", "90", "--canary", "10", "--url", server.url, "--json"]
+    )
+    assert set_split.exit_code == 0, set_split.output
+    try:
+        shown = runner.invoke(exa, ["serve", "traffic", "crcp", "--url", server.url, "--json"])
+        assert json.loads(shown.output)["weights"] == {"Production": 90, "Canary": 10}
+    finally:
+        runner.invoke(exa, ["serve", "traffic", "CRCP", "--clear", "--url", server.url])
+
+    infer_check = runner.invoke(exa, ["serve", "infer-check", "--url", server.url, "--json"])
+    assert infer_check.exit_code == 0, infer_check.output
+    assert json.loads(infer_check.output)["error"] is None

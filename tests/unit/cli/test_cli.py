@@ -1,0 +1,70 @@
+"""The `exa` command line through typer's CliRunner: help, settings, input errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from examlops.cli.main import app
+from tests.integration.servers import free_port
+
+runner = CliRunner()
+
+
+def test_help_lists_every_command_group_with_its_purpose() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for group in ("config", "demo", "serve", "predict", "up", "down", "status"):
+        assert group in result.output
+
+
+def test_config_show_json_gives_each_value_and_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_PREDICT__TIMEOUT_S", "12.5")
+    result = runner.invoke(app, ["config", "show", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["predict.timeout_s"] == {"value": 12.5, "source": "env EXAMLOPS_PREDICT__TIMEOUT_S"}
+    assert data["traffic.rules_ttl_s"] == {"value": 30.0, "source": "default"}
+    assert data["serving.port"]["value"] == 18001
+
+
+def test_config_show_table_explains_each_setting() -> None:
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 0
+    assert "predict.workers" in result.output
+
+
+def test_an_invalid_setting_is_a_clear_error_with_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_BATCH__MAX_SIZE", "zero")
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 2
+    assert "batch.max_size" in result.output
+
+
+def test_predict_needs_exactly_one_embedding_source() -> None:
+    result = runner.invoke(app, ["predict", "JPCP", "--node-count", "3"])
+    assert result.exit_code == 2
+    assert "--embedding-file" in result.output
+
+
+def test_predict_with_an_unreadable_embedding_file_is_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "e.json"
+    bad.write_text("not numbers at all")
+    result = runner.invoke(app, ["predict", "JPCP", "--node-count", "3", "--embedding-file", str(bad)])
+    assert result.exit_code == 2
+
+
+def test_an_unreachable_server_is_exit_3_with_its_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = runner.invoke(app, ["serve", "check", "--url", url])
+    assert result.exit_code == 3
+    assert url in result.output
+
+
+def test_traffic_without_a_server_is_exit_3_never_a_traceback() -> None:
+    result = runner.invoke(app, ["serve", "traffic", "NOPE", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 3
+    assert "Traceback" not in result.output
