@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup up down test check lint typecheck imports unit integration e2e bench clean
+.PHONY: setup up down test check unit integration e2e clean
 
 $(STAMP): pyproject.toml requirements.lock
 	bash scripts/setup.sh $(PYTHON) $(VENV)
@@ -32,6 +32,9 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest tests/integration
+
+e2e: $(STAMP)
+	$(BIN)/pytest tests/e2e
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
