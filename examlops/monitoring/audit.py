@@ -1,0 +1,506 @@
+"""The hash-chained audit trail on a Redis stream: events, their encoding, the atomic append, checkpoints, tail.
+
+Keys::
+
+    examlops:audit:events   stream, one entry per event, fields seq ts type subject data prev hash
+    examlops:audit:head     hash {seq, hash}: the last event; absent = empty chain (seq 0, GENESIS)
+
+An event's ``hash`` is the hex sha256 of the canonical JSON array
+``["examlops.audit.v1", seq, ts, type, subject, data, prev]`` where ``seq`` is an
+integer and every other element is the exact string stored in the stream
+(``ts`` is UNIX seconds formatted ``%.6f``; ``data`` is canonical JSON: sorted
+keys, no spaces, ASCII, no NaN). ``prev`` is the previous event's hash,
+``GENESIS`` (64 zeros) for seq 1.
+
+Appends are one Lua script, a compare-and-set on the head: the client computes
+the hashes for the head it last saw; the script writes the events and moves
+the head only if the head is still that one, else it returns the current head
+and the client recomputes. Concurrent appenders therefore never fork the
+chain (two round trips, a read then a write, forked half the events of 8
+writers here). The same script gives exactly-once recording: an entry may
+carry a *once key* (``examlops:recorded:{job_id}``), checked and set inside the
+script together with the event and an optional side write (the drift
+snapshot), so a job delivered twice, or recorded by two bridges at once,
+leaves one snapshot and one event.
+
+Signed checkpoints (``audit_store``) are written every ``checkpoint_every``
+events (the seqs that are multiples of it) and every ``checkpoint_interval_s``.
+``verify`` walks the chain and the checkpoints and names the first broken link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from examlops.core.errors import Conflict, StoreUnavailable
+from examlops.monitoring.audit_store import CheckpointStore, new_checkpoint
+
+log = logging.getLogger(__name__)
+
+FORMAT = "examlops.audit.v1"
+STREAM = "examlops:audit:events"
+HEAD = "examlops:audit:head"
+GENESIS = "0" * 64
+FIELDS = ("seq", "ts", "type", "subject", "data", "prev", "hash")
+MAX_CAS_ATTEMPTS = 1000
+
+# Event types. Control actions are appended by whoever performs them (serving, flows, the CLI).
+INFERENCE_SERVED = "inference.served"
+TRAFFIC_CHANGED = "traffic.changed"
+ALIAS_MOVED = "alias.moved"
+MODEL_RELOADED = "model.reloaded"
+RELOAD_REFUSED = "reload.refused"
+RETRAIN_REQUESTED = "retrain.requested"
+
+
+def connect(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
+    """A sync client (decoded strings) that retries connection errors briefly; nothing connects until used."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        socket_connect_timeout=2.0,
+        socket_timeout=socket_timeout_s,
+    )
+
+
+@contextlib.contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """redis-py's connection errors (including a Redis still loading its AOF) become ``StoreUnavailable``."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+
+
+def format_ts(ts: float) -> str:
+    return f"{ts:.6f}"
+
+
+def event_hash(seq: int, ts: str, type: str, subject: str, data: str, prev: str) -> str:
+    message = json.dumps([FORMAT, seq, ts, type, subject, data, prev], separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(message.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One event as stored; ``entry_id`` is its stream id ('' before it is written)."""
+
+    seq: int
+    ts: str
+    type: str
+    subject: str
+    data: str
+    prev: str
+    hash: str
+    entry_id: str = ""
+
+    @classmethod
+    def chained(cls, seq: int, prev: str, ts: str, type: str, subject: str, data: str) -> AuditEvent:
+        return cls(seq, ts, type, subject, data, prev, event_hash(seq, ts, type, subject, data, prev))
+
+    @classmethod
+    def from_fields(cls, entry_id: str, fields: Mapping[str, str]) -> AuditEvent:
+        """``ValueError`` (or ``KeyError``) for an entry that lacks a field or has a non-integer seq."""
+        f = fields
+        return cls(int(f["seq"]), f["ts"], f["type"], f["subject"], f["data"], f["prev"], f["hash"], entry_id)
+
+    def fields(self) -> list[str]:
+        return [str(self.seq), self.ts, self.type, self.subject, self.data, self.prev, self.hash]
+
+    def computed_hash(self) -> str:
+        return event_hash(self.seq, self.ts, self.type, self.subject, self.data, self.prev)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "time": datetime.fromtimestamp(float(self.ts), UTC).isoformat(),
+            "type": self.type,
+            "subject": self.subject,
+            "data": json.loads(self.data),
+            "prev": self.prev,
+            "hash": self.hash,
+            "entry_id": self.entry_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SideWrite:
+    """A stream entry written atomically with an event (the drift snapshot); ``member`` is SADDed to ``index``."""
+
+    stream: str
+    fields: Mapping[str, str]
+    index: str = ""
+    member: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What to append. ``once_key``: skip the entry (and its side write) when this key exists; set it otherwise."""
+
+    type: str
+    subject: str
+    data: Mapping[str, Any]
+    ts: float
+    once_key: str = ""
+    side: SideWrite | None = None
+    encoded: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoded", canonical_json(dict(self.data)))
+
+
+APPEND_SCRIPT = """
+-- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, then per
+-- event: once key, side stream, side index, side member, side field count n, n side values, 7 event fields.
+-- All or nothing: 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key exists.
+local seq, head = redis.call('HGET', KEYS[2], 'seq'), redis.call('HGET', KEYS[2], 'hash')
+if not seq then seq, head = '0', string.rep('0', 64) end
+if seq ~= ARGV[1] or head ~= ARGV[2] then return {'stale', seq, head} end
+local events, dups, i = {}, {}, 5
+for e = 1, tonumber(ARGV[4]) do
+  local n = tonumber(ARGV[i + 4])
+  events[e] = {once = ARGV[i], stream = ARGV[i + 1], index = ARGV[i + 2], member = ARGV[i + 3],
+               side = i + 5, last = i + 4 + n, ev = i + 5 + n}
+  if ARGV[i] ~= '' and redis.call('EXISTS', ARGV[i]) == 1 then dups[#dups + 1] = tostring(e) end
+  i = i + 12 + n
+end
+if #dups > 0 then return {'dup', unpack(dups)} end
+local expect, prev = tonumber(seq) + 1, head
+for _, e in ipairs(events) do
+  if tonumber(ARGV[e.ev]) ~= expect or ARGV[e.ev + 5] ~= prev then
+    return redis.error_reply('examlops: the events do not extend the head')
+  end
+  expect, prev = expect + 1, ARGV[e.ev + 6]
+end
+for _, e in ipairs(events) do
+  if e.stream ~= '' then
+    redis.call('XADD', e.stream, '*', unpack(ARGV, e.side, e.last))
+    if e.index ~= '' then redis.call('SADD', e.index, e.member) end
+  end
+  local a = e.ev
+  redis.call('XADD', KEYS[1], '*', 'seq', ARGV[a], 'ts', ARGV[a + 1], 'type', ARGV[a + 2],
+             'subject', ARGV[a + 3], 'data', ARGV[a + 4], 'prev', ARGV[a + 5], 'hash', ARGV[a + 6])
+  if e.once ~= '' then redis.call('SET', e.once, '1', 'PX', ARGV[3]) end
+end
+redis.call('HSET', KEYS[2], 'seq', tostring(expect - 1), 'hash', prev)
+return {'ok', tostring(expect - 1), prev}
+"""
+
+
+class AuditTrail:
+    """Appends to the chain and checkpoints it. Thread-safe; every Redis error is ``StoreUnavailable``.
+
+    ``append_many`` is all or nothing per call: when it raises, nothing of that call was written, or all
+    of it was and a retry finds every once key set (so retrying with once keys never writes twice).
+    A checkpoint that cannot be written to SQL is kept and tried again after the next append or ``tick``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        secret: bytes,
+        checkpoints: CheckpointStore | None = None,
+        *,
+        checkpoint_every: int = 100,
+        checkpoint_interval_s: float = 60.0,
+        once_ttl_s: float = 4200.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.redis = client
+        self._script = client.register_script(APPEND_SCRIPT)
+        self._secret = secret
+        self._checkpoints = checkpoints
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._once_ttl_ms = int(once_ttl_s * 1000)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._head: tuple[int, str] | None = None
+        self._last_written: tuple[int, str] | None = None
+        self._due: dict[int, str] = {}
+        self._checkpointed_at = clock()
+        self._checkpoint_failing = False
+        self.contended = 0
+        """How many appends found the head moved by another appender and were recomputed."""
+
+    def append(self, type: str, subject: str, data: Mapping[str, Any], *, once_key: str = "") -> AuditEvent | None:
+        """Append one event now; None when ``once_key`` was already set (the event exists)."""
+        return self.append_many([Entry(type, subject, data, self._clock(), once_key)])[0]
+
+    def append_many(self, entries: Sequence[Entry]) -> list[AuditEvent | None]:
+        """Append in order, one script call; the result lines up with ``entries`` (None for a duplicate)."""
+        results: list[AuditEvent | None] = [None] * len(entries)
+        seen: set[str] = set()
+        todo: list[tuple[int, Entry]] = []
+        for index, entry in enumerate(entries):
+            if entry.once_key and entry.once_key in seen:
+                continue
+            seen.add(entry.once_key)
+            todo.append((index, entry))
+        with self._lock, store_errors("appending to the audit trail"):
+            for _ in range(MAX_CAS_ATTEMPTS):
+                if not todo:
+                    return results
+                seq, head = self._head if self._head is not None else self._read_head()
+                events, args = self._encode(seq, head, [entry for _, entry in todo])
+                reply: Any = self._script(keys=[STREAM, HEAD], args=args)
+                if reply[0] == "ok":
+                    self._head = (int(reply[1]), str(reply[2]))
+                    for (index, _), event in zip(todo, events, strict=True):
+                        results[index] = event
+                    self._written(events)
+                    return results
+                if reply[0] == "stale":
+                    self.contended += 1
+                    self._head = (int(reply[1]), str(reply[2]))
+                    continue
+                dups = {int(position) - 1 for position in reply[1:]}
+                todo = [item for position, item in enumerate(todo) if position not in dups]
+        raise Conflict(f"the audit head kept moving: gave up after {MAX_CAS_ATTEMPTS} attempts")
+
+    def _read_head(self) -> tuple[int, str]:
+        seq, head = self.redis.hmget(HEAD, ["seq", "hash"])
+        return (int(seq), str(head)) if seq is not None else (0, GENESIS)
+
+    def _encode(self, seq: int, head: str, entries: Sequence[Entry]) -> tuple[list[AuditEvent], list[str]]:
+        args = [str(seq), head, str(self._once_ttl_ms), str(len(entries))]
+        events: list[AuditEvent] = []
+        for entry in entries:
+            seq += 1
+            event = AuditEvent.chained(seq, head, format_ts(entry.ts), entry.type, entry.subject, entry.encoded)
+            head = event.hash
+            events.append(event)
+            side = entry.side
+            side_values = [value for pair in side.fields.items() for value in pair] if side else []
+            args += [entry.once_key, side.stream if side else "", side.index if side else ""]
+            args += [side.member if side else "", str(len(side_values)), *side_values, *event.fields()]
+        return events, args
+
+    # Checkpoints.
+
+    def _written(self, events: Sequence[AuditEvent]) -> None:
+        for event in events:
+            if event.seq % self.checkpoint_every == 0:
+                self._due[event.seq] = event.hash
+        last = events[-1]
+        self._last_written = (last.seq, last.hash)
+        if self._clock() - self._checkpointed_at >= self.checkpoint_interval_s:
+            self._due[last.seq] = last.hash
+        self._flush_checkpoints()
+
+    def tick(self) -> None:
+        """Checkpoint the last event this trail wrote when ``checkpoint_interval_s`` has passed; call when idle."""
+        with self._lock:
+            if self._last_written is not None and self._clock() - self._checkpointed_at >= self.checkpoint_interval_s:
+                self._due.setdefault(*self._last_written)
+            self._flush_checkpoints()
+
+    def checkpoint_now(self) -> None:
+        """Checkpoint the last event this trail wrote (on close)."""
+        with self._lock:
+            if self._last_written is not None:
+                self._due.setdefault(*self._last_written)
+            self._flush_checkpoints()
+
+    def _flush_checkpoints(self) -> None:
+        if self._checkpoints is None or not self._due:
+            self._due.clear()
+            return
+        for seq in sorted(self._due):
+            try:
+                self._checkpoints.save(new_checkpoint(self._secret, seq, self._due[seq], self._clock()))
+            except Exception as exc:
+                if not self._checkpoint_failing:
+                    log.warning("cannot write audit checkpoint %d (%s); will retry", seq, exc)
+                self._checkpoint_failing = True
+                return
+            del self._due[seq]
+            self._checkpointed_at = self._clock()
+        if self._checkpoint_failing:
+            log.warning("audit checkpoints are written again")
+        self._checkpoint_failing = False
+
+
+def tail(client: redis.Redis, n: int) -> list[AuditEvent]:
+    """The last ``n`` events, oldest first. ``StoreUnavailable``; entries that cannot be read are skipped."""
+    with store_errors("reading the audit trail"):
+        found: Any = client.xrevrange(STREAM, count=n) if n > 0 else []
+    events = []
+    for entry_id, fields in reversed(found):
+        with contextlib.suppress(KeyError, ValueError):
+            events.append(AuditEvent.from_fields(entry_id, fields))
+    return events
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenLink:
+    """The first place the trail is not what was written.
+
+    ``kind``: ``malformed``, ``edited`` (hash does not match the contents), ``link`` (prev is not the
+    previous hash), ``deleted`` / ``reordered`` (a seq is missing where expected, later found or not),
+    ``rewritten`` (the event at a checkpoint's seq has another hash), ``truncated`` (a checkpoint or the
+    head lies past the end of the stream: tail cut or an older copy restored), ``forged_checkpoint``.
+    """
+
+    seq: int
+    kind: str
+    message: str
+    entry_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    events: int
+    last_seq: int
+    checkpoints: int
+    broken: BrokenLink | None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+    def to_json(self) -> dict[str, Any]:
+        broken = self.broken
+        return {
+            "ok": self.ok,
+            "events": self.events,
+            "last_seq": self.last_seq,
+            "checkpoints": self.checkpoints,
+            "broken": None
+            if broken is None
+            else {"seq": broken.seq, "kind": broken.kind, "message": broken.message, "entry_id": broken.entry_id},
+        }
+
+
+def verify(client: redis.Redis, secret: bytes, checkpoints: CheckpointStore | None, page: int = 1000) -> VerifyReport:
+    """Walk the chain from seq 1 and check it against the signed checkpoints; ``StoreUnavailable``.
+
+    Checkpoints and head are read before the stream, so appends running meanwhile never look like damage.
+    Of several problems, the one at the lowest seq is reported.
+    """
+    from examlops.monitoring.audit_store import checkpoint_is_genuine
+
+    signed = checkpoints.all() if checkpoints is not None else []
+    forged = [cp.seq for cp in signed if not checkpoint_is_genuine(secret, cp)]
+    expected_at = {cp.seq: cp.head_hash for cp in signed if cp.seq not in forged}
+    problems: list[BrokenLink] = []
+    if forged:
+        problems.append(BrokenLink(forged[0], "forged_checkpoint", f"the checkpoint at seq {forged[0]} is not signed"))
+    with store_errors("verifying the audit trail"):
+        head: Any = client.hmget(HEAD, ["seq", "hash"])
+        head_seq, head_hash = head
+        walk = _Walk(expected_at)
+        for entry_id, fields in _entries(client, page):
+            if not walk.step(entry_id, fields):
+                break
+    problems += walk.problems()
+    if head_seq is not None and walk.hash_at_head(int(head_seq)) not in (head_hash, None):
+        problems.append(BrokenLink(int(head_seq), "rewritten", f"event {head_seq} is not the one the head names"))
+    ends = [(cp, "a signed checkpoint") for cp in sorted(expected_at) if cp > walk.last]
+    if head_seq is not None and int(head_seq) > walk.last:
+        ends.append((int(head_seq), "the head"))
+    if ends and walk.first_problem is None:
+        seq, who = min(ends)
+        problems.append(
+            BrokenLink(
+                walk.last + 1,
+                "truncated",
+                f"{who} names event {seq} but the chain ends at {walk.last}: the tail was cut or an older copy "
+                "was restored",
+            )
+        )
+    broken = min(problems, key=lambda p: p.seq) if problems else None
+    return VerifyReport(walk.count, walk.last, len(signed), broken)
+
+
+def _entries(client: redis.Redis, page: int) -> Iterator[tuple[str, dict[str, str]]]:
+    start = "-"
+    while True:
+        found: Any = client.xrange(STREAM, min=start, count=page)
+        yield from found
+        if len(found) < page:
+            return
+        start = "(" + found[-1][0]
+
+
+class _Walk:
+    """The chain walk: stops checking at the first problem, then only looks for the missing seq."""
+
+    def __init__(self, expected_at: Mapping[int, str]) -> None:
+        self.expected_at = expected_at
+        self.count = 0
+        self.last = 0
+        self.prev = GENESIS
+        self.first_problem: BrokenLink | None = None
+        self._missing: int | None = None
+        self._found_later = False
+        self._hashes_near_head: dict[int, str] = {}
+
+    def step(self, entry_id: str, fields: Mapping[str, str]) -> bool:
+        self.count += 1
+        if self.first_problem is not None:
+            if self._missing is not None and fields.get("seq") == str(self._missing):
+                self._found_later = True
+                return False
+            return True
+        try:
+            event = AuditEvent.from_fields(entry_id, fields)
+        except (KeyError, ValueError):
+            return self._broken(self.last + 1, "malformed", f"entry {entry_id} is not an audit event", entry_id)
+        expected = self.last + 1
+        if event.seq != expected:
+            self._missing = expected
+            what = f"event {expected} is missing: found event {event.seq} after event {self.last}"
+            return self._broken(expected, "deleted", what, entry_id)
+        if event.prev != self.prev:
+            return self._broken(event.seq, "link", f"event {event.seq} does not link to event {self.last}", entry_id)
+        if event.computed_hash() != event.hash:
+            return self._broken(event.seq, "edited", f"event {event.seq} does not match its hash", entry_id)
+        signed = self.expected_at.get(event.seq)
+        if signed is not None and signed != event.hash:
+            before = max((s for s in self.expected_at if s < event.seq), default=0)
+            what = f"event {event.seq} differs from its signed checkpoint: rewritten after event {before}"
+            return self._broken(event.seq, "rewritten", what, entry_id)
+        self._hashes_near_head[event.seq] = event.hash
+        if len(self._hashes_near_head) > 4096:
+            self._hashes_near_head.pop(next(iter(self._hashes_near_head)))
+        self.last, self.prev = event.seq, event.hash
+        return True
+
+    def _broken(self, seq: int, kind: str, message: str, entry_id: str) -> bool:
+        """Note the first problem; keep walking only to learn whether a missing seq comes later."""
+        self.first_problem = BrokenLink(seq, kind, message, entry_id)
+        return self._missing is not None
+
+    def hash_at_head(self, seq: int) -> str | None:
+        return self._hashes_near_head.get(seq)
+
+    def problems(self) -> list[BrokenLink]:
+        problem = self.first_problem
+        if problem is None:
+            return []
+        if problem.kind == "deleted" and self._found_later:
+            message = f"event {problem.seq} is out of order: {problem.message.split(': ', 1)[1]}"
+            return [BrokenLink(problem.seq, "reordered", message, problem.entry_id)]
+        return [problem]

@@ -1,0 +1,252 @@
+"""The retrain trigger: classify bus replies, keep each model's failure window, take the shared cooldown.
+
+Seed 000's table, read from the reply the bridge produced (the error's meaning, not only the status):
+
+- a model failure (``inference_failed`` set, a code whose error is a ``model_failure``, or an answer
+  without a finite prediction) is a ``FAILURE``;
+- a served prediction, and a schema error (422, ``invalid_input`` and its kind) are ``OK``: counted in
+  the window, not failures;
+- anything else (model not found, pipeline unreachable, transport failure, a passed deadline) is
+  ``IGNORED``: it says nothing about the model, so it takes no place in the window.
+
+The window and the cooldown live in Redis, shared by every bridge, so "the last 50 requests of a model"
+means all of its bus requests whichever bridge served them, every tracker sees the same rate, and
+``exa bridge status`` can read it from another process. Keys (``{model}`` lower-cased)::
+
+    examlops:failures:window:{model}     list of "1" (failure) / "0", the last ``window`` outcomes
+    examlops:failures:cooldown:{model}   the idempotency key of the last request; expires after the cooldown
+    examlops:failures:models             set of the model names with a window
+
+At a rate of ``threshold`` or more over a full window, ``claim`` runs one script: ``SET cooldown NX PX``
+and, only if that set it, the request into the retrain outbox. However many trackers cross the threshold
+together, one of them sets the key, so one request is made per cooldown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import redis
+
+from examlops.core import errors
+from examlops.core.settings import FailureSettings
+from examlops.monitoring.audit import store_errors
+from examlops.monitoring.retrain import LAST, OUTBOX, RetrainRequest, last_record
+
+log = logging.getLogger(__name__)
+
+WINDOW_PREFIX = "examlops:failures:window:"
+COOLDOWN_PREFIX = "examlops:failures:cooldown:"
+MODELS = "examlops:failures:models"
+
+
+class Outcome(Enum):
+    OK = "ok"
+    FAILURE = "failure"
+    IGNORED = "ignored"
+
+
+def _error_class(code: object) -> type[errors.ExamlopsError] | None:
+    if not isinstance(code, str):
+        return None
+    pending: list[type[errors.ExamlopsError]] = [errors.ExamlopsError]
+    while pending:
+        kind = pending.pop()
+        if kind.code == code:
+            return kind
+        pending += kind.__subclasses__()
+    return None
+
+
+def classify(status: int, reply: Mapping[str, Any]) -> Outcome:
+    """The outcome of one bus reply for the retrain trigger (the table in the module docstring)."""
+    kind = _error_class(reply.get("code"))
+    if reply.get("inference_failed") is True or (kind is not None and kind.model_failure):
+        return Outcome.FAILURE
+    if reply.get("error") is None:
+        prediction = reply.get("prediction")
+        finite = isinstance(prediction, int | float) and not isinstance(prediction, bool) and math.isfinite(prediction)
+        return Outcome.OK if finite else Outcome.FAILURE
+    if status == 422 or (kind is not None and issubclass(kind, errors.InvalidInput)):
+        return Outcome.OK
+    return Outcome.IGNORED
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    size: int
+    failures: int
+    capacity: int
+
+    @property
+    def full(self) -> bool:
+        return self.size >= self.capacity
+
+    @property
+    def rate(self) -> float:
+        return self.failures / self.size if self.size else 0.0
+
+
+class FailureStore(Protocol):
+    def push(self, model: str, failed: bool, capacity: int) -> WindowState: ...
+
+    def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
+        """Take the model's cooldown and queue ``request``, atomically; False when the cooldown is running."""
+        ...
+
+    def window(self, model: str, capacity: int) -> WindowState: ...
+
+    def cooldown_left(self, model: str) -> float: ...
+
+    def models(self) -> list[str]: ...
+
+    def last_requests(self) -> dict[str, dict[str, Any]]: ...
+
+
+PUSH_SCRIPT = """
+-- KEYS: window list, models set. ARGV: '1' or '0', capacity, model name. Returns {size, failures}.
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('SADD', KEYS[2], ARGV[3])
+local failures = 0
+for _, v in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if v == '1' then failures = failures + 1 end
+end
+return {redis.call('LLEN', KEYS[1]), failures}
+"""
+
+CLAIM_SCRIPT = """
+-- KEYS: cooldown key, outbox hash, last-request hash. ARGV: idempotency key, cooldown ms, request, last, model.
+-- The last-request hash is keyed by the lower-cased model name.
+if tonumber(ARGV[2]) > 0 and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[4])
+return 1
+"""
+
+
+class RedisFailureStore:
+    """Windows, cooldowns and retrain claims in Redis; ``StoreUnavailable`` when Redis is down."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._push = client.register_script(PUSH_SCRIPT)
+        self._claim = client.register_script(CLAIM_SCRIPT)
+
+    def push(self, model: str, failed: bool, capacity: int) -> WindowState:
+        with store_errors("updating a failure window"):
+            reply: Any = self._push(
+                keys=[WINDOW_PREFIX + model.lower(), MODELS], args=["1" if failed else "0", capacity, model]
+            )
+        return WindowState(int(reply[0]), int(reply[1]), capacity)
+
+    def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
+        keys = [COOLDOWN_PREFIX + model.lower(), OUTBOX, LAST]
+        last = json.dumps(last_record(request))
+        args: list[str | int] = [request.idempotency_key, int(cooldown_s * 1000), request.to_json(), last]
+        args.append(model.lower())
+        with store_errors("claiming a retrain"):
+            return bool(self._claim(keys=keys, args=args))
+
+    def window(self, model: str, capacity: int) -> WindowState:
+        with store_errors("reading a failure window"):
+            items: Any = self.redis.lrange(WINDOW_PREFIX + model.lower(), -capacity, -1)
+        return WindowState(len(items), sum(1 for item in items if item == "1"), capacity)
+
+    def cooldown_left(self, model: str) -> float:
+        with store_errors("reading a cooldown"):
+            left: Any = self.redis.pttl(COOLDOWN_PREFIX + model.lower())
+        return max(0, int(left)) / 1000
+
+    def models(self) -> list[str]:
+        with store_errors("listing failure windows"):
+            found: Any = self.redis.smembers(MODELS)
+        return sorted(str(m) for m in found)
+
+    def last_requests(self) -> dict[str, dict[str, Any]]:
+        with store_errors("reading retrain requests"):
+            raw: Any = self.redis.hgetall(LAST)
+        return {model: json.loads(text) for model, text in raw.items()}
+
+
+class FailureTracker:
+    """Feeds outcomes into the shared windows and claims a retrain when a full window's rate reaches the threshold.
+
+    ``push`` and ``check`` are separate steps so that a caller retrying a lost Redis retries only the step
+    that failed (a retried push would count one outcome twice).
+    """
+
+    def __init__(
+        self,
+        store: FailureStore,
+        settings: FailureSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        new_token: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.new_token = new_token
+
+    def push(self, model: str, outcome: Outcome) -> WindowState | None:
+        """Count one outcome; None for an ignored one. ``StoreUnavailable``."""
+        if outcome is Outcome.IGNORED:
+            return None
+        return self.store.push(model, outcome is Outcome.FAILURE, self.settings.window)
+
+    def check(self, model: str, state: WindowState) -> RetrainRequest | None:
+        """The request queued when this tracker took the cooldown, else None. ``StoreUnavailable``."""
+        if not state.full or state.rate < self.settings.threshold:
+            return None
+        reason = (
+            f"failure rate {state.failures}/{state.size} = {state.rate:.2f} >= {self.settings.threshold} "
+            f"over the last {state.size} bus requests"
+        )
+        key = f"examlops-retrain-{model.lower()}-{self.new_token()}"
+        request = RetrainRequest(model, reason, key, self.clock())
+        if not self.store.claim(model, self.settings.cooldown_s, request):
+            return None
+        log.warning("asking for a retrain of %s: %s (key %s)", model, reason, key)
+        return request
+
+    def observe(self, model: str, outcome: Outcome) -> RetrainRequest | None:
+        state = self.push(model, outcome)
+        return None if state is None else self.check(model, state)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFailureStatus:
+    model: str
+    window: WindowState
+    cooldown_left_s: float
+    last_request: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "failure_rate": round(self.window.rate, 4),
+            "failures": self.window.failures,
+            "window_size": self.window.size,
+            "window_capacity": self.window.capacity,
+            "cooldown_left_s": round(self.cooldown_left_s, 3),
+            "last_request": self.last_request,
+        }
+
+
+def failure_status(store: FailureStore, models: Iterable[str], capacity: int) -> list[ModelFailureStatus]:
+    """Per model (those given and those with a window): rate, window fill, cooldown left, last request."""
+    names = {m.lower(): m for m in store.models()} | {m.lower(): m for m in models}
+    last = store.last_requests()
+    return [
+        ModelFailureStatus(name, store.window(name, capacity), store.cooldown_left(name), last.get(key))
+        for key, name in sorted(names.items())
+    ]

@@ -1,0 +1,275 @@
+"""The inference recorder: the bridge's ``on_served`` hook, a bounded queue and one background thread.
+
+Contract:
+
+- ``record`` runs on the bridge's event loop and never blocks: it puts each served inference on a
+  bounded ``queue.Queue``. Past the bound the item is dropped, counted (``dropped``) and logged once per
+  burst, never silently.
+- The thread takes up to ``batch_size`` items at a time, computes the embedding's norm, mean and
+  standard deviation, and writes, per job, one drift snapshot and one ``inference.served`` audit event
+  in one atomic script keyed by ``examlops:recorded:{job_id}``: a job recorded twice (redelivered, or
+  by two bridges) is written once and counted as a duplicate.
+- Then each newly recorded reply is classified and fed to the failure tracker (shared windows and
+  cooldown in Redis), which may queue a retrain request.
+- While Redis is unavailable the thread retries with backoff (0.1 s doubling to 2 s) and the queue
+  holds what arrives meanwhile; nothing is lost while the bound holds (``retried`` counts the retries).
+- ``close(timeout)`` flushes the queue and writes a final audit checkpoint; it returns False (and logs
+  how many records were left) when the queue could not be flushed in time.
+
+Monitoring does not import serving: ``Served`` is the shape of ``serving.bus.ServedInference``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from examlops.core.errors import StoreUnavailable
+from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Entry
+from examlops.monitoring.failures import FailureTracker, classify
+from examlops.monitoring.snapshots import snapshot_of
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def recorded_key(job_id: str) -> str:
+    return f"examlops:recorded:{job_id}"
+
+
+class Served(Protocol):
+    """One bus inference answered for the first time (``serving.bus.ServedInference``)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def caller(self) -> str: ...
+    @property
+    def embedding(self) -> Sequence[float]: ...
+    @property
+    def node_count(self) -> int: ...
+    @property
+    def reply(self) -> Mapping[str, Any]: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def served_at(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderStats:
+    recorded: int
+    duplicates: int
+    retried: int
+    dropped: int
+    queue_depth: int
+
+
+class Recorder:
+    def __init__(
+        self,
+        trail: AuditTrail,
+        tracker: FailureTracker | None = None,
+        *,
+        maxsize: int = 10_000,
+        batch_size: int = 64,
+        registry: CollectorRegistry | None = None,
+        idle_s: float = 1.0,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self.trail = trail
+        self.tracker = tracker
+        self.batch_size = batch_size
+        self.idle_s = idle_s
+        self.max_backoff_s = max_backoff_s
+        self._queue: queue.Queue[Served] = queue.Queue(maxsize)
+        self._closing = threading.Event()
+        self._abandon = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dropping = 0
+        self._drop_lock = threading.Lock()
+        self._down = False
+        self.recorded = self.duplicates = self.retried = self.dropped = 0
+        registry = registry if registry is not None else CollectorRegistry()
+        name = "examlops_recorder"
+        self._m_recorded = Counter(f"{name}_recorded", "Jobs recorded (snapshot + audit event)", registry=registry)
+        self._m_duplicates = Counter(f"{name}_duplicates", "Jobs already recorded, skipped", registry=registry)
+        self._m_retried = Counter(f"{name}_retried", "Writes retried while Redis was unavailable", registry=registry)
+        self._m_dropped = Counter(f"{name}_dropped", "Records dropped: queue full or unrecordable", registry=registry)
+        depth = Gauge(f"{name}_queue_depth", "Records waiting in the recorder's queue", registry=registry)
+        depth.set_function(self._queue.qsize)
+
+    def start(self) -> Recorder:
+        self._thread = threading.Thread(target=self._run, name="examlops-recorder", daemon=True)
+        self._thread.start()
+        return self
+
+    # The bridge's side (its event loop): never blocks.
+
+    def record(self, served: Sequence[Served]) -> None:
+        for item in served:
+            if self._closing.is_set():
+                self._drop(1, f"job {item.job_id} arrived after the recorder was closed")
+                continue
+            try:
+                self._queue.put_nowait(item)
+            except queue.Full:
+                if not self._dropping:
+                    log.error("recorder queue full (%d): dropping records until it drains", self._queue.maxsize)
+                self._dropping += 1
+                self._drop(1)
+                continue
+            if self._dropping:
+                log.warning("recorder queue has room again; %d records were dropped", self._dropping)
+                self._dropping = 0
+
+    def _drop(self, n: int, why: str | None = None) -> None:
+        with self._drop_lock:  # the event loop and the thread both drop
+            self.dropped += n
+            self._m_dropped.inc(n)
+        if why:
+            log.error("record dropped: %s", why)
+
+    def stats(self) -> RecorderStats:
+        return RecorderStats(self.recorded, self.duplicates, self.retried, self.dropped, self._queue.qsize())
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Flush what is queued and stop; False when that took longer than ``timeout``.
+
+        Records still unwritten then are counted as dropped (and logged): the bridge is stopping.
+        """
+        self._closing.set()
+        if self._thread is None:
+            return self._queue.empty()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            return True
+        self._abandon.set()
+        self._thread.join(self.max_backoff_s + 1)
+        left = 0
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+            left += 1
+        self._drop(left)
+        log.error("recorder closed after %.0f s with %d queued records unwritten (Redis unavailable?)", timeout, left)
+        return False
+
+    # The thread.
+
+    def _run(self) -> None:
+        while True:
+            try:
+                batch = [self._queue.get(timeout=self.idle_s)]
+            except queue.Empty:
+                if self._closing.is_set():
+                    break
+                self._guarded(self.trail.tick)
+                continue
+            while len(batch) < self.batch_size:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._guarded(functools.partial(self._write, batch))
+            if self._abandon.is_set():
+                return
+        self._guarded(self.trail.checkpoint_now)
+
+    def _guarded(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except Exception:
+            log.exception("the recorder failed a step")
+
+    def _write(self, batch: Sequence[Served]) -> None:
+        prepared: list[tuple[Served, Entry]] = []
+        for served in batch:
+            try:
+                prepared.append((served, _entry(served)))
+            except Exception as exc:
+                self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
+        entries = [entry for _, entry in prepared]
+        results = self._until_done(lambda: self.trail.append_many(entries))
+        if results is None:
+            self._drop(len(entries), f"{len(entries)} records abandoned at close")
+            return
+        fresh = [served for (served, _), event in zip(prepared, results, strict=True) if event is not None]
+        self.recorded += len(fresh)
+        self._m_recorded.inc(len(fresh))
+        self.duplicates += len(results) - len(fresh)
+        self._m_duplicates.inc(len(results) - len(fresh))
+        if self.tracker is not None:
+            for served in fresh:
+                self._observe(self.tracker, served)
+
+    def _observe(self, tracker: FailureTracker, served: Served) -> None:
+        outcome = classify(served.status, served.reply)
+        state = self._until_done(lambda: tracker.push(served.model, outcome))
+        if state is not None:
+            self._until_done(lambda: tracker.check(served.model, state))
+
+    def _until_done(self, work: Callable[[], T]) -> T | None:
+        """``work()``, retried with backoff while Redis is unavailable; None only when abandoned at close."""
+        attempts = 0
+        while not self._abandon.is_set():
+            try:
+                result = work()
+            except StoreUnavailable as exc:
+                attempts += 1
+                self.retried += 1
+                self._m_retried.inc()
+                if not self._down:
+                    log.warning("recorder: %s; records wait in the queue and are retried", exc)
+                self._down = True
+                self._abandon.wait(min(self.max_backoff_s, 0.1 * 2 ** (attempts - 1)))
+                continue
+            if self._down:
+                log.warning("recorder: Redis reachable again; %d records queued", self._queue.qsize())
+            self._down = False
+            return result
+        return None
+
+
+def _entry(served: Served) -> Entry:
+    """The audit entry of one served job, with its snapshot as the side write (computed off the event loop)."""
+    snapshot = snapshot_of(
+        model=served.model,
+        reply=served.reply,
+        status=served.status,
+        embedding=served.embedding,
+        node_count=served.node_count,
+        job_id=served.job_id,
+        user_id=served.caller,
+        ts=served.served_at,
+    )
+    data = {
+        "job_id": served.job_id,
+        "user_id": served.caller,
+        "alias": snapshot.alias,
+        "version": snapshot.version,
+        "run_id": snapshot.run_id,
+        "prediction": snapshot.prediction,
+        "status": served.status,
+        "code": snapshot.code,
+    }
+    return Entry(
+        INFERENCE_SERVED,
+        served.model,
+        data,
+        served.served_at,
+        once_key=recorded_key(served.job_id),
+        side=snapshot.side_write(),
+    )

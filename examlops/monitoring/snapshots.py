@@ -1,0 +1,214 @@
+"""Drift snapshots: one per bus inference, on one Redis stream per model, read and trimmed by the drift flow.
+
+Keys (``{model}`` is the catalog name lower-cased)::
+
+    examlops:snapshots:{model}           stream of snapshots; never capped, only trimmed below the checkpoint
+    examlops:snapshots:models            set of the model names that have a snapshot stream
+    examlops:drift:checkpoint:{model}    the id of the last entry the drift flow consumed; only moves forward
+
+A snapshot's fields (all strings): ``model alias version run_id prediction norm
+mean std node_count job_id user_id ts status code``. ``code`` is empty for a
+served prediction and the error's code otherwise (``invalid_input``,
+``inference_failed``...): the drift flow reads ``Snapshot.ok`` ones. ``norm``,
+``mean`` and ``std`` (population) are the embedding's; 0 for an empty one.
+
+The snapshot is written by the audit append script, atomically with its
+``inference.served`` event (see ``audit.SideWrite``), so the two streams stay 1:1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from examlops.monitoring.audit import SideWrite, store_errors
+
+PREFIX = "examlops:snapshots:"
+MODELS = "examlops:snapshots:models"
+CHECKPOINT_PREFIX = "examlops:drift:checkpoint:"
+
+
+def stream_of(model: str) -> str:
+    return PREFIX + model.lower()
+
+
+def checkpoint_key(model: str) -> str:
+    return CHECKPOINT_PREFIX + model.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    model: str
+    alias: str
+    version: str
+    run_id: str
+    prediction: float
+    norm: float
+    mean: float
+    std: float
+    node_count: int
+    job_id: str
+    user_id: str
+    ts: float
+    status: int
+    code: str
+    entry_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.code
+
+    def fields(self) -> dict[str, str]:
+        values = asdict(self)
+        values.pop("entry_id")
+        return {name: repr(value) if isinstance(value, float) else str(value) for name, value in values.items()}
+
+    @classmethod
+    def from_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
+        """``KeyError`` / ``ValueError`` for an entry that is not a snapshot."""
+        floats = {name: float(fields[name]) for name in ("prediction", "norm", "mean", "std", "ts")}
+        texts = {name: fields[name] for name in ("model", "alias", "version", "run_id", "job_id", "user_id", "code")}
+        ints = {name: int(fields[name]) for name in ("node_count", "status")}
+        return cls(**texts, **floats, **ints, entry_id=entry_id)  # type: ignore[arg-type]  # keys are the fields
+
+    def side_write(self) -> SideWrite:
+        return SideWrite(stream_of(self.model), self.fields(), MODELS, self.model.lower())
+
+
+def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:
+    """(L2 norm, mean, population standard deviation); zeros for an empty embedding."""
+    n = len(embedding)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = math.fsum(embedding) / n
+    variance = math.fsum((x - mean) ** 2 for x in embedding) / n
+    return math.hypot(*embedding), mean, math.sqrt(variance)
+
+
+def _number(value: Any) -> float:
+    if type(value) in (int, float) and math.isfinite(value):
+        return float(value)
+    return 0.0
+
+
+def snapshot_of(
+    *,
+    model: str,
+    reply: Mapping[str, Any],
+    status: int,
+    embedding: Sequence[float],
+    node_count: int,
+    job_id: str,
+    user_id: str,
+    ts: float,
+) -> Snapshot:
+    """The snapshot of one bus reply (the bridge's reply body, success or error)."""
+    norm, mean, std = embedding_stats(embedding)
+    code = "" if reply.get("error") is None else str(reply.get("code") or "error")
+    return Snapshot(
+        model=model,
+        alias=str(reply.get("alias") or ""),
+        version=str(reply.get("version") or ""),
+        run_id=str(reply.get("run_id") or ""),
+        prediction=_number(reply.get("prediction")),
+        norm=norm,
+        mean=mean,
+        std=std,
+        node_count=node_count,
+        job_id=job_id,
+        user_id=user_id,
+        ts=ts,
+        status=status,
+        code=code,
+    )
+
+
+TRIM_SCRIPT = """
+-- KEYS: snapshot stream, checkpoint key. ARGV: the bound asked for. Trims below min(bound, checkpoint).
+local function parse(id)
+  local ms, sq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then ms, sq = string.match(id, '^(%d+)$'), '0' end
+  if not ms then return nil end
+  return {tonumber(ms), tonumber(sq)}
+end
+local function less(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end
+local checkpoint = redis.call('GET', KEYS[2])
+if not checkpoint then return 0 end
+local asked, done = parse(ARGV[1]), parse(checkpoint)
+if not asked or not done then return redis.error_reply('examlops: not a stream id') end
+local bound = ARGV[1]
+if less(done, asked) then bound = checkpoint end
+return redis.call('XTRIM', KEYS[1], 'MINID', bound)
+"""
+
+ADVANCE_SCRIPT = """
+-- KEYS: checkpoint key. ARGV: entry id. Moves the checkpoint forward only; returns the checkpoint.
+local function parse(id)
+  local ms, sq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then return nil end
+  return {tonumber(ms), tonumber(sq)}
+end
+local new = parse(ARGV[1])
+if not new then return redis.error_reply('examlops: not a stream id') end
+local current = redis.call('GET', KEYS[1])
+local old = current and parse(current)
+if old and (new[1] < old[1] or (new[1] == old[1] and new[2] <= old[2])) then return current end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+"""
+
+
+class SnapshotStream:
+    """What the drift flow uses: read from the checkpoint, advance it, trim below it. ``StoreUnavailable``."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._trim = client.register_script(TRIM_SCRIPT)
+        self._advance = client.register_script(ADVANCE_SCRIPT)
+
+    def models(self) -> list[str]:
+        with store_errors("listing snapshot streams"):
+            found: Any = self.redis.smembers(MODELS)
+        return sorted(str(m) for m in found)
+
+    def checkpoint(self, model: str) -> str | None:
+        with store_errors("reading the drift checkpoint"):
+            value: Any = self.redis.get(checkpoint_key(model))
+        return None if value is None else str(value)
+
+    def read(self, model: str, after: str | None = None, count: int = 10_000) -> list[Snapshot]:
+        """Snapshots after entry ``after`` (exclusive; the start of the stream when None), oldest first.
+
+        Entries that are not snapshots are skipped.
+        """
+        with store_errors("reading snapshots"):
+            found: Any = self.redis.xrange(stream_of(model), min="(" + after if after else "-", count=count)
+        snapshots = []
+        for entry_id, fields in found:
+            try:
+                snapshots.append(Snapshot.from_fields(entry_id, fields))
+            except (KeyError, ValueError, TypeError):
+                continue
+        return snapshots
+
+    def read_new(self, model: str, count: int = 10_000) -> list[Snapshot]:
+        """Snapshots after the drift checkpoint: what the drift flow has not consumed yet."""
+        return self.read(model, self.checkpoint(model), count)
+
+    def advance(self, model: str, entry_id: str) -> str:
+        """Mark everything up to ``entry_id`` as consumed; a checkpoint never moves back. Returns the checkpoint."""
+        with store_errors("advancing the drift checkpoint"):
+            return str(self._advance(keys=[checkpoint_key(model)], args=[entry_id]))
+
+    def trim_below(self, model: str, entry_id: str) -> int:
+        """Delete the entries below ``entry_id`` and below the checkpoint; without a checkpoint none. The count."""
+        with store_errors("trimming snapshots"):
+            return int(self._trim(keys=[stream_of(model), checkpoint_key(model)], args=[entry_id]))
+
+    def length(self, model: str) -> int:
+        with store_errors("counting snapshots"):
+            return int(self.redis.xlen(stream_of(model)))

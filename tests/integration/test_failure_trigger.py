@@ -1,0 +1,203 @@
+"""The retrain trigger against a real redis-server: shared windows, one retrain per cooldown, a durable outbox."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import typer
+from typer.testing import CliRunner
+
+from examlops.cli.bridge_status import status
+from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
+from examlops.core.settings import FailureSettings
+from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect, verify
+from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore
+from examlops.monitoring.recorder import Recorder
+from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
+from examlops.serving.bus import ServedInference, error_body
+from tests.integration.conftest import free_port
+from tests.unit.monitoring.fakes import Clock, FakeRequester
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SECRET = b"trigger-secret"
+KEYS = ("examlops:failures:*", "examlops:retrain:*", "examlops:audit:*", "examlops:recorded:*", "examlops:snapshots*")
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    client = connect(redis_server)
+    for pattern in KEYS:
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+    yield client
+    client.close()
+
+
+def test_four_trackers_seeing_the_same_failures_ask_for_one_retrain(redis_server: str, client: redis.Redis) -> None:
+    clients = [connect(redis_server) for _ in range(4)]
+    trackers = [FailureTracker(RedisFailureStore(c), FailureSettings()) for c in clients]
+    start = threading.Barrier(4)
+    asked: list[RetrainRequest] = []
+
+    def watch(tracker: FailureTracker) -> None:
+        start.wait()
+        for _ in range(50):
+            request = tracker.observe("JPCP", Outcome.FAILURE)
+            if request is not None:
+                asked.append(request)
+
+    threads = [threading.Thread(target=watch, args=(t,)) for t in trackers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for c in clients:
+            c.close()
+    assert len(asked) == 1
+    assert [r.idempotency_key for r in RedisOutbox(client).pending()] == [asked[0].idempotency_key]
+    assert 299 < RedisFailureStore(client).cooldown_left("jpcp") <= 300
+
+
+def test_the_cooldown_holds_and_a_model_still_failing_after_it_is_asked_for_again(client: redis.Redis) -> None:
+    tracker = FailureTracker(RedisFailureStore(client), FailureSettings(window=10, cooldown_s=1.0))
+    asked = [tracker.observe("CRCP", Outcome.FAILURE) for _ in range(30)]
+    first = [r for r in asked if r is not None]
+    assert len(first) == 1 and asked[9] is first[0], "asked as the window filled, then the cooldown held"
+    time.sleep(1.1)
+    second = tracker.observe("CRCP", Outcome.FAILURE)
+    assert second is not None and second.idempotency_key != first[0].idempotency_key
+    assert tracker.observe("CRCP", Outcome.FAILURE) is None
+    assert len(RedisOutbox(client).pending()) == 2
+
+
+def test_a_request_made_while_prefect_is_unreachable_is_delivered_exactly_once(client: redis.Redis) -> None:
+    tracker = FailureTracker(RedisFailureStore(client), FailureSettings(window=4))
+    request = [tracker.observe("AC", Outcome.FAILURE) for _ in range(4)][-1]
+    assert request is not None
+    clock, requester = Clock(), FakeRequester(fail_first=3)
+    trail = AuditTrail(client, SECRET)
+    # Two bridges deliver the same outbox: the idempotency key keeps it one run and one audit event.
+    deliveries = [OutboxDelivery(RedisOutbox(client), requester, trail, clock=clock) for _ in range(2)]
+    for _ in range(6):
+        for delivery in deliveries:
+            delivery.deliver_due()
+        clock.advance(10)
+    assert RedisOutbox(client).pending() == []
+    assert requester.runs == {request.idempotency_key: "run-1"}
+    last = RedisOutbox(client).last()["ac"]
+    assert last["flow_run_id"] == "run-1" and last["delivered_at"] is not None and last["error"] is None
+    found: Any = client.xrange(STREAM)
+    events = [fields for _, fields in found if fields["type"] == RETRAIN_REQUESTED]
+    assert len(events) == 1 and json.loads(events[0]["data"])["idempotency_key"] == request.idempotency_key
+    assert verify(client, SECRET, None).ok
+
+
+def test_the_outbox_survives_its_deliverer_and_a_new_one_sends_it(client: redis.Redis) -> None:
+    tracker = FailureTracker(RedisFailureStore(client), FailureSettings(window=2))
+    tracker.observe("JPCP", Outcome.FAILURE)
+    request = tracker.observe("JPCP", Outcome.FAILURE)
+    assert request is not None
+    OutboxDelivery(RedisOutbox(client), FakeRequester(fail_first=1)).deliver_due()  # then that bridge dies
+    requester = FakeRequester()
+    delivery = OutboxDelivery(RedisOutbox(client), requester, poll_s=0.05)
+    delivery.start()
+    try:
+        deadline = time.monotonic() + 10
+        while RedisOutbox(client).pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        delivery.close()
+    assert requester.calls == [request.idempotency_key]
+
+
+def reply_of(error: ExamlopsError | None) -> tuple[int, dict[str, Any]]:
+    """(status, reply) as the bridge produces them: a served answer, a 500 model failure, or an error body."""
+    if error is None:
+        return 200, {
+            "model": "JPCP",
+            "alias": "Production",
+            "version": "1",
+            "run_id": "r",
+            "prediction": 0.5,
+            "error": None,
+        }
+    return (500 if error.model_failure else 0), error_body(error, model="JPCP")
+
+
+def test_recorded_replies_feed_the_shared_window_as_seed_000_classifies_them(
+    redis_server: str, client: redis.Redis
+) -> None:
+    tracker_client = connect(redis_server)
+    tracker = FailureTracker(RedisFailureStore(tracker_client), FailureSettings(window=50))
+    recorder = Recorder(AuditTrail(tracker_client, SECRET), tracker).start()
+    kinds: list[ExamlopsError | None] = (
+        [InferenceFailed("model raised")] * 25 + [InvalidInput("bad embedding")] * 20 + [None] * 5
+    )
+    kinds += [PipelineUnavailable("serving down")] * 30  # ignored: the window stays at 25/50
+    try:
+        for i, kind in enumerate(kinds):
+            status_code, reply = reply_of(kind)
+            recorder.record(
+                [ServedInference(f"t-{i}", "addr", "JPCP", "u", (0.1,) * 4, 3, reply, status_code, time.time())]
+            )
+        recorder.record([ServedInference("t-0", "addr", "JPCP", "u", (), 0, reply_of(kinds[0])[1], 500, time.time())])
+        assert recorder.close(20)
+    finally:
+        tracker_client.close()
+    window = RedisFailureStore(client).window("JPCP", 50)
+    assert (window.size, window.failures) == (50, 25), "the duplicate of t-0 counted once, outages not at all"
+    assert len(RedisOutbox(client).pending()) == 1
+
+
+def test_exa_bridge_status_reports_rate_window_cooldown_and_last_request(
+    redis_server: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    tracker = FailureTracker(RedisFailureStore(client), FailureSettings())
+    for outcome in [Outcome.OK] * 10 + [Outcome.FAILURE] * 40:
+        tracker.observe("JPCP", outcome)
+    tracker.observe("CRCP", Outcome.OK)
+    app = typer.Typer()
+    app.command()(status)
+    env = {"EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_HOME": str(tmp_path)}
+    result = CliRunner().invoke(app, ["--json"], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["window"], data["threshold"], data["cooldown_s"]) == (50, 0.5, 300.0)
+    rows = {row["model"]: row for row in data["models"]}
+    assert set(rows) == {"JPCP", "CRCP", "AC"}
+    assert rows["JPCP"]["failure_rate"] == 0.8 and rows["JPCP"]["window_size"] == 50
+    assert 290 < rows["JPCP"]["cooldown_left_s"] <= 300
+    assert rows["JPCP"]["last_request"]["delivered_at"] is None
+    assert rows["CRCP"]["window_size"] == 1 and rows["CRCP"]["last_request"] is None
+    table = CliRunner().invoke(app, [], env=env)
+    assert table.exit_code == 0 and "JPCP" in table.output and "50/50" in table.output
+
+
+def test_exa_bridge_status_without_redis_exits_3(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.command()(status)
+    env = {"EXAMLOPS_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0", "EXAMLOPS_HOME": str(tmp_path)}
+    assert CliRunner().invoke(app, [], env=env).exit_code == 3
+
+
+def test_the_prefect_requester_reports_an_unreachable_control_plane_as_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from examlops.core.errors import DependencyUnavailable
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    requester = PrefectRetrainRequester(f"http://127.0.0.1:{free_port()}/api", timeout_s=2)
+    with pytest.raises(DependencyUnavailable) as caught:
+        requester.request("JPCP", "test", "examlops-retrain-jpcp-x")
+    assert caught.value.retryable and "retrain/retrain" in str(caught.value)

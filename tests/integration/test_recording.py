@@ -1,0 +1,260 @@
+"""Recording against a real redis-server: one snapshot and one audit event per job, whatever happens.
+
+Jobs delivered twice, two bridges recording the same jobs, a full queue, a
+Redis restart in the middle of the stream, and the real bridge with the
+recorder as its ``on_served`` hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from examlops.core.settings import Settings
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, connect, verify
+from examlops.monitoring.recorder import Recorder
+from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
+from examlops.platform.redis_server import EmbeddedRedis
+from examlops.serving.bus import ServedInference
+from examlops.serving.bus_client import BusClient
+from tests.integration.conftest import free_port
+from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+__all__ = ["standin"]  # the fixture, used by the bridge test below
+SECRET = b"recording-secret"
+MONITORING_KEYS = ("examlops:audit:*", "examlops:recorded:*", "examlops:snapshots*", "examlops:drift:*")
+
+
+def clear(client: redis.Redis) -> None:
+    for pattern in MONITORING_KEYS:
+        for key in client.scan_iter(pattern):
+            client.delete(key)
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    client = connect(redis_server)
+    clear(client)
+    yield client
+    client.close()
+
+
+def served(job: int | str, *, model: str = "JPCP", prediction: float = 0.25, caller: str = "user-1") -> ServedInference:
+    reply = {"model": model, "alias": "Production", "version": "3", "run_id": "run-abc", "prediction": prediction}
+    return ServedInference(
+        job_id=f"job-{job}",
+        address="addr",
+        model=model,
+        caller=caller,
+        embedding=(0.5, -0.25, 1.0, 0.0),
+        node_count=12,
+        reply={**reply, "error": None, "job_id": f"job-{job}"},
+        status=200,
+        served_at=1_700_000_000.0 + (job if isinstance(job, int) else 0),
+    )
+
+
+def served_events(client: redis.Redis) -> list[dict[str, Any]]:
+    found: Any = client.xrange(STREAM)
+    return [json.loads(fields["data"]) for _, fields in found if fields["type"] == INFERENCE_SERVED]
+
+
+def test_counts_are_one_to_one_over_many_jobs_with_redeliveries_and_two_bridges(
+    redis_server: str, client: redis.Redis
+) -> None:
+    clients = [connect(redis_server) for _ in range(2)]
+    recorders = [Recorder(AuditTrail(c, SECRET), batch_size=16).start() for c in clients]
+    first, second = recorders
+
+    def feed(recorder: Recorder, jobs: range) -> None:
+        for job in jobs:
+            recorder.record([served(job)])
+
+    feeders = [
+        threading.Thread(target=feed, args=(first, range(400))),
+        threading.Thread(target=feed, args=(second, range(300, 400))),  # another bridge, the same jobs
+        threading.Thread(target=feed, args=(first, range(50))),  # redelivered to the first bridge
+    ]
+    try:
+        for thread in feeders:
+            thread.start()
+        for thread in feeders:
+            thread.join()
+        assert all(recorder.close(30) for recorder in recorders)
+    finally:
+        for c in clients:
+            c.close()
+    stats = [recorder.stats() for recorder in recorders]
+    assert sum(s.recorded for s in stats) == 400
+    assert sum(s.duplicates for s in stats) == 150
+    assert sum(s.dropped for s in stats) == 0
+    snapshots = SnapshotStream(client).read("JPCP")
+    events = served_events(client)
+    assert Counter(s.job_id for s in snapshots) == Counter(f"job-{i}" for i in range(400))
+    assert Counter(e["job_id"] for e in events) == Counter(f"job-{i}" for i in range(400))
+    assert verify(client, SECRET, None).ok
+
+
+def test_a_snapshot_and_its_event_carry_the_reply_and_the_embedding_statistics(client: redis.Redis) -> None:
+    recorder = Recorder(AuditTrail(client, SECRET)).start()
+    recorder.record([served(1, model="CRCP", prediction=0.875, caller="alice")])
+    assert recorder.close(10)
+    [snapshot] = SnapshotStream(client).read("crcp")
+    norm, mean, std = embedding_stats((0.5, -0.25, 1.0, 0.0))
+    assert snapshot == Snapshot(
+        model="CRCP",
+        alias="Production",
+        version="3",
+        run_id="run-abc",
+        prediction=0.875,
+        norm=norm,
+        mean=mean,
+        std=std,
+        node_count=12,
+        job_id="job-1",
+        user_id="alice",
+        ts=1_700_000_001.0,
+        status=200,
+        code="",
+        entry_id=snapshot.entry_id,
+    )
+    assert SnapshotStream(client).models() == ["crcp"]
+    [event] = served_events(client)
+    assert event == {
+        "job_id": "job-1",
+        "user_id": "alice",
+        "alias": "Production",
+        "version": "3",
+        "run_id": "run-abc",
+        "prediction": 0.875,
+        "status": 200,
+        "code": "",
+    }
+
+
+def test_past_its_bound_the_queue_drops_counts_and_logs_never_silently(
+    client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    recorder = Recorder(AuditTrail(client, SECRET), maxsize=5, registry=registry)
+    with caplog.at_level(logging.ERROR, logger="examlops.monitoring.recorder"):
+        recorder.record([served(i) for i in range(8)])
+    assert recorder.stats().dropped == 3 and recorder.stats().queue_depth == 5
+    assert registry.get_sample_value("examlops_recorder_dropped_total") == 3
+    assert registry.get_sample_value("examlops_recorder_queue_depth") == 5
+    assert len([r for r in caplog.records if "queue full" in r.message]) == 1, "one log line per burst"
+    recorder.start()
+    assert recorder.close(10)
+    assert recorder.stats().recorded == 5
+    assert registry.get_sample_value("examlops_recorder_recorded_total") == 5
+    assert len(served_events(client)) == 5
+
+
+def test_redis_restarted_mid_stream_loses_no_record(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", free_port())
+    server.start()
+    client = connect(server.url)
+    registry = CollectorRegistry()
+    recorder = Recorder(AuditTrail(client, SECRET), registry=registry, max_backoff_s=0.2).start()
+    try:
+        for job in range(100):
+            recorder.record([served(job)])
+            time.sleep(0.002)
+        server.stop()
+        for job in range(100, 200):  # Redis is down: these wait in the queue
+            recorder.record([served(job)])
+        time.sleep(1.0)
+        server.start()
+        for job in range(200, 300):
+            recorder.record([served(job)])
+            time.sleep(0.002)
+        recorder.record([served(150)])  # and a redelivery across the restart
+        assert recorder.close(30)
+        stats = recorder.stats()
+        assert (stats.recorded, stats.duplicates, stats.dropped) == (300, 1, 0)
+        assert stats.retried > 0
+        assert registry.get_sample_value("examlops_recorder_retried_total") == stats.retried
+        jobs = Counter(s.job_id for s in SnapshotStream(client).read("JPCP"))
+        assert jobs == Counter(f"job-{i}" for i in range(300))
+        assert Counter(e["job_id"] for e in served_events(client)) == jobs
+        assert verify(client, SECRET, None).ok
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_snapshots_are_trimmed_only_below_the_drift_checkpoint(client: redis.Redis) -> None:
+    recorder = Recorder(AuditTrail(client, SECRET)).start()
+    recorder.record([served(i) for i in range(10)])
+    assert recorder.close(10)
+    stream = SnapshotStream(client)
+    ids = [s.entry_id for s in stream.read("JPCP")]
+    assert stream.trim_below("JPCP", ids[-1]) == 0, "nobody consumed anything yet"
+    assert stream.advance("JPCP", ids[4]) == ids[4]
+    assert stream.advance("JPCP", ids[2]) == ids[4], "a checkpoint never moves back"
+    assert [s.entry_id for s in stream.read_new("JPCP")] == ids[5:]
+    assert stream.trim_below("JPCP", ids[-1]) == 4, "entries after the checkpoint stay"
+    assert [s.entry_id for s in stream.read("JPCP")] == ids[4:]
+    assert stream.trim_below("JPCP", ids[2]) == 0
+    assert stream.checkpoint("JPCP") == ids[4] and stream.length("JPCP") == 6
+
+
+async def test_the_bridge_records_every_bus_job_once_through_its_on_served_hook(
+    tmp_path: Path, redis_server: str, client: redis.Redis, standin: StandIn
+) -> None:
+    settings: Settings = bus_settings(tmp_path, redis_server, standin.port)
+    sync_client = connect(redis_server)
+    recorder = Recorder(AuditTrail(sync_client, SECRET)).start()
+    try:
+        async with (
+            BusClient.from_settings(settings, caller="t") as bus_client,
+            running_bridge(settings, on_served=recorder),
+        ):
+            good = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(60)]
+            bad = [
+                bus_client.request(ADDRESS, {"embedding": [1.0], "node_count": 3}, 10, job_id=f"bad-{i}")
+                for i in range(5)
+            ]
+            replies = await asyncio.gather(*good, *bad)
+        assert sum(reply["error"] is None for reply in replies) == 60
+        assert recorder.close(10)
+    finally:
+        sync_client.close()
+    snapshots = SnapshotStream(client).read("JPCP")
+    assert Counter(s.job_id for s in snapshots) == Counter(
+        [f"bus-{i}" for i in range(60)] + [f"bad-{i}" for i in range(5)]
+    )
+    assert sorted(s.code for s in snapshots if not s.ok) == ["invalid_input"] * 5
+    assert all(s.norm > 0 and s.alias == "Production" and s.run_id == "run-1" for s in snapshots if s.ok)
+    assert len(served_events(client)) == 65
+    assert verify(client, SECRET, None).ok
+
+
+def test_a_recorder_closed_while_redis_is_down_counts_what_it_could_not_write(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", free_port())
+    server.start()
+    client = connect(server.url)
+    recorder = Recorder(AuditTrail(client, SECRET), max_backoff_s=0.1).start()
+    try:
+        server.stop()
+        recorder.record([served(i) for i in range(10)])
+        assert not recorder.close(1.0)
+        stats = recorder.stats()
+        assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 10, 0)
+        assert stats.retried > 0
+    finally:
+        client.close()
+        server.stop()
