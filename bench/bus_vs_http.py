@@ -1,0 +1,208 @@
+"""Bus round trip against direct HTTP: what the Redis bus and the bridge add to a prediction.
+
+Starts a real redis-server, `exa serve start` and one `exa bridge start` on a
+state folder with the demo models (``.examlops/bench-bus`` by default), then
+for each concurrency sends the same bounded count of JPCP requests two ways:
+
+- direct: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
+  a minimal asyncio client, so the client is not what is measured);
+- bus: ``BusClient.request`` (XADD, the bridge's XREADGROUP, its POST over
+  httpx, the reply script, the client's XREAD).
+
+    .venv/bin/python bench/bus_vs_http.py [--requests 2000] [--concurrency 1 32]
+
+Figures only: nothing here asserts anything. Target: the bus adds at most 2 ms at p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import run_load
+
+from examlops.core.settings import RedisSettings, Settings
+from examlops.platform.redis_server import EmbeddedRedis
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from examlops.serving.bus_client import BusClient
+
+SERVING_PORT, REDIS_PORT = 18101, 18104
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_until(check: object, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if callable(check) and check():
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"{what} not ready after {timeout} s")
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def bus_load(
+    settings: Settings, address: str, bodies: list[dict[str, object]], concurrency: int
+) -> dict[str, float]:
+    latencies: list[float] = []
+    errors = 0
+    async with BusClient.from_settings(settings, caller="bench") as client:
+        for body in bodies[:50]:  # warm-up: connections, the script cache
+            await client.request(address, body, 30)
+        queue = list(range(len(bodies)))
+
+        async def worker() -> None:
+            nonlocal errors
+            while queue:
+                i = queue.pop()
+                began = time.perf_counter()
+                reply = await client.request(address, bodies[i], 30)
+                latencies.append((time.perf_counter() - began) * 1000)
+                errors += reply.get("error") is not None
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - began
+    return summary(latencies, seconds, errors)
+
+
+def summary(latencies: list[float], seconds: float, errors: int) -> dict[str, float]:
+    return {
+        "p50": statistics.median(latencies),
+        "p99": quantile(latencies, 0.99),
+        "rps": len(latencies) / seconds,
+        "errors": errors,
+    }
+
+
+async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> dict[str, float]:
+    """Direct HTTP with ``loadgen`` (raw keep-alive sockets): the server's own latency."""
+    encoded = [json.dumps(b).encode() for b in bodies]
+    await run_load(url, lambda i: encoded[i % len(encoded)], total=50, concurrency=1)
+    # Bounded: at c=32 a loadgen connection was seen to wait forever for a reply; report that, not hang.
+    load = run_load(url, lambda i: encoded[i], total=len(encoded), concurrency=concurrency, max_seconds=120)
+    result = await asyncio.wait_for(load, 150)
+    return summary(result.latencies_ms, result.seconds, result.errors)
+
+
+async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> dict[str, float]:
+    """Direct HTTP with httpx, the client the bridge itself uses for its hop."""
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        for body in bodies[:50]:
+            await client.post(url, json=body)
+        queue = list(range(len(bodies)))
+
+        async def worker() -> None:
+            nonlocal errors
+            while queue:
+                i = queue.pop()
+                began = time.perf_counter()
+                reply = await client.post(url, json=bodies[i])
+                latencies.append((time.perf_counter() - began) * 1000)
+                errors += reply.status_code != 200
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - began
+    return summary(latencies, seconds, errors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-bus"))
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    base = Settings(home=home)
+    catalog = load_catalog(base.catalog_path)
+    seed_demo(base, catalog)
+    spec = catalog.get("JPCP")
+    rng = np.random.default_rng(7)
+    bodies: list[dict[str, object]] = [
+        {"embedding": [float(v) for v in rng.normal(0, 0.05, spec.embedding_dim)], "node_count": 12}
+        for _ in range(args.requests)
+    ]
+
+    redis_server = EmbeddedRedis(home / "redis", REDIS_PORT)
+    redis_server.start()
+    settings = Settings(home=home, redis=RedisSettings(url=redis_server.url))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server.url}
+    env["EXAMLOPS_SERVING__PORT"] = str(SERVING_PORT)
+    serving = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / "serving.log")
+    bridge_code = "from examlops.cli.bus import bridge_app; bridge_app()"
+    bridge = start([sys.executable, "-c", bridge_code, "start", "--log-level", "warning"], env, home / "bridge.log")
+    url = f"http://127.0.0.1:{SERVING_PORT}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, "serving")
+        rows = []
+        infer_url, named = f"{url}/infer-pipeline/infer", [b | {"model": "JPCP"} for b in bodies]
+        for concurrency in args.concurrency:
+            figures: dict[str, dict[str, float]] = {}
+            try:
+                figures["raw http"] = asyncio.run(raw_http_load(infer_url, named, concurrency))
+            except TimeoutError:
+                print(f"c={concurrency}: raw http (loadgen) did not finish; left out", flush=True)
+            figures["httpx"] = asyncio.run(httpx_load(infer_url, named, concurrency))
+            figures["bus"] = asyncio.run(bus_load(settings, str(spec.seanerbus_uuid), bodies, concurrency))
+            rows.append((concurrency, figures))
+            print(f"c={concurrency}: {figures}", flush=True)
+        print(f"\n{args.requests} requests per run, JPCP, one serving process, one bridge ({os.cpu_count()} cores)\n")
+        print(f"{'c':>3} {'path':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6}")
+        for concurrency, figures in rows:
+            for name, row in figures.items():
+                print(
+                    f"{concurrency:>3} {name:<9} {row['p50']:>8.2f} {row['p99']:>8.2f} "
+                    f"{row['rps']:>8.0f} {int(row['errors']):>6}"
+                )
+            for baseline in ("raw http", "httpx"):
+                if baseline in figures:
+                    added = figures["bus"]["p50"] - figures[baseline]["p50"]
+                    print(f"{concurrency:>3} bus adds {added:.2f} ms at p50 over {baseline}")
+            print()
+    finally:
+        stop(bridge)
+        stop(serving)
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""`exa bus send` and `exa bridge start`: talk over the Redis bus, and run a bridge.
+
+Thin: parse, call ``examlops.serving.bus_client`` / ``examlops.serving.bridge``, format.
+Registered in ``main.py`` as the groups ``bus`` and ``bridge``. Exit codes come
+from ``output.py``: an error reply exits with the code of the error its ``code`` names.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import socket
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from examlops.cli.output import BAD_INPUT, UNAVAILABLE, errors_as_exit, exit_code_of, fail, print_json, print_table
+from examlops.core import errors
+from examlops.core.settings import Settings
+
+bus_app = typer.Typer(help="Send jobs over the Redis bus to a model's address (its seanerbus_uuid).")
+bridge_app = typer.Typer(help="The bus bridge: consumes jobs, calls serving, replies exactly once.")
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@bus_app.callback(no_args_is_help=True)
+def _bus() -> None:
+    """Send jobs over the Redis bus to a model's address (its seanerbus_uuid)."""
+
+
+@bridge_app.callback(no_args_is_help=True)
+def _bridge() -> None:
+    """The bus bridge: consumes jobs, calls serving, replies exactly once."""
+
+
+def _caller() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+def _error_of(body: dict[str, Any]) -> errors.ExamlopsError:
+    """The error class an error reply's ``code`` names (``ExamlopsError`` when none does)."""
+    code = body.get("code")
+    pending: list[type[errors.ExamlopsError]] = [errors.ExamlopsError]
+    while pending:
+        kind = pending.pop()
+        if kind.code == code:
+            return kind(str(body.get("error")))
+        pending += kind.__subclasses__()
+    return errors.ExamlopsError(str(body.get("error")))
+
+
+@bus_app.command("send")
+def send(
+    model: Annotated[str, typer.Argument(help="A catalog model name (any case) or its bus UUID.")],
+    node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
+    embedding_file: Annotated[
+        Path | None, typer.Option("--embedding-file", help="JSON list (or plain numbers) of the embedding.")
+    ] = None,
+    random: Annotated[bool, typer.Option("--random", help="Use a random embedding of the model's length.")] = False,
+    alias: Annotated[str | None, typer.Option(help="Production, Canary or Staging; default: the split.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply (the job's deadline).", min=0.1)] = 30.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Send one job to a model's bus address and print the reply; exits non-zero on an error reply."""
+    from examlops.bootstrap import catalog
+    from examlops.cli.serve import _random_embedding, read_embedding
+    from examlops.serving.bus_client import SyncBusClient
+
+    if (embedding_file is None) == (not random):
+        fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
+    settings = Settings()
+    with errors_as_exit():
+        models = catalog(settings)
+        try:
+            spec = models.by_uuid(uuid.UUID(model))
+        except ValueError:
+            spec = models.get(model)
+        embedding = read_embedding(embedding_file) if embedding_file else _random_embedding(spec.embedding_dim)
+        payload: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
+        if alias:
+            payload["alias"] = alias
+        with SyncBusClient(settings, caller=_caller()) as client:
+            reply = client.request(spec.seanerbus_uuid, payload, timeout)
+    if as_json:
+        print_json(reply)
+    elif reply.get("error") is None:
+        print_table(
+            f"bus reply from {spec.seanerbus_uuid}",
+            ["model", "alias", "version", "run id", "prediction", "job id"],
+            [[reply.get(k) for k in ("model", "alias", "version", "run_id", "prediction", "job_id")]],
+        )
+    if reply.get("error") is not None:
+        error = _error_of(reply)
+        if as_json:
+            raise typer.Exit(exit_code_of(error))
+        fail(f"{reply['error']} (code {reply.get('code')}, job {reply.get('job_id')})", exit_code_of(error))
+
+
+@bridge_app.command("start")
+def start(
+    concurrency: Annotated[int, typer.Option(help="Jobs served at once by this bridge.", min=1)] = 64,
+    log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
+) -> None:
+    """Run one bridge in the foreground until SIGTERM or Ctrl-C: one handler per catalog model UUID."""
+    import asyncio
+    import signal
+
+    from examlops.bootstrap import catalog
+    from examlops.serving.bridge import Bridge
+    from examlops.serving.bridge_handler import http_client
+    from examlops.serving.bus_store import connect
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    settings = Settings()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        redis = connect(settings.redis_url)
+        try:
+            async with http_client(settings.http, concurrency) as http:
+                bridge = Bridge(settings, catalog(settings), redis, http, max_concurrency=concurrency)
+                await bridge.run(stop)
+        finally:
+            await redis.aclose()
+
+    with errors_as_exit():
+        try:
+            asyncio.run(main())
+        except errors.StoreUnavailable as exc:
+            hint = "start it with `exa up`" if settings.redis_owned else "check EXAMLOPS_REDIS__URL"
+            fail(f"{exc}; {hint}", UNAVAILABLE)

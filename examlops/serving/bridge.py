@@ -1,0 +1,329 @@
+"""The bridge: consumes the model streams of the bus in group ``bridges`` and answers every job exactly once.
+
+Contract:
+
+- One handler per catalog model address, registered at start-up; jobs for an
+  address no live bridge serves get a ``model_not_found`` reply.
+- At most ``max_concurrency`` jobs in flight; the bridge reads only as many
+  jobs as it has room for, so a job never waits in a bridge while counting as
+  idle (it would be reclaimed and served twice).
+- Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
+  are one Lua script (``bus.REPLY_SCRIPT``), and the done key is checked
+  before serving, so a redelivered job is acked without asking serving again.
+- A bridge that dies holding jobs loses none: every bridge XAUTOCLAIMs jobs
+  idle for longer than its connect plus read timeout; a job delivered more
+  than ``bus.MAX_DELIVERIES`` times is dead-lettered with an error reply.
+- A lost Redis is logged once; the loops back off and carry on, and a reply
+  that cannot be written is retried until the job's deadline (then the job
+  stays pending and is reclaimed).
+- ``on_served.record`` runs once per job that reached its handler and was
+  answered for the first time; never for duplicates, refused or expired jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from examlops.core.errors import ConfigError, ModelNotFound, StoreUnavailable
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog
+from examlops.serving import bus
+from examlops.serving.bridge_handler import ModelHandler, Outcome
+from examlops.serving.bus_store import BusStore, Entry, Outage
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000
+HANDLER_TTL_S = 30.0
+"""An address whose last bridge heartbeat is older than this counts as served by nobody."""
+ORPHAN_SWEEP_EVERY = 5
+"""Look for job streams of unknown addresses once per this many sweeps (a SCAN of the keyspace)."""
+
+
+class Bridge:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        redis: aioredis.Redis,
+        http_client: httpx.AsyncClient,
+        on_served: bus.InferenceRecorder | None = None,
+        *,
+        serving_url: str | None = None,
+        consumer: str | None = None,
+        max_concurrency: int = 64,
+        reclaim_idle_s: float | None = None,
+        sweep_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        http = settings.http
+        self.reclaim_idle_s = reclaim_idle_s or http.connect_timeout_s + http.read_timeout_s + 2.0
+        if self.reclaim_idle_s <= http.read_timeout_s:
+            raise ConfigError(f"the reclaim idle time must exceed the HTTP read timeout ({http.read_timeout_s} s)")
+        self.settings = settings
+        self.store = BusStore(redis)
+        self.on_served = on_served or bus.NoRecorder()
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.max_concurrency = max_concurrency
+        self.sweep_s = sweep_s
+        self.clock = clock
+        url = serving_url or settings.serving.local_url
+        self.handlers = {
+            str(spec.seanerbus_uuid): ModelHandler(spec, http_client, url, http, clock) for spec in catalog
+        }
+        self.streams = [bus.jobs_stream(address) for address in self.handlers]
+        self._secret = settings.secret.get_secret_value().encode()
+        self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._room: asyncio.Event | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then finish the jobs in flight.
+
+        Raises ``StoreUnavailable`` when Redis cannot be reached at start-up; later outages are waited out.
+        """
+        await self._warn_without_persistence()
+        await self.store.ensure_groups(self.streams)
+        await self.store.heartbeat(self.handlers, self.clock())
+        self._room = asyncio.Event()
+        log.info(
+            "bridge %s ready: %d handlers, reclaim after %.1f s idle",
+            self.consumer,
+            len(self.handlers),
+            self.reclaim_idle_s,
+        )
+        reader = asyncio.create_task(self._read_loop(stop), name="bridge-read")
+        sweeper = asyncio.create_task(self._sweep_loop(stop), name="bridge-sweep")
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopped, reader, sweeper], return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopped}:
+                task.result()  # a loop that ended before stop was set crashed: raise its error
+            # Both loops end by themselves within one BLOCK, so the reader never drops jobs it has just read.
+            # They are not cancelled first: a cancelled XREADGROUP BLOCK in redis-py 8.1 was seen to hang.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(asyncio.gather(reader, sweeper)), BLOCK_MS / 1000 + 5)
+        finally:
+            for task in (stopped, reader, sweeper):
+                task.cancel()
+            await asyncio.gather(stopped, reader, sweeper, return_exceptions=True)
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+            log.info("bridge %s stopped", self.consumer)
+
+    async def _warn_without_persistence(self) -> None:
+        if self.settings.redis_owned:
+            return
+        appendonly = await self.store.appendonly()
+        if appendonly != "yes":
+            why = "has appendonly no" if appendonly else "refused CONFIG GET, so its persistence is unknown"
+            log.warning(
+                "the external Redis %s: jobs accepted before a Redis restart can be lost. Set appendonly yes with "
+                "appendfsync everysec on it, or unset EXAMLOPS_REDIS__URL to let examlops own its Redis.",
+                why,
+            )
+
+    async def _read_loop(self, stop: asyncio.Event) -> None:
+        outage = Outage(f"bridge {self.consumer}", log)
+        assert self._room is not None
+        while not stop.is_set():
+            room = self.max_concurrency - len(self._in_flight)
+            if room <= 0:
+                self._room.clear()
+                await _first(self._room.wait(), stop.wait())
+                continue
+            try:
+                entries = await self.store.read(self.consumer, self.streams, room, BLOCK_MS)
+            except StoreUnavailable as exc:
+                await _pause(outage.lost(exc), stop)
+                continue
+            outage.back()
+            for entry in entries:
+                self._spawn(entry, delivered=1)
+
+    async def _sweep_loop(self, stop: asyncio.Event) -> None:
+        outage = Outage(f"bridge {self.consumer} sweeper", log)
+        sweeps = 0
+        while not stop.is_set():
+            try:
+                await self.store.heartbeat(self.handlers, self.clock())
+                await self._reclaim()
+                if sweeps % ORPHAN_SWEEP_EVERY == 0:
+                    await self._answer_orphans()
+                outage.back()
+                sweeps += 1
+                await _pause(self.sweep_s, stop)
+            except StoreUnavailable as exc:
+                await _pause(outage.lost(exc), stop)
+
+    async def _reclaim(self) -> None:
+        for stream in self.streams:
+            room = max(1, self.max_concurrency - len(self._in_flight))
+            for entry in await self.store.autoclaim(stream, self.consumer, int(self.reclaim_idle_s * 1000), room):
+                if (entry[0], entry[1]) in self._in_flight:
+                    continue
+                delivered = await self.store.deliveries(stream, entry[1])
+                log.warning("reclaimed job %s on %s (delivery %d)", entry[1], stream, delivered)
+                self._spawn(entry, delivered)
+
+    async def _answer_orphans(self) -> None:
+        """Jobs on streams of addresses that no live bridge serves get a model_not_found reply, not silence."""
+        served = await self.store.served_elsewhere(self.clock(), HANDLER_TTL_S) | set(self.handlers)
+        orphans = [s for s in await self.store.job_streams() if bus.address_of(s) not in served]
+        if orphans:
+            await self.store.ensure_groups(orphans)
+            for entry in await self.store.read(self.consumer, orphans, 100, 0):
+                self._spawn(entry, delivered=1)
+
+    def _spawn(self, entry: Entry, delivered: int) -> None:
+        key = (entry[0], entry[1])
+        if key in self._in_flight:
+            return
+        task = asyncio.create_task(self._process(*entry, delivered=delivered))
+        self._in_flight[key] = task
+        task.add_done_callback(lambda _t: self._done(key))
+
+    def _done(self, key: tuple[str, str]) -> None:
+        self._in_flight.pop(key, None)
+        if self._room is not None:
+            self._room.set()
+
+    async def _process(self, stream: str, entry_id: str, fields: Mapping[str, str], *, delivered: int) -> None:
+        try:
+            await self._serve(stream, entry_id, fields, delivered)
+        except Exception:
+            # The job stays pending and is reclaimed; a job that keeps failing ends in the dead-letter stream.
+            log.exception("job %s on %s failed in the bridge", entry_id, stream)
+
+    async def _serve(self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int) -> None:
+        address = bus.address_of(stream)
+        try:
+            job = bus.decode_job(self._secret, address, fields, self.clock())
+        except bus.MalformedJob as exc:
+            log.warning("refused entry %s on %s: %s", entry_id, stream, exc)
+            dead: dict[str, Any] = {
+                "stream": stream,
+                "reason": exc.code,
+                "message": exc.message,
+                "fields": dict(fields),
+            }
+            # Keyed by entry, not by the unverified job id, so a forged job cannot use up a real job's reply.
+            body = bus.error_body(exc, job_id=exc.job_id)
+            await self._finish(stream, entry_id, f"entry:{stream}:{entry_id}", exc.reply_to, body, dead=dead)
+            return
+        handler = self.handlers.get(address)
+        model = handler.spec.name if handler else None
+        if delivered > bus.MAX_DELIVERIES:
+            error = bus.Undeliverable(
+                f"the job was delivered {delivered} times without an answer; it was dead-lettered"
+            )
+            dead = {
+                "stream": stream,
+                "reason": error.code,
+                "delivered": delivered,
+                "fields": dict(fields),
+            }
+            await self._finish(
+                stream,
+                entry_id,
+                job.job_id,
+                job.reply_to,
+                bus.error_body(error, model=model, job_id=job.job_id),
+                dead=dead,
+                job=job,
+            )
+            return
+        with contextlib.suppress(StoreUnavailable):
+            if await self.store.is_done(job.job_id):
+                await self._finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
+                return
+        outcome: Outcome
+        expired = job.expired(self.clock())
+        if handler is None:
+            outcome = Outcome(
+                bus.error_body(ModelNotFound(f"no model has the bus address {address[:64]}"), job_id=job.job_id),
+                0,
+                False,
+            )
+        elif expired is not None:
+            outcome = Outcome(bus.error_body(expired, model=model, job_id=job.job_id), 0, False)
+        else:
+            outcome = await handler.handle(job)
+        first = await self._finish(
+            stream, entry_id, job.job_id, job.reply_to, outcome.body, status=outcome.status, job=job
+        )
+        if first and outcome.recorded and handler is not None:
+            self._record(job, handler, outcome)
+
+    async def _finish(
+        self,
+        stream: str,
+        entry_id: str,
+        done_id: str,
+        reply_to: str | None,
+        body: Mapping[str, Any],
+        *,
+        status: int = 0,
+        dead: Mapping[str, Any] | None = None,
+        job: bus.Job | None = None,
+    ) -> bool:
+        """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
+        give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
+        outage = Outage(f"bridge {self.consumer} reply", log)
+        fields = bus.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
+        while True:
+            try:
+                first = await self.store.finish(
+                    stream, entry_id, done_id=done_id, reply_to=reply_to, reply=fields, dead=dead
+                )
+                outage.back()
+                return first
+            except StoreUnavailable as exc:
+                if self.clock() >= give_up:
+                    log.warning(
+                        "gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream
+                    )
+                    return False
+                await asyncio.sleep(outage.lost(exc))
+
+    def _record(self, job: bus.Job, handler: ModelHandler, outcome: Outcome) -> None:
+        embedding, nodes = job.payload.get("embedding"), job.payload.get("node_count")
+        valid = outcome.body.get("code") != "invalid_input"
+        served = bus.ServedInference(
+            job_id=job.job_id,
+            address=job.address,
+            model=handler.spec.name,
+            caller=job.caller,
+            embedding=tuple(embedding) if valid and isinstance(embedding, list) else (),
+            node_count=nodes if valid and type(nodes) is int else 0,
+            reply=outcome.body,
+            status=outcome.status,
+            served_at=self.clock(),
+        )
+        try:
+            self.on_served.record([served])
+        except Exception:
+            log.exception("the inference recorder failed for job %s", job.job_id)
+
+
+async def _pause(seconds: float, stop: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _first(*waits: Any) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

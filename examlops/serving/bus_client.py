@@ -1,0 +1,192 @@
+"""The bus client: ``request(uuid, payload, timeout) -> reply``, from async code (``BusClient``) or sync code
+(``SyncBusClient``, which runs a ``BusClient`` on an event loop in a thread of its own).
+
+Contract of ``request``:
+
+- signs the job with the settings' secret and puts it on the model's stream;
+  the deadline it carries is ``now + timeout``, and bridges and serving refuse
+  work past it;
+- returns the reply body: a prediction (``error`` is None) or an error body
+  (``error``, ``prediction`` 0.0, ``code``); an error reply is not raised;
+- raises ``DeadlineExceeded`` when no reply came within ``timeout``, and
+  ``StoreUnavailable`` when Redis cannot be reached to send the job (after the
+  connection's retries with backoff).
+
+One reader task per client reads the client's reply stream with XREAD BLOCK
+and resolves the waiting request by job id; replies nobody waits for (late or
+duplicate) are dropped. The reader survives a Redis restart: it logs the
+outage once, backs off and resumes after the last reply it read. If it dies
+of anything else, every waiting request fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+
+from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
+from examlops.core.settings import Settings
+from examlops.serving import bus
+from examlops.serving.bus_store import BusStore, Outage, connect
+
+log = logging.getLogger(__name__)
+
+Reply = dict[str, Any]
+T = TypeVar("T")
+BLOCK_MS = 500
+"""How long one XREAD waits; replies wake it at once, so this only bounds how long ``close()`` takes."""
+
+
+class BusClient:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        secret: bytes,
+        *,
+        caller: str,
+        client_id: str | None = None,
+        owns_redis: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client_id = client_id or secrets.token_hex(12)
+        self.reply_stream = bus.replies_stream(self.client_id)
+        self.caller = caller
+        self.store = BusStore(redis)
+        self._redis = redis
+        self._owns_redis = owns_redis
+        self._secret = secret
+        self._clock = clock
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, caller: str, client_id: str | None = None) -> BusClient:
+        secret = settings.secret.get_secret_value().encode()
+        return cls(connect(settings.redis_url), secret, caller=caller, client_id=client_id, owns_redis=True)
+
+    async def __aenter__(self) -> BusClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        address: str | uuid.UUID,
+        payload: Mapping[str, Any],
+        timeout: float,  # noqa: ASYNC109  # it is also the job's deadline on the wire, not only a local wait
+        *,
+        job_id: str | None = None,
+    ) -> Reply:
+        try:
+            address = str(uuid.UUID(str(address)))
+        except ValueError as exc:
+            raise ModelNotFound(f"{str(address)[:64]!r} is not a model address (a UUID)") from exc
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
+        job_id = job_id or uuid.uuid4().hex
+        deadline = self._clock() + timeout
+        fields = bus.encode_job(
+            self._secret,
+            address=address,
+            job_id=job_id,
+            reply_to=self.reply_stream,
+            caller=self.caller,
+            deadline=deadline,
+            payload=payload,
+        )
+        waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[job_id] = waiter
+        try:
+            await self.store.submit(address, fields)
+            return await asyncio.wait_for(waiter, max(0.0, deadline - self._clock()))
+        except TimeoutError:
+            raise DeadlineExceeded(f"no reply to job {job_id} within {timeout:g} s") from None
+        finally:
+            self._waiting.pop(job_id, None)
+
+    async def _read_replies(self) -> None:
+        outage = Outage(f"bus client {self.client_id}", log)
+        after = "0-0"  # the stream is this client's own: everything on it is for us
+        try:
+            while not self._closing:
+                try:
+                    entries = await self.store.replies(self.reply_stream, after, BLOCK_MS)
+                except StoreUnavailable as exc:
+                    await asyncio.sleep(outage.lost(exc))
+                    continue
+                outage.back()
+                for entry_id, fields in entries:
+                    after = entry_id
+                    job_id, body = bus.read_reply(fields)
+                    waiter = self._waiting.get(job_id)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(body)
+        except Exception as exc:
+            log.exception("bus client %s: the reply reader died", self.client_id)
+            self._fail_waiting(StoreUnavailable(f"the reply reader died: {exc}"))
+            raise
+
+    def _fail_waiting(self, error: Exception) -> None:
+        for waiter in self._waiting.values():
+            if not waiter.done():
+                waiter.set_exception(error)
+
+    async def close(self) -> None:
+        """Stop the reader (it ends after its current XREAD), fail whatever still waits, close an owned Redis."""
+        self._closing = True
+        if self._reader is not None:
+            # Not cancelled outright: a cancelled XREAD BLOCK in redis-py 8.1 was seen to hang (see bridge.py).
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._reader), BLOCK_MS / 1000 + 5)
+            self._reader.cancel()
+        self._fail_waiting(StoreUnavailable("the bus client was closed"))
+        if self._owns_redis:
+            await self._redis.aclose()
+
+
+class SyncBusClient:
+    """A ``BusClient`` for sync code: its own event loop in a daemon thread; ``close()`` stops both."""
+
+    def __init__(self, settings: Settings, *, caller: str, client_id: str | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bus-client", daemon=True)
+        self._thread.start()
+        self._client = BusClient.from_settings(settings, caller=caller, client_id=client_id)
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def request(
+        self, address: str | uuid.UUID, payload: Mapping[str, Any], timeout: float, *, job_id: str | None = None
+    ) -> Reply:
+        return self._run(self._client.request(address, payload, timeout, job_id=job_id))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+    def __enter__(self) -> SyncBusClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,185 @@
+"""The Redis adapter of the bus: every Redis command the client and the bridge send.
+
+redis-py's errors are translated here: an unreachable or restarting Redis is
+``StoreUnavailable`` (after the client's own retries with exponential backoff,
+a few seconds in all), so the loops above handle one error of ours. The reply
+script is loaded with EVALSHA and reloaded by redis-py when a restarted Redis
+has forgotten it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from examlops.core.errors import StoreUnavailable
+from examlops.serving import bus
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[str, str, dict[str, str]]
+"""(stream, entry id, fields)."""
+
+
+def connect(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> aioredis.Redis:
+    """An asyncio Redis client that retries connection errors with backoff (0.1 s doubling to 1 s, ~3 s in all).
+
+    Nothing connects until the first command. ``socket_timeout_s`` must exceed every BLOCK we send (1 s).
+    """
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        socket_connect_timeout=2.0,
+        socket_timeout=socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _translated(what: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
+
+
+class Outage:
+    """Logs a lost Redis once and its return once, and paces the retries (0.1 s doubling to 2 s)."""
+
+    def __init__(self, who: str, logger: logging.Logger = log) -> None:
+        self.who = who
+        self.log = logger
+        self.since: float | None = None
+        self.attempts = 0
+
+    def lost(self, exc: BaseException) -> float:
+        """Note one failure; the seconds to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self.log.warning("%s: Redis unreachable (%s); retrying with backoff", self.who, exc)
+        self.attempts += 1
+        return float(min(2.0, 0.1 * 2 ** (self.attempts - 1)))
+
+    def back(self) -> None:
+        if self.since is not None:
+            self.log.warning("%s: Redis reachable again after %.1f s", self.who, time.monotonic() - self.since)
+        self.since, self.attempts = None, 0
+
+
+class BusStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self._finish = redis.register_script(bus.REPLY_SCRIPT)
+
+    # The client's side.
+
+    async def submit(self, address: str, fields: Mapping[str, str]) -> str:
+        async with _translated("submitting a job"):
+            entry: Any = await self.redis.xadd(
+                bus.jobs_stream(address),
+                dict[Any, Any](fields),
+                maxlen=bus.JOB_STREAM_MAXLEN,
+                approximate=True,
+            )
+        return str(entry)
+
+    async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
+        async with _translated("reading replies"):
+            found: Any = await self.redis.xread({stream: after}, count=256, block=block_ms)
+        return [(entry_id, fields) for _name, entries in found or [] for entry_id, fields in entries]
+
+    # The bridge's side.
+
+    async def ensure_groups(self, streams: Iterable[str]) -> None:
+        """The group reads from the start of each stream: jobs sent before any bridge ran are served too."""
+        async with _translated("creating consumer groups"):
+            for stream in streams:
+                try:
+                    await self.redis.xgroup_create(stream, bus.GROUP, id="0", mkstream=True)
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+
+    async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int) -> list[Entry]:
+        async with _translated("reading jobs"):
+            found: Any = await self.redis.xreadgroup(
+                bus.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+            )
+        return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
+
+    async def is_done(self, job_id: str) -> bool:
+        async with _translated("checking a job"):
+            return bool(await self.redis.exists(bus.done_key(job_id)))
+
+    async def finish(
+        self,
+        stream: str,
+        entry_id: str,
+        *,
+        done_id: str,
+        reply_to: str | None,
+        reply: Mapping[str, str],
+        dead: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first."""
+        keys = [stream, bus.done_key(done_id), reply_to or "", bus.DEAD_STREAM]
+        args: list[str | int] = [bus.GROUP, entry_id, bus.DONE_TTL_S, bus.REPLY_STREAM_MAXLEN]
+        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else bus.canonical_json(dead)]
+        for name, value in reply.items():
+            args += [name, value]
+        async with _translated("writing a reply"):
+            return bool(await self._finish(keys=keys, args=args))
+
+    async def autoclaim(self, stream: str, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
+        """Claim jobs idle for ``min_idle_ms`` (a dead bridge's); each claim counts one more delivery."""
+        claimed: list[Entry] = []
+        start = "0-0"
+        async with _translated("reclaiming jobs"):
+            while len(claimed) < count:
+                reply = await self.redis.xautoclaim(stream, bus.GROUP, consumer, min_idle_ms, start, count=count)
+                start, entries = reply[0], reply[1]
+                claimed += [(stream, entry_id, fields or {}) for entry_id, fields in entries]
+                if start == "0-0":
+                    break
+        return claimed
+
+    async def deliveries(self, stream: str, entry_id: str) -> int:
+        async with _translated("counting deliveries"):
+            pending = await self.redis.xpending_range(stream, bus.GROUP, entry_id, entry_id, 1)
+        return int(pending[0]["times_delivered"]) if pending else 0
+
+    async def appendonly(self) -> str | None:
+        """``CONFIG GET appendonly``: "yes", "no", or None when CONFIG is refused (managed Redis)."""
+        async with _translated("reading the configuration"):
+            try:
+                config = await self.redis.config_get("appendonly")
+            except ResponseError:
+                return None
+        value = config.get("appendonly")
+        return None if value is None else str(value)
+
+    async def heartbeat(self, addresses: Iterable[str], now: float) -> None:
+        async with _translated("heartbeat"):
+            await self.redis.hset(bus.HANDLERS_KEY, mapping=dict.fromkeys(addresses, repr(now)))
+
+    async def served_elsewhere(self, now: float, max_age_s: float) -> set[str]:
+        """Addresses some bridge announced within ``max_age_s``."""
+        async with _translated("reading handlers"):
+            beats: Any = await self.redis.hgetall(bus.HANDLERS_KEY)
+        return {address for address, when in beats.items() if now - float(when) <= max_age_s}
+
+    async def job_streams(self) -> list[str]:
+        async with _translated("listing job streams"):
+            return [name async for name in self.redis.scan_iter(match=bus.JOBS_PREFIX + "*", _type="STREAM")]
