@@ -6,7 +6,8 @@ Heavy imports (mlflow) stay inside the functions so that the CLI starts fast.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,10 @@ from examlops.registry.catalog import Catalog, load_catalog
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
 
+    from examlops.monitoring.audit import AuditTrail
+    from examlops.monitoring.recorder import Recorder
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 
@@ -43,6 +47,8 @@ def sql_engine(settings: Settings) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     # Import the table modules so that create_all knows every table.
+    import examlops.monitoring.audit_store
+    import examlops.monitoring.drift_store
     import examlops.serving.traffic_store  # noqa: F401
 
     SQLModel.metadata.create_all(engine)
@@ -87,3 +93,44 @@ def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | No
     report = seed_demo(settings, catalog(settings), on_progress)
     if on_progress is not None and report.created:
         on_progress(f"registered demo models: {', '.join(report.created)}")
+
+
+@contextmanager
+def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
+    """The audit trail on the settings' Redis, with checkpoints in SQL; closes both on exit."""
+    from examlops.monitoring.audit import AuditTrail, connect
+    from examlops.monitoring.audit_store import SqlCheckpointStore
+
+    client = connect(settings.redis_url)
+    engine = sql_engine(settings)
+    trail = AuditTrail(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
+    try:
+        yield trail
+    finally:
+        with suppress(Exception):  # a last checkpoint is best effort when Redis or SQL is gone
+            trail.checkpoint_now()
+        client.close()
+        engine.dispose()
+
+
+@contextmanager
+def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = None) -> Iterator[Recorder]:
+    """What the bridge records through: snapshots, audit events, the failure windows and retrain requests.
+
+    The recorder writes from its own thread; retrain requests go through a Redis outbox delivered to the
+    Prefect deployment `retrain/retrain` by another thread. Both are flushed and stopped on exit.
+    """
+    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+    from examlops.monitoring.recorder import Recorder
+    from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox
+
+    with audit_trail(settings) as trail:
+        tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
+        recorder = Recorder(trail, tracker, registry=metrics).start()
+        delivery = OutboxDelivery(RedisOutbox(trail.redis), PrefectRetrainRequester(settings.prefect_api_url), trail)
+        delivery.start()
+        try:
+            yield recorder
+        finally:
+            recorder.close(10)
+            delivery.close()

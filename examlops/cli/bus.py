@@ -112,7 +112,7 @@ def start(
     import asyncio
     import signal
 
-    from examlops.bootstrap import catalog
+    from examlops.bootstrap import bridge_recording, catalog
     from examlops.serving.bridge import Bridge
     from examlops.serving.bridge_handler import http_client
     from examlops.serving.bus_store import connect
@@ -128,9 +128,12 @@ def start(
             loop.add_signal_handler(sig, stop.set)
         redis = connect(settings.redis_url)
         try:
-            async with http_client(settings.http, concurrency) as http:
-                bridge = Bridge(settings, catalog(settings), redis, http, max_concurrency=concurrency)
-                await bridge.run(stop)
+            with bridge_recording(settings) as recorder:
+                async with http_client(settings.http, concurrency) as http:
+                    bridge = Bridge(
+                        settings, catalog(settings), redis, http, on_served=recorder, max_concurrency=concurrency
+                    )
+                    await bridge.run(stop)
         finally:
             await redis.aclose()
 

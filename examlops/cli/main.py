@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from examlops.cli import lifecycle
+from examlops.cli.audit import audit_app
+from examlops.cli.bridge_status import status as bridge_status
+from examlops.cli.bus import bridge_app, bus_app
 from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
 from examlops.cli.serve import predict, serve_app
 from examlops.core.settings import Settings, setting_description, setting_sources
@@ -27,6 +30,10 @@ app.add_typer(config_app, name="config")
 app.add_typer(demo_app, name="demo")
 app.add_typer(serve_app, name="serve")
 app.command("predict", help="One prediction through the direct API (records nothing).")(predict)
+app.add_typer(bus_app, name="bus")
+bridge_app.command("status")(bridge_status)
+app.add_typer(bridge_app, name="bridge")
+app.add_typer(audit_app, name="audit")
 lifecycle.register(app)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
