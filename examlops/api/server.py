@@ -1,14 +1,19 @@
 """Run the serving app on uvicorn with a graceful drain.
 
-On SIGTERM or SIGINT: ``/readyz`` turns 503 first (``app.state.draining``), the
-listening socket closes so no new connection is accepted, requests in flight
-finish within the grace period (``serving.drain_grace_s``), the lifespan closes
-the pipeline and the predict workers, and the process exits 0.
+On SIGTERM or SIGINT: ``/readyz`` turns 503 first (``app.state.draining``) and new
+predictions are refused with a 503 (``NotReady``, retryable), while the socket
+stays open so that a load balancer can see the 503. Once no request is in flight,
+or ``serving.drain_grace_s`` has passed, uvicorn closes the listening socket,
+closes idle connections, cancels what still runs after at most one more second,
+the lifespan closes the pipeline and the predict workers, and the process exits 0.
+A second signal skips the wait (a second SIGINT forces the exit).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from types import FrameType
 
 import uvicorn
@@ -18,18 +23,33 @@ log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, *, grace_s: float) -> None:
         super().__init__(config)
         self._app = app
+        self._grace_s = grace_s
+        self._drain_until: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self._app.state.draining:
+        if self._drain_until is None:
             log.warning("signal %d: draining (readyz 503, finishing requests in flight)", sig)
-        self._app.state.draining = True
+            self._app.state.draining = True
+            self._drain_until = time.monotonic() + self._grace_s
+            return  # on_tick ends the drain
         super().handle_exit(sig, frame)
         # uvicorn re-raises a captured signal after shutting down, which makes the exit status
         # -SIGTERM; a drain that finished is a clean exit, so forget the signal.
         self._captured_signals.clear()
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and not self.should_exit:
+            left = self._drain_until - time.monotonic()
+            # server_state.tasks: one per request being answered (predictions, reloads, probes).
+            if not self.server_state.tasks or left <= 0:
+                if self.server_state.tasks:
+                    log.warning("drain grace over: %d request(s) still in flight", len(self.server_state.tasks))
+                self.config.timeout_graceful_shutdown = max(1, math.ceil(left))
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 def run_server(app: FastAPI, *, host: str, port: int, grace_s: float, log_level: str = "warning") -> None:
@@ -38,7 +58,7 @@ def run_server(app: FastAPI, *, host: str, port: int, grace_s: float, log_level:
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=max(1, round(grace_s)),
+        timeout_graceful_shutdown=1,
         lifespan="on",
     )
-    DrainingServer(config, app).run()
+    DrainingServer(config, app, grace_s=grace_s).run()

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from examlops.cli import lifecycle
+from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
@@ -35,6 +35,7 @@ bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
 lifecycle.register(app)
+promote.register(app)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 

@@ -28,6 +28,7 @@ error *means* lives here, as class attributes:
     ├── InferenceFailed                 the model raised or returned nothing  [model_failure]
     │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
     ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
+    ├── PromotionIncomplete             an alias moved, but some serving instance does not serve it yet
     └── DependencyUnavailable (ConnectionError)   [retryable]
         ├── RegistryUnavailable         MLflow cannot be reached
         ├── StoreUnavailable            Redis or SQL cannot be reached
@@ -127,6 +128,22 @@ class ModelLoadError(ExamlopsError):
     """A model version could not be loaded (missing artifact, corrupt file, wrong input size)."""
 
     code = "model_load_error"
+
+
+class PromotionIncomplete(ExamlopsError):
+    """The alias moved in the registry (that stays done), but some serving instances did not confirm it.
+
+    ``lagging`` maps each instance URL that did not report the new version in time to what it
+    reported instead (its version, a refusal, or why it could not be reached); ``confirmed``
+    lists the ones that did.
+    """
+
+    code = "promotion_incomplete"
+
+    def __init__(self, message: str, *, confirmed: tuple[str, ...] = (), lagging: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.confirmed = confirmed
+        self.lagging = dict(lagging or {})
 
 
 class DependencyUnavailable(ExamlopsError, ConnectionError):

@@ -76,6 +76,9 @@ def translate_error(exc: BaseException, missing: Callable[[], ExamlopsError]) ->
         return RegistryUnavailable(f"the MLflow registry cannot be reached: {text[:300]}")
     if type(exc).__name__ == "OperationalError":  # sqlalchemy / sqlite3, without importing either
         return RegistryUnavailable(f"the MLflow store cannot be opened: {text[:300]}")
+    if type(exc.__cause__).__name__ in ("OperationalError", "DatabaseError"):
+        # MLflow wraps a store it cannot read (e.g. "file is not a database") as BAD_REQUEST.
+        return RegistryUnavailable(f"the MLflow store cannot be read: {text[:300]}")
     if code == "RESOURCE_ALREADY_EXISTS":
         return Conflict(f"MLflow refused a change: {text[:300]}")
     if code in _DENIED_CODES:
@@ -217,6 +220,19 @@ class MlflowRegistry:
             return AliasNotFound(f"model {model.name!r} has no alias {alias!r}")
 
         self._call(missing, self.client.delete_registered_model_alias, model.name, raw)
+
+    def model_tags(self, name: str) -> dict[str, str]:
+        """The registered model's tags (empty when it has none)."""
+        return {str(k): str(v) for k, v in dict(self._model(name).tags or {}).items()}
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        """Set one tag on the registered model (visible in the MLflow UI)."""
+        model = self._model(name)
+
+        def missing() -> ExamlopsError:
+            return ModelNotFound(f"model {name!r} is not registered in MLflow")
+
+        self._call(missing, self.client.set_registered_model_tag, model.name, key, value)
 
     def list_versions(self, name: str) -> list[VersionInfo]:
         """Every version of the model, oldest first."""

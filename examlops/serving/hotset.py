@@ -15,8 +15,12 @@ Contracts:
   finishes on the version it started with even if a reload swaps its alias meanwhile.
 - ``reload`` asks the registry where each alias points now; for an alias that moved it loads the new
   version first, then swaps, then releases the old one. A new version that fails to load is refused:
-  the old one keeps serving, marked ``degraded`` with the reason. An unreachable registry changes
-  nothing but marks the model's entries stale (in ``reason``).
+  the old one keeps serving, marked ``degraded`` with the reason, and the refusal is logged with
+  model, alias, version and reason. Refused: a missing artifact folder, a file that does not load,
+  any exception while loading, and a model that declares a number of input columns
+  (``n_features_in_``) other than the catalog's row (``embedding_dim + 1``: embedding, node count).
+  An unreachable registry changes nothing but marks the model's entries stale (in ``reason``, with
+  the time of the first failed reload), until a reload reaches it again.
 
 Errors: ``ModelNotFound``, ``AliasNotFound`` (the model does not have or serve that alias),
 ``VersionNotFound``, ``NotReady`` (the alias exists but its load failed), ``ModelLoadError``,
@@ -32,6 +36,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from examlops.core.errors import AliasNotFound, ExamlopsError, ModelLoadError, NotReady
@@ -97,14 +102,16 @@ class _Slot:
     state: EntryState = "missing"
     reason: str | None = NOT_LOADED
     stale: str | None = None
+    stale_since: float | None = None
 
 
 class _Residency:
     """Reference-counted keys in the runtime: loaded once, unloaded when the last reference goes."""
 
-    def __init__(self, source: ModelSource, runtime: PredictRuntime) -> None:
+    def __init__(self, source: ModelSource, runtime: PredictRuntime, width: Callable[[ModelRef], int]) -> None:
         self._source = source
         self._runtime = runtime
+        self._width = width
         self.refs: dict[str, int] = {}
         self._loaded: set[str] = set()
         self._loading: dict[str, asyncio.Task[None]] = {}
@@ -146,7 +153,13 @@ class _Residency:
                 await pending
             try:
                 location = await asyncio.to_thread(self._source.fetch, ref)
-                await self._runtime.load(key, location)
+                declared = await self._runtime.load(key, location)
+                if declared is not None and declared != (expected := self._width(ref)):
+                    await self._runtime.unload(key)
+                    raise ModelLoadError(
+                        f"{key} takes {declared} input columns, the catalog gives {expected} "
+                        f"({expected - 1} embedding values and the node count)"
+                    )
             except ExamlopsError:
                 raise
             except Exception as exc:
@@ -188,7 +201,8 @@ class HotSet:
     ) -> None:
         self._catalog = catalog
         self._source = source
-        self._residency = _Residency(source, runtime)
+        # Rows are the embedding then the node count (``transformer.validate_features``).
+        self._residency = _Residency(source, runtime, lambda ref: catalog.get(ref.name).embedding_dim + 1)
         self._cache_size = version_cache_size
         self._clock = clock
         self._slots: dict[str, list[_Slot]] = {}
@@ -325,9 +339,12 @@ class HotSet:
             try:
                 refs = await self._aliases(spec)
             except Exception as exc:
-                stale = f"stale: the registry was unreachable at reload ({_describe(exc)})"
+                now = self._clock()
                 for slot in slots:
-                    slot.stale = stale
+                    slot.stale_since = slot.stale_since or now
+                    since = datetime.fromtimestamp(slot.stale_since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    slot.stale = f"stale since {since}: the registry was unreachable at reload ({_describe(exc)})"
+                stale = slots[0].stale if slots else None
                 return [
                     ReloadChange(spec.name, s.alias, s.entry.ref.version, None, "unreachable", stale)
                     for s in slots
@@ -335,7 +352,7 @@ class HotSet:
                 ]
             changes: list[ReloadChange] = []
             for slot in slots:
-                slot.stale = None
+                slot.stale, slot.stale_since = None, None
                 change = await self._follow(slot, refs.get(slot.alias.lower()))
                 if change is not None:
                     changes.append(change)
@@ -360,7 +377,14 @@ class HotSet:
             key = await self._residency.take(ref)
         except Exception as exc:
             reason = f"version {ref.version} refused: {_describe(exc)}"
-            log.warning("%s@%s: %s", slot.model, slot.alias, reason)
+            log.warning(
+                "refused a new version: model=%s alias=%s version=%s serving=%s reason=%s",
+                slot.model,
+                slot.alias,
+                ref.version,
+                old_version or "nothing",
+                reason,
+            )
             if old is not None:
                 slot.entry, slot.state = dataclasses.replace(old, state="degraded"), "degraded"
             else:

@@ -365,19 +365,41 @@ class Pipeline:
         self._ready = True
 
     async def _poll_reload(self, every_s: float) -> None:
+        """Follow moved aliases every ``every_s``; while the registry is unreachable, back off.
+
+        One reload at a time: the next wait starts when the last reload ended, so a registry that
+        hangs (MLflow retries for a long while) never piles calls up, and the calls themselves run
+        in threads, off the event loop. Each poll that finds the registry unreachable doubles the
+        wait, up to ``poll_backoff_ceiling(every_s)``; the first poll that reaches it resets it.
+        """
+        delay, ceiling = every_s, poll_backoff_ceiling(every_s)
         while True:
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(delay)
             try:
                 changes = await self.reload()
             except Exception:
                 log.exception("polling the registry for moved aliases failed")
-                continue
+                changes, unreachable = [], True
+            else:
+                unreachable = any(change.outcome == "unreachable" for change in changes)
+            if unreachable:
+                delay = min(delay * 2, ceiling)
+                log.warning("the model registry is unreachable; serving what is loaded, next poll in %g s", delay)
+            else:
+                delay = every_s
             for change in changes:
-                log.info(
-                    "reload %s@%s: %s %s -> %s",
-                    change.model,
-                    change.alias,
-                    change.outcome,
-                    change.old_version,
-                    change.new_version,
-                )
+                if change.outcome != "unreachable":
+                    log.info(
+                        "reload %s@%s: %s %s -> %s",
+                        change.model,
+                        change.alias,
+                        change.outcome,
+                        change.old_version,
+                        change.new_version,
+                    )
+
+
+def poll_backoff_ceiling(every_s: float) -> float:
+    """The longest wait between polls while the registry is unreachable: 8 intervals, at most 10 minutes
+    (but never less than one interval)."""
+    return max(every_s, min(every_s * 8, 600.0))

@@ -10,8 +10,10 @@ Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 
 - ``start()`` spawns ``workers`` processes plus one warm spare and returns once all answer.
 - ``load(key, location)``: every worker, the spare, and every worker started later runs
-  ``loader(location)``. ``ModelLoadError`` naming the key and the cause when it raises in a
-  worker; the key is then unloaded everywhere. Loading the same location again is a no-op.
+  ``loader(location)``, one worker at a time so that the others keep predicting.
+  ``ModelLoadError`` naming the key and the cause when it raises in a worker (the first failure
+  stops the round); the key is then unloaded everywhere. Loading the same location again is a no-op.
+  Returns the input column count the model declares (``n_features_in_``) or None.
   A worker started later that cannot load a key logs it and answers ``VersionNotFound`` for it.
 - ``predict(key, rows)`` goes to an idle worker; with none idle it waits, first come first
   served. It returns one finite float64 per row, in row order, or raises:
@@ -118,6 +120,7 @@ class ProcessPredictPool:
         self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
         self._keys: dict[str, str] = {}
         self._loading: dict[str, str] = {}
+        self._widths: dict[str, int | None] = {}
         self._ids = itertools.count(1)
         self._reaping: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -141,14 +144,25 @@ class ProcessPredictPool:
             await self.close()
             raise PipelineUnavailable(f"predict workers failed to start: {failed[0]}")
 
-    async def load(self, key: str, location: str) -> None:
+    async def load(self, key: str, location: str) -> int | None:
         self._check_open()
         if self._keys.get(key) == location:
-            return
+            return self._widths.get(key)
         self._loading[key] = location  # workers spawned meanwhile load it too
+        results: list[Any] = []
         try:
-            sent = [self._send(worker, "load", key, location) for worker in self._workers()]
-            results = await asyncio.gather(*sent, return_exceptions=True)
+            # One worker at a time: a worker that loads cannot predict, so the others keep serving
+            # (a hot reload under load would otherwise stall every prediction for the load time),
+            # and a version that fails to load costs one worker's try, not all of them.
+            for worker in self._workers():
+                if worker.retired:
+                    continue
+                try:
+                    results.append(await self._send(worker, "load", key, location))
+                except ExamlopsError as exc:
+                    results.append(exc)
+                    if isinstance(exc, ModelLoadError):
+                        break
         finally:
             self._loading.pop(key, None)
         self._check_open()
@@ -159,9 +173,13 @@ class ProcessPredictPool:
             cause = failures[0].message if failures else "every worker died while loading it"
             raise ModelLoadError(f"cannot load model version {key!r} from {location!r}: {cause}")
         self._keys[key] = location
+        width = next((r for r in results if isinstance(r, int)), None)
+        self._widths[key] = width
+        return width
 
     async def unload(self, key: str) -> None:
         self._keys.pop(key, None)
+        self._widths.pop(key, None)
         if self._loop is not None and self._stopped is None:
             for worker in self._workers():
                 self._watch(self._send(worker, "unload", key, None), f"unload {key!r}")

@@ -4,7 +4,8 @@ It reads requests ``(request id, op, key, argument)`` from its end of the pipe, 
 time and in order, and answers each with ``(request id, status, value)``:
 
 - ``ping``: answered once the process has started (the pool's readiness check).
-- ``load``: ``loader(location)`` under ``key``; status ``load_error`` with the cause if it raises.
+- ``load``: ``loader(location)`` under ``key``; status ``ok`` with the number of input columns the
+  model declares (``n_features_in_``, None when it does not say), ``load_error`` with the cause if it raises.
 - ``unload``: forgets ``key``; unknown keys are ignored.
 - ``predict``: status ``ok`` with a finite float64 1-D array of one value per row, ``failed``
   with a short message when the model raises or returns an empty, wrongly sized or non-finite
@@ -16,6 +17,7 @@ middle of a prediction, within a second of its parent's death.
 
 from __future__ import annotations
 
+import numbers
 import os
 import signal
 import sys
@@ -55,7 +57,7 @@ def _handle(models: dict[str, Predictor], loader: ModelLoader, op: str, key: str
             models[key] = loader(argument)
         except Exception as exc:  # the loader may raise anything; the parent names the key
             return "load_error", _short(exc)
-        return "ok", None
+        return "ok", _declared_columns(models[key])
     if op == "unload":
         models.pop(key, None)
         return "ok", None
@@ -66,6 +68,13 @@ def _handle(models: dict[str, Predictor], loader: ModelLoader, op: str, key: str
         return "ok", _checked(model.predict(argument), len(argument))
     except Exception as exc:  # any model error is a failed prediction, never a dead worker
         return "failed", f"model {key!r} failed: {_short(exc)}"
+
+
+def _declared_columns(model: object) -> int | None:
+    """``n_features_in_`` as scikit-learn sets it at fit, or None (``registry.loader.expected_features``,
+    repeated here because that module imports mlflow and the serving core may not)."""
+    value = getattr(model, "n_features_in_", None)
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
 
 
 def _checked(result: Any, rows: int) -> np.ndarray[Any, np.dtype[np.float64]]:

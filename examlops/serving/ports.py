@@ -92,8 +92,12 @@ class PredictRuntime(Protocol):
         """Stop every worker; pending calls fail. Called once by the pipeline on shutdown."""
         ...
 
-    async def load(self, key: str, location: str) -> None:
-        """Load a version so that ``predict`` can use it; ``ModelLoadError`` when it cannot be loaded."""
+    async def load(self, key: str, location: str) -> int | None:
+        """Load a version so that ``predict`` can use it; ``ModelLoadError`` when it cannot be loaded.
+
+        Returns how many input columns the loaded model declares (``n_features_in_``), or None
+        when it does not say; the hot set refuses a version whose count does not match the catalog.
+        """
         ...
 
     async def unload(self, key: str) -> None:

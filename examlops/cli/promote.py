@@ -1,0 +1,106 @@
+"""`exa promote` and `exa rollback`: move an alias in MLflow and make every serving instance follow.
+
+Thin: parse, call ``examlops.serving.promotion``, format. Exit codes come from ``output.py``:
+0 every instance serves the new version; 1 the alias moved but an instance lags, refused the
+version or cannot be reached (the message names each one); 2 bad input; 3 MLflow unavailable;
+4 no such model, alias or version, or nothing recorded to roll back to.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from examlops.serving.promotion import PromotionResult
+
+ModelArgument = Annotated[str, typer.Argument(help="Catalog model name (any case).")]
+UrlsOption = Annotated[
+    list[str] | None,
+    typer.Option("--url", help="A serving instance to reload (repeatable); default: EXAMLOPS_SERVING__INSTANCES."),
+]
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", min=1, help="Seconds every instance gets to report the new version.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level commands `promote` and `rollback` to ``app``."""
+    app.command("promote")(promote)
+    app.command("rollback")(rollback)
+
+
+def promote(
+    model: ModelArgument,
+    alias: Annotated[str, typer.Option("--alias", help="The alias to move: Production, Canary or Staging.")],
+    version: Annotated[int | None, typer.Option("--version", min=1, help="The version to point it at.")] = None,
+    from_alias: Annotated[
+        str | None, typer.Option("--from", help="Point it at the version this alias has (e.g. Canary).")
+    ] = None,
+    urls: UrlsOption = None,
+    timeout: TimeoutOption = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Move an alias in MLflow (the replaced version is kept for `exa rollback`), then reload every serving
+    instance and wait until each serves the new version."""
+    from examlops.bootstrap import model_registry
+    from examlops.serving import promotion
+
+    if (version is None) == (from_alias is None):
+        fail("give exactly one of --version N and --from ALIAS", BAD_INPUT)
+    settings = Settings()
+    with errors_as_exit():
+        result = promotion.promote(
+            settings,
+            model_registry(settings),
+            model,
+            alias,
+            version=version,
+            from_alias=from_alias,
+            instances=urls or None,
+            timeout_s=timeout,
+        )
+    _report(result, as_json)
+
+
+def rollback(
+    model: ModelArgument,
+    alias: Annotated[str, typer.Option("--alias", help="The alias to move back.")] = "Production",
+    urls: UrlsOption = None,
+    timeout: TimeoutOption = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Move an alias back to the version its last promotion replaced, then reload every serving instance."""
+    from examlops.bootstrap import model_registry
+    from examlops.serving import promotion
+
+    settings = Settings()
+    with errors_as_exit():
+        result = promotion.rollback(
+            settings, model_registry(settings), model, alias, instances=urls or None, timeout_s=timeout
+        )
+    _report(result, as_json)
+
+
+def _report(result: PromotionResult, as_json: bool) -> None:
+    if as_json:
+        print_json(
+            {
+                "model": result.model,
+                "alias": result.alias,
+                "old_version": result.old_version,
+                "new_version": result.new_version,
+                "instances": list(result.instances),
+            }
+        )
+        return
+    console.print(
+        f"{result.model}@{result.alias}: version {result.old_version or '(unset)'} -> {result.new_version}",
+        highlight=False,
+    )
+    print_table("serving instances", ["instance", "serves"], [[url, result.new_version] for url in result.instances])

@@ -1,0 +1,103 @@
+"""Alias moves that remember what they replaced, so that a rollback can undo them.
+
+This is the registry half of a promotion; ``examlops.serving.promotion`` adds the serving half
+(every instance reloads and confirms).
+
+- ``move_alias(registry, model, alias, version=N | from_alias=A)`` points ``alias`` (any case) at
+  version N, or at the version alias A points at now. Before it moves, it records the version the
+  alias pointed at in the registered-model tag ``examlops.previous.<Alias>`` (``previous_tag``):
+  durable, so it survives restarts, and visible in the MLflow UI. A move to the version the alias
+  already has changes nothing and leaves the tag alone. A new alias records nothing.
+- ``rollback_alias(registry, model, alias)`` moves the alias to that recorded version, itself with
+  ``move_alias``: the rollback records the version it replaced, so a second rollback undoes the first.
+
+The tag is written before the alias moves: if the move then fails, the tag names the version the
+alias still has, and a rollback is a harmless no-op rather than a jump to an older version.
+Two promotions of one alias at the same time are not serialised here.
+
+Errors: ``InvalidInput`` (neither or both of ``version`` and ``from_alias``), ``ModelNotFound``,
+``AliasNotFound`` (``from_alias`` missing; for a rollback, the alias itself), ``VersionNotFound``
+(no such version; for a rollback, nothing recorded to go back to), ``RegistryUnavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from examlops.core.errors import AliasNotFound, InvalidInput, VersionNotFound
+from examlops.core.messages import DEFAULT_ALIAS, ModelRef, canonical_alias
+
+PREVIOUS_TAG_PREFIX = "examlops.previous."
+
+
+class AliasRegistry(Protocol):
+    """What a promotion needs of the registry (``MlflowRegistry``)."""
+
+    def resolve(self, name: str, alias: str) -> ModelRef: ...
+
+    def version(self, name: str, version: str) -> ModelRef: ...
+
+    def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None: ...
+
+    def model_tags(self, name: str) -> dict[str, str]: ...
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AliasMove:
+    """One alias move: ``old_version`` is None for an alias that did not exist."""
+
+    model: str
+    alias: str
+    old_version: str | None
+    new_version: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old_version != self.new_version
+
+
+def previous_tag(alias: str) -> str:
+    """The registered-model tag that records what ``alias`` pointed at before its last move."""
+    return PREVIOUS_TAG_PREFIX + canonical_alias(alias)
+
+
+def move_alias(
+    registry: AliasRegistry,
+    model: str,
+    alias: str,
+    *,
+    version: str | int | None = None,
+    from_alias: str | None = None,
+) -> AliasMove:
+    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at); record the replaced version."""
+    if (version is None) == (from_alias is None):
+        raise InvalidInput("give exactly one of a version and an alias to promote from", field="version")
+    alias = canonical_alias(alias)
+    if from_alias is not None:
+        target = registry.resolve(model, from_alias)
+    else:
+        target = registry.version(model, str(version).strip())
+    try:
+        current: str | None = registry.resolve(target.name, alias).version
+    except AliasNotFound:
+        current = None
+    if current is not None and current != target.version:
+        registry.set_model_tag(target.name, previous_tag(alias), current)
+    replaced = registry.set_alias(target.name, alias, target.version)
+    return AliasMove(target.name, alias, replaced.version if replaced else None, target.version)
+
+
+def rollback_alias(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALIAS) -> AliasMove:
+    """Move ``alias`` back to the version its last move replaced (``VersionNotFound`` if none is recorded)."""
+    alias = canonical_alias(alias)
+    name = registry.resolve(model, alias).name
+    recorded = registry.model_tags(name).get(previous_tag(alias))
+    if not recorded:
+        raise VersionNotFound(
+            f"{name}@{alias} has no recorded previous version to roll back to "
+            f"(the tag {previous_tag(alias)} is written when the alias is promoted)"
+        )
+    return move_alias(registry, name, alias, version=recorded)

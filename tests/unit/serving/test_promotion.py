@@ -1,0 +1,201 @@
+"""Promotion against an in-memory registry and a faked network (httpx's transport seam)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from examlops.core.errors import AliasNotFound, InvalidInput, ModelNotFound, PromotionIncomplete, VersionNotFound
+from examlops.core.messages import ModelRef, canonical_alias
+from examlops.core.settings import Settings
+from examlops.registry.promotion import AliasMove, previous_tag
+from examlops.serving import instances
+from examlops.serving.promotion import promote, rollback
+
+
+class InMemoryAliasRegistry:
+    """Registered models with versions, aliases and tags; names match case-insensitively."""
+
+    def __init__(self) -> None:
+        self.name = "AC"
+        self.versions = {"1", "2", "3"}
+        self.aliases: dict[str, str] = {"Production": "1", "Canary": "2"}
+        self.tags: dict[str, str] = {}
+
+    def _check(self, name: str) -> None:
+        if name.lower() != self.name.lower():
+            raise ModelNotFound(name)
+
+    def _ref(self, version: str) -> ModelRef:
+        return ModelRef(self.name, version, None, f"mem://{version}")
+
+    def resolve(self, name: str, alias: str) -> ModelRef:
+        self._check(name)
+        if canonical_alias(alias) not in self.aliases:
+            raise AliasNotFound(alias)
+        return self._ref(self.aliases[canonical_alias(alias)])
+
+    def version(self, name: str, version: str) -> ModelRef:
+        self._check(name)
+        if version not in self.versions:
+            raise VersionNotFound(version)
+        return self._ref(version)
+
+    def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None:
+        before = self.aliases.get(canonical_alias(alias))
+        self.aliases[canonical_alias(alias)] = self.version(name, version).version
+        return self._ref(before) if before else None
+
+    def model_tags(self, name: str) -> dict[str, str]:
+        self._check(name)
+        return dict(self.tags)
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        self._check(name)
+        self.tags[key] = value
+
+
+class FakeServing:
+    """One serving instance behind httpx.MockTransport: follows the registry on POST /admin/reload."""
+
+    def __init__(self, registry: InMemoryAliasRegistry, *, refuse: set[str] | None = None, lag: bool = False) -> None:
+        self.registry = registry
+        self.serving = dict(registry.aliases)
+        self.refuse = refuse or set()
+        self.lag = lag
+        self.reloads: list[object] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/admin/reload":
+            self.reloads.append(json.loads(request.content))
+            changes = []
+            for alias, version in self.registry.aliases.items():
+                if self.serving.get(alias) == version or self.lag:
+                    continue
+                if version in self.refuse:
+                    changes.append({"alias": alias, "outcome": "refused", "reason": f"version {version} refused: bad"})
+                    continue
+                changes.append({"alias": alias, "outcome": "swapped"})
+                self.serving[alias] = version
+            return httpx.Response(200, json={"changes": changes})
+        rows = [{"model": "AC", "alias": a, "version": v, "state": "ready"} for a, v in self.serving.items()]
+        return httpx.Response(200, json=rows)
+
+
+class Network(httpx.BaseTransport):
+    """Routes by host:port to fake instances; any other address refuses the connection."""
+
+    def __init__(self, hosts: dict[str, FakeServing]) -> None:
+        self.hosts = hosts
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.host}:{request.url.port}"
+        if host not in self.hosts:
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.hosts[host](request)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path)
+
+
+A, B, DEAD = "http://a:1", "http://b:2", "http://dead:3"
+
+
+def test_promote_moves_the_alias_records_the_old_version_and_waits_for_every_instance(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    a, b = FakeServing(registry), FakeServing(registry)
+    moves: list[AliasMove] = []
+    result = promote(
+        settings,
+        registry,
+        "ac",
+        "production",
+        version=3,
+        instances=[A, B],
+        on_moved=moves.append,
+        transport=Network({"a:1": a, "b:2": b}),
+    )
+    assert (result.model, result.alias, result.old_version, result.new_version) == ("AC", "Production", "1", "3")
+    assert result.instances == (A, B)
+    assert registry.aliases["Production"] == "3" and registry.tags[previous_tag("Production")] == "1"
+    assert a.serving["Production"] == b.serving["Production"] == "3"
+    assert a.reloads == [{"model": "AC"}]
+    assert moves == [AliasMove("AC", "Production", "1", "3")]
+
+
+def test_promote_from_an_alias_and_rollback_twice_goes_back_and_forth(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    net = Network({"a:1": FakeServing(registry)})
+    promote(settings, registry, "AC", "Production", from_alias="canary", instances=[A], transport=net)
+    assert registry.aliases["Production"] == "2"
+    back = rollback(settings, registry, "AC", instances=[A], transport=net)
+    assert (back.old_version, back.new_version) == ("2", "1")
+    again = rollback(settings, registry, "AC", instances=[A], transport=net)
+    assert (again.old_version, again.new_version) == ("1", "2")
+
+
+def test_promoting_to_the_version_it_has_keeps_the_recorded_previous_version(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    net = Network({"a:1": FakeServing(registry)})
+    promote(settings, registry, "AC", "Production", version=2, instances=[A], transport=net)
+    same = promote(settings, registry, "AC", "Production", version=2, instances=[A], transport=net)
+    assert (same.old_version, same.new_version) == ("2", "2")
+    assert registry.tags[previous_tag("Production")] == "1"
+
+
+def test_a_dead_a_refusing_and_a_lagging_instance_are_each_named_and_the_move_stays(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(instances, "POLL_S", 0.01)
+    registry = InMemoryAliasRegistry()
+    hosts = {
+        "a:1": FakeServing(registry),
+        "b:2": FakeServing(registry, refuse={"3"}),
+        "lag:4": FakeServing(registry, lag=True),
+    }
+    with pytest.raises(PromotionIncomplete) as raised:
+        promote(
+            settings,
+            registry,
+            "AC",
+            "Production",
+            version=3,
+            instances=[A, B, DEAD, "http://lag:4"],
+            timeout_s=0.3,
+            transport=Network(hosts),
+        )
+    error = raised.value
+    assert error.confirmed == (A,)
+    assert set(error.lagging) == {B, DEAD, "http://lag:4"}
+    assert "refused version 3: version 3 refused: bad" in error.lagging[B]
+    assert "cannot be reached" in error.lagging[DEAD]
+    assert "still reports version 1" in error.lagging["http://lag:4"]
+    assert "that move stays done" in str(error) and DEAD in str(error)
+    assert registry.aliases["Production"] == "3"
+
+
+def test_promotion_instances_default_to_the_settings(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    local = settings.serving.local_url.removeprefix("http://")
+    result = promote(
+        settings, registry, "AC", "Production", version=2, transport=Network({local: FakeServing(registry)})
+    )
+    assert result.instances == (settings.serving.local_url,)
+
+
+@pytest.mark.parametrize(("version", "from_alias"), [(None, None), (2, "Canary")])
+def test_promote_needs_exactly_one_target(settings: Settings, version: int | None, from_alias: str | None) -> None:
+    with pytest.raises(InvalidInput):
+        promote(settings, InMemoryAliasRegistry(), "AC", "Production", version=version, from_alias=from_alias)
+
+
+def test_nothing_recorded_means_nothing_to_roll_back_to(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    with pytest.raises(VersionNotFound, match="no recorded previous version"):
+        rollback(settings, registry, "AC", instances=[A], transport=Network({}))
+    assert registry.aliases["Production"] == "1"
