@@ -204,10 +204,12 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
         state = "external" if healthy is not False else "unreachable"
     elif record.pid is None or not pid_alive(record.pid):
         state = "stopped"
-    elif healthy:
-        state = "running"
-    else:
+    elif healthy is False:
         state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
+    elif healthy is None and record.state == "starting" and supervisor_up:
+        state = "starting"  # no probe of its own (bridge, flows): the supervisor's word
+    else:
+        state = "running"
     return {
         "name": record.name,
         "title": record.title,

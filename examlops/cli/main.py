@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from examlops.cli import flows as flows_cli
 from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
@@ -34,6 +35,12 @@ app.add_typer(bus_app, name="bus")
 bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
+app.add_typer(flows_cli.drift_app, name="drift")
+app.add_typer(flows_cli.flows_app, name="flows")
+app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(
+    flows_cli.retrain
+)
+demo_app.command("traffic")(flows_cli.demo_traffic)
 lifecycle.register(app)
 promote.register(app)
 

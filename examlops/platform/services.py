@@ -12,7 +12,7 @@ subprocesses, so neither mlflow nor prefect is imported here.
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -21,7 +21,7 @@ from examlops.core.settings import Settings
 from examlops.platform.process import ManagedProcess
 from examlops.platform.redis_server import EmbeddedRedis
 
-SERVICE_NAMES = ("redis", "mlflow", "prefect", "serving")
+SERVICE_NAMES = ("redis", "mlflow", "prefect", "serving", "bridge", "flows")
 """Start order; they are stopped in reverse."""
 
 LOCALHOST = "127.0.0.1"
@@ -158,7 +158,88 @@ def serving_spec(settings: Settings) -> ServiceSpec:
     )  # fmt: skip
 
 
-_BUILDERS = {"redis": redis_spec, "mlflow": mlflow_spec, "prefect": prefect_spec, "serving": serving_spec}
+HANDLERS_KEY = "examlops:bus:handlers"
+"""The bridge's heartbeat hash (``examlops.serving.bus.HANDLERS_KEY``; platform may not import serving)."""
+
+
+def _bridge_heartbeat(redis_url: str, started_at: float) -> Callable[[], bool]:
+    def check() -> bool:
+        import redis
+
+        client = redis.Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        try:
+            beats = client.hvals(HANDLERS_KEY)
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        return any(float(beat) >= started_at for beat in beats)
+
+    return check
+
+
+def bridge_spec(settings: Settings) -> ServiceSpec:
+    """`exa bridge start`: one handler per catalog UUID; ready once it has announced them in Redis."""
+    import time
+
+    process = ManagedProcess(
+        "bridge",
+        [sys.executable, "-m", "examlops.cli.main", "bridge", "start"],
+        log_path=settings.log_dir / "bridge.log",
+        health=_bridge_heartbeat(settings.redis_url, time.time()),
+        env={"EXAMLOPS_HOME": str(settings.state_dir)},
+        cwd=settings.state_dir,
+        stop_grace=settings.http.connect_timeout_s + settings.http.read_timeout_s + 5,
+    )
+    return ServiceSpec("bridge", "Bus bridge", redact(settings.redis_url), process=process)
+
+
+FLOWS_DEPLOYMENTS = ("drift-report/drift-report", "retrain/retrain", "promote/promote")
+"""What ``exa flows serve`` must have registered before the flows service counts as ready."""
+
+
+def _deployments_exist(api: str, names: tuple[str, ...]) -> Callable[[], bool]:
+    def check() -> bool:
+        import httpx  # a local import keeps `exa --help` fast
+
+        with httpx.Client(base_url=api, timeout=2.0) as client:
+            return all(client.get(f"/deployments/name/{name}").status_code == 200 for name in names)
+
+    return check
+
+
+def flows_spec(settings: Settings) -> ServiceSpec:
+    """`exa flows serve`: serves the deployments of prefect.yaml against the Prefect API (ours or external).
+
+    It waits for the API itself, so it may start beside Prefect; it is ready once every deployment is
+    registered. Prefect's runner stops on SIGTERM: it cancels runs in flight and pauses the schedules.
+    """
+    api = settings.prefect_api_url.rstrip("/")
+    process = ManagedProcess(
+        "flows",
+        [sys.executable, "-m", "examlops.cli.main", "flows", "serve"],
+        log_path=settings.log_dir / "flows.log",
+        health=_deployments_exist(api, FLOWS_DEPLOYMENTS),
+        env={
+            "EXAMLOPS_HOME": str(settings.state_dir),
+            "PREFECT_HOME": str(settings.prefect_home),
+            "PREFECT_API_URL": api,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        },
+        cwd=settings.state_dir,
+        stop_grace=20.0,
+    )
+    return ServiceSpec("flows", "Prefect flows (served)", f"{api.removesuffix('/api')}/deployments", process=process)
+
+
+_BUILDERS = {
+    "redis": redis_spec,
+    "mlflow": mlflow_spec,
+    "prefect": prefect_spec,
+    "serving": serving_spec,
+    "bridge": bridge_spec,
+    "flows": flows_spec,
+}
 
 
 def build_specs(settings: Settings, services: Collection[str] | None = None) -> list[ServiceSpec]:

@@ -232,8 +232,8 @@ class Supervisor:
     def _start_all(self) -> None:
         owned = [s for s in self.specs if s.process is not None]
         for spec in owned:
-            assert spec.port is not None
-            ensure_port_free(LOCALHOST, spec.port, what=spec.title, setting=spec.port_setting)
+            if spec.port is not None:  # the flows service listens on no port
+                ensure_port_free(LOCALHOST, spec.port, what=spec.title, setting=spec.port_setting)
         first = [s for s in owned if s.name == "redis"]
         self._start_group(first)
         if self.setup is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -54,7 +54,7 @@ class SeedReport:
 
 
 @dataclass(frozen=True, slots=True)
-class _Recipe:
+class Recipe:
     seed_offset: int
     max_iter: int
     learning_rate: float
@@ -62,7 +62,7 @@ class _Recipe:
     max_bins: int = 63  # 385 features: fewer bins keep each fit near half a second
 
 
-RECIPES = (_Recipe(1, 20, 0.15, 15), _Recipe(2, 30, 0.1, 31))
+RECIPES = (Recipe(1, 20, 0.15, 15), Recipe(2, 30, 0.1, 31))
 """Version 1 and version 2 of every demo model."""
 
 
@@ -87,7 +87,7 @@ def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str],
             say(f"{spec.name}: has {' and '.join(SEEDED_ALIASES)}, skipped")
             skipped.append(spec.name)
             continue
-        experiment_id = experiment_id or _experiment_id(registry, settings)
+        experiment_id = experiment_id or ensure_experiment(registry, settings, DEMO_EXPERIMENT)
         versions = []
         for number, recipe in enumerate(RECIPES, start=1):
             say(f"{spec.name}: training and logging demo version {number} of {len(RECIPES)}")
@@ -104,33 +104,41 @@ def _is_local(uri: str) -> bool:
     return urlparse(uri).scheme in ("", "file", "sqlite")
 
 
-def _experiment_id(registry: MlflowRegistry, settings: Settings) -> str:
-    """The demo experiment, created with its artifacts under the state folder when the store is local."""
+def ensure_experiment(registry: MlflowRegistry, settings: Settings, name: str) -> str:
+    """The id of experiment ``name``, created with its artifacts under the state folder when the store is local."""
     client = registry.client
     try:
-        experiment = client.get_experiment_by_name(DEMO_EXPERIMENT)
+        experiment = client.get_experiment_by_name(name)
         if experiment is not None:
             if experiment.lifecycle_stage == "deleted":
                 client.restore_experiment(experiment.experiment_id)
             return str(experiment.experiment_id)
         location = None  # a tracking server chooses its own artifact store
         if _is_local(settings.mlflow_tracking_uri):
-            root = settings.mlflow_artifact_root / DEMO_EXPERIMENT
+            root = settings.mlflow_artifact_root / name
             root.mkdir(parents=True, exist_ok=True)
             location = root.as_uri()
-        return str(client.create_experiment(DEMO_EXPERIMENT, artifact_location=location))
+        return str(client.create_experiment(name, artifact_location=location))
     except ExamlopsError:
         raise
     except Exception as exc:
-        raise translate_error(exc, lambda: ExamlopsError(f"experiment {DEMO_EXPERIMENT!r} vanished")) from exc
+        raise translate_error(exc, lambda: ExamlopsError(f"experiment {name!r} vanished")) from exc
 
 
-def _train(spec: ModelSpec, recipe: _Recipe) -> tuple[Any, dict[str, float]]:
+def _train(spec: ModelSpec, recipe: Recipe) -> tuple[Any, dict[str, float]]:
+    seed = zlib.crc32(spec.name.lower().encode()) % 100_000 * 10 + recipe.seed_offset
+    x, nodes, y = make_dataset(TRAIN_ROWS, dim=spec.embedding_dim, seed=seed)
+    model = fit_regressor(features(x, nodes), y, recipe, seed)
+    hx, hnodes, hy = make_dataset(HOLDOUT_ROWS, dim=spec.embedding_dim, seed=seed + 5)
+    rmse = float(np.sqrt(np.mean((model.predict(features(hx, hnodes)) - hy) ** 2)))
+    return model, {"holdout_rmse": rmse, "train_seed": float(seed)}
+
+
+def fit_regressor(rows: Any, y: Any, recipe: Recipe, seed: int) -> Any:
+    """A HistGradientBoostingRegressor of ``recipe`` fitted on model rows ``rows`` and targets ``y``."""
     from sklearn.ensemble import HistGradientBoostingRegressor
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # ships no type information
 
-    seed = zlib.crc32(spec.name.lower().encode()) % 100_000 * 10 + recipe.seed_offset
-    x, nodes, y = make_dataset(TRAIN_ROWS, dim=spec.embedding_dim, seed=seed)
     model = HistGradientBoostingRegressor(
         max_iter=recipe.max_iter,
         learning_rate=recipe.learning_rate,
@@ -142,23 +150,47 @@ def _train(spec: ModelSpec, recipe: _Recipe) -> tuple[Any, dict[str, float]]:
     # One OpenMP thread: on a shared 2-core machine the default spin-waiting threads made
     # each fit 2-6 s instead of 0.3-0.7 s.
     with threadpool_limits(limits=1, user_api="openmp"):
-        model.fit(features(x, nodes), y)
-    hx, hnodes, hy = make_dataset(HOLDOUT_ROWS, dim=spec.embedding_dim, seed=seed + 5)
-    rmse = float(np.sqrt(np.mean((model.predict(features(hx, hnodes)) - hy) ** 2)))
-    return model, {"holdout_rmse": rmse, "train_seed": float(seed)}
+        model.fit(rows, y)
+    return model
 
 
 def _train_and_register(
-    registry: MlflowRegistry, settings: Settings, experiment_id: str, spec: ModelSpec, recipe: _Recipe
+    registry: MlflowRegistry, settings: Settings, experiment_id: str, spec: ModelSpec, recipe: Recipe
 ) -> str:
     """Train one version, log it in its own run and register it; return the new version number."""
     model, metrics = _train(spec, recipe)
+    params = {key: str(value) for key, value in asdict(recipe).items()}
+    run_name = f"{spec.name}-demo-{recipe.seed_offset}"
+    return log_and_register(registry, settings, experiment_id, spec, model, run_name, metrics, params).version
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredVersion:
+    version: str
+    run_id: str
+
+
+def log_and_register(
+    registry: MlflowRegistry,
+    settings: Settings,
+    experiment_id: str,
+    spec: ModelSpec,
+    model: Any,
+    run_name: str,
+    metrics: Mapping[str, float],
+    params: Mapping[str, str],
+) -> RegisteredVersion:
+    """Log ``model`` (skops, tensor signature) in a new run with its metrics and params, register a version.
+
+    Every file lands under the state folder when the store is local. ``RegistryUnavailable``, or another
+    ``ExamlopsError`` when MLflow refuses a step.
+    """
     try:
-        return _log_and_register(registry, settings, experiment_id, spec, recipe, model, metrics)
+        return _log_and_register(registry, settings, experiment_id, spec, model, run_name, metrics, params)
     except ExamlopsError:
         raise
     except Exception as exc:
-        raise translate_error(exc, lambda: ModelNotFound(f"model {spec.name!r} vanished while seeding")) from exc
+        raise translate_error(exc, lambda: ModelNotFound(f"model {spec.name!r} vanished while registering")) from exc
 
 
 def _log_and_register(
@@ -166,10 +198,11 @@ def _log_and_register(
     settings: Settings,
     experiment_id: str,
     spec: ModelSpec,
-    recipe: _Recipe,
     model: Any,
-    metrics: dict[str, float],
-) -> str:
+    run_name: str,
+    metrics: Mapping[str, float],
+    params: Mapping[str, str],
+) -> RegisteredVersion:
     # Client calls rather than the fluent mlflow.sklearn.log_model: that one reads the
     # process-global tracking URI, and MLflow's SQL registry resolves a "models:/<id>"
     # source through a global MlflowClient (3.17 creates ./mlflow.db when nothing is set).
@@ -181,12 +214,12 @@ def _log_and_register(
     from mlflow.types import Schema, TensorSpec
 
     client = registry.client
-    run_id = client.create_run(experiment_id, run_name=f"{spec.name}-demo-{recipe.seed_offset}").info.run_id
+    run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
     now_ms = int(time.time() * 1000)
     client.log_batch(
         run_id,
-        metrics=[Metric(key, value, now_ms, 0) for key, value in metrics.items()],
-        params=[Param(key, str(value)) for key, value in asdict(recipe).items()],
+        metrics=[Metric(key, float(value), now_ms, 0) for key, value in metrics.items()],
+        params=[Param(key, value) for key, value in params.items()],
         tags=[RunTag("examlops.model", spec.name)],
     )
     logged = client.create_logged_model(experiment_id, name="model", source_run_id=run_id)
@@ -221,7 +254,7 @@ def _log_and_register(
     version = client.create_model_version(
         name, source=logged.artifact_location, run_id=run_id, model_id=logged.model_id
     )
-    return str(version.version)
+    return RegisteredVersion(str(version.version), str(run_id))
 
 
 def _registered_name(registry: MlflowRegistry, name: str) -> str:

@@ -1,7 +1,8 @@
 """`exa up --detach`, `exa status --json`, `exa down` as a user runs them, against the real services.
 
-Serving is left out (``--skip serving``) and nothing is seeded (``--no-seed``): this test is about the
-lifecycle of the processes. MLflow takes 9-30 s to start and Prefect 7-30 s, in parallel.
+The first test runs the whole platform as `make up` does (demo models seeded, every service), sends a
+job over the bus and a request over HTTP, and checks that `exa down` leaves nothing behind. The others
+run Redis alone to test the supervisor's lifecycle quickly.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from examlops.platform.process import pid_alive
 
 pytestmark = pytest.mark.e2e
 
-EXPECTED = ("redis", "mlflow", "prefect")
+EXPECTED = ("redis", "mlflow", "prefect", "serving", "bridge", "flows")
 
 
 def _free_port() -> int:
@@ -77,11 +78,20 @@ def exa(tmp_path: Path) -> Iterator[Exa]:
     runner("down", timeout=90)  # whatever the test did, leave nothing running
 
 
-def test_up_detach_status_and_down_leave_no_process_behind(exa: Exa, tmp_path: Path) -> None:
-    up = exa("up", "--detach", "--no-seed", "--skip", "serving", "--timeout", "120")
+def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: Exa, tmp_path: Path) -> None:
+    up = exa("up", "--detach", "--timeout", "240", timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
-    for title in ("Redis", "MLflow UI", "Prefect UI"):
+    for title in ("Redis", "MLflow UI", "Prefect UI", "Serving API", "OpenAPI docs", "Bus bridge"):
         assert title in up.stdout
+
+    by_http = exa("serve", "infer-check", "--json")
+    assert by_http.returncode == 0, by_http.stdout + by_http.stderr
+    assert json.loads(by_http.stdout)["version"] == "1"
+    by_bus = exa("bus", "send", "JPCP", "--random", "--node-count", "7", "--alias", "canary", "--json")
+    assert by_bus.returncode == 0, by_bus.stdout + by_bus.stderr
+    assert json.loads(by_bus.stdout)["version"] == "2"
+    audit = exa("audit", "verify", "--json")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
 
     status = exa("status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -109,7 +119,10 @@ def test_up_detach_status_and_down_leave_no_process_behind(exa: Exa, tmp_path: P
     assert "nothing running" in exa("down").stdout
 
 
-REDIS_ONLY = ("--no-seed", "--skip", "mlflow", "--skip", "prefect", "--skip", "serving")
+REDIS_ONLY = (
+    "--no-seed",
+    *("--skip", "mlflow", "--skip", "prefect", "--skip", "serving", "--skip", "bridge", "--skip", "flows"),
+)
 
 
 def _start_foreground(exa: Exa) -> tuple[subprocess.Popen[str], dict[str, object]]:

@@ -1,0 +1,323 @@
+"""`exa drift ...`, `exa flows serve`, `exa retrain` and `exa demo traffic`: the control plane from the shell.
+
+Thin: parse, call ``examlops.monitoring`` / ``examlops.registry`` (through
+``examlops.flows.wiring``) or Prefect, format. Heavy imports (prefect,
+evidently, mlflow) happen inside the commands. Exit codes come from
+``output.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from examlops.monitoring.drift_store import StatusRow
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+drift_app = typer.Typer(help="Drift of each model's bus traffic (Evidently, K-S p < 0.05).", no_args_is_help=True)
+drift_input_app = typer.Typer(help="Drift of the input embeddings (norm, mean, std).", no_args_is_help=True)
+drift_app.add_typer(drift_input_app, name="input")
+flows_app = typer.Typer(help="The Prefect control plane: the deployments of prefect.yaml.", no_args_is_help=True)
+
+
+def _settings() -> Settings:
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", BAD_INPUT)
+
+
+def _status(kind: str, as_json: bool) -> None:
+    from examlops.bootstrap import sql_engine
+    from examlops.monitoring.drift_store import SqlDriftStore
+
+    settings = _settings()
+    with errors_as_exit():
+        rows = SqlDriftStore(sql_engine(settings)).latest(kind)
+    if as_json:
+        print_json([_status_json(row) for row in rows])
+        return
+    if not rows:
+        console.print("no drift report yet: `exa drift report` runs one now; the drift-report flow every 15 minutes")
+        return
+    print_table(
+        f"{kind} drift (latest report per model)",
+        ["model", "version", "drifted", "score", "method", "window", "rows", "report", "when"],
+        [
+            [
+                r.model,
+                r.version,
+                "DRIFT" if r.drifted else "no",
+                f"{r.score:.4g}",
+                f"{r.method} p<{r.threshold}",
+                f"{r.window_start:%Y-%m-%d %H:%M:%S} .. {r.window_end:%H:%M:%S}",
+                r.current_rows,
+                r.report_html,
+                f"{r.created_at:%Y-%m-%d %H:%M:%S}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _status_json(row: StatusRow) -> dict[str, Any]:
+    return {
+        "model": row.model, "kind": row.kind, "version": row.version, "drifted": row.drifted, "score": row.score,
+        "method": row.method, "threshold": row.threshold, "columns": row.columns, "reference": row.reference,
+        "reference_rows": row.reference_rows, "current_rows": row.current_rows,
+        "window": {"start": row.window_start.isoformat(), "end": row.window_end.isoformat()},
+        "report_html": row.report_html, "report_json": row.report_json, "created_at": row.created_at.isoformat(),
+    }  # fmt: skip
+
+
+@drift_app.command("status")
+def drift_status(as_json: JsonOption = False) -> None:
+    """Per model, prediction drift in the latest report: drifted or not, score (K-S p-value), window, report."""
+    _status("prediction", as_json)
+
+
+@drift_input_app.command("status")
+def drift_input_status(as_json: JsonOption = False) -> None:
+    """Per model, input-embedding drift (norm, mean, std; two of three columns) in the latest report."""
+    _status("input", as_json)
+
+
+@drift_app.command("report")
+def drift_report(
+    model: Annotated[str | None, typer.Argument(help="One model (any case); default: every model.")] = None,
+    min_rows: Annotated[int, typer.Option("--min-rows", min=2, help="Report only windows this large.")] = 30,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the drift report now, in this process, over the snapshots since each model's last report."""
+    from rich.progress import Progress
+
+    from examlops.flows.wiring import ControlPlane
+    from examlops.monitoring.drift import run_drift_report
+
+    plane = ControlPlane(_settings())
+    results: list[dict[str, Any]] = []
+    with errors_as_exit():
+        names = [plane.catalog.get(model).name] if model else list(plane.catalog.names)
+        stages = ("reference", "snapshots", "evidently", "save")
+        with Progress(console=console, transient=True, disable=as_json) as progress:
+            bar = progress.add_task("drift report", total=len(names) * len(stages))
+            for name in names:
+                done = 0
+
+                def step(stage: str, name: str = name) -> None:
+                    nonlocal done
+                    progress.update(bar, advance=1 if done else 0, description=f"{name}: {stage}")
+                    done += 1
+
+                report = run_drift_report(
+                    name, plane.snapshots, plane.references, plane.drift_store, plane.drift_dir,
+                    min_rows=min_rows, on_progress=step,
+                )  # fmt: skip
+                progress.update(bar, completed=(names.index(name) + 1) * len(stages))
+                results.append(_report_json(name, report))
+    if as_json:
+        print_json(results)
+        return
+    print_table(
+        "drift report",
+        ["model", "prediction drift", "p", "input drift", "p", "snapshots", "report"],
+        [
+            [
+                r["model"],
+                _yes(r["prediction_drift"]),
+                r.get("prediction_score"),
+                _yes(r["input_drift"]),
+                r.get("input_score"),
+                r.get("rows"),
+                r.get("report") or f"fewer than {min_rows} new snapshots",
+            ]
+            for r in results
+        ],
+    )
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else ("DRIFT" if value else "no")
+
+
+def _report_json(model: str, report: Any) -> dict[str, Any]:
+    from examlops.flows.drift_report import report_row
+
+    return report_row(model, report)
+
+
+@flows_app.command("serve")
+def flows_serve(
+    file: Annotated[
+        Path | None, typer.Option("--file", help="The prefect.yaml to serve; default: ./prefect.yaml or the repo's.")
+    ] = None,
+    wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for the Prefect API to answer.")] = 120,
+) -> None:
+    """Serve every deployment of prefect.yaml (drift-report on its schedule, retrain, promote) until Ctrl-C.
+
+    Runs against EXAMLOPS_PREFECT__API_URL, or the Prefect server `exa up` starts."""
+    from examlops.flows.wiring import prefect_environment
+
+    settings = _settings()
+    prefect_environment(settings)
+    from examlops.flows import deployments
+
+    path = file or deployments.default_path()
+    with errors_as_exit():
+        loaded = deployments.load_deployments(path)
+        _wait_for_prefect(settings.prefect_api_url, wait)
+    console.print(f"serving {len(loaded)} deployment(s) of {path} at {settings.prefect_api_url}")
+    deployments.serve(path)
+
+
+def _wait_for_prefect(api_url: str, wait_s: float) -> None:
+    """Return once the API answers (exa up starts us beside Prefect); ``DependencyUnavailable`` after ``wait_s``."""
+    import time
+
+    import httpx
+
+    from examlops.core.errors import DependencyUnavailable
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(api_url.rstrip("/") + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            raise DependencyUnavailable(f"the Prefect API at {api_url} did not answer within {wait_s:g} s")
+        time.sleep(0.5)
+
+
+def retrain(
+    model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
+    alias: Annotated[str, typer.Option("--alias", help="The candidate alias: Canary or Staging.")] = "Canary",
+    shift: Annotated[float, typer.Option("--shift", min=0.0, help="Train on synthetic data moved this far.")] = 0.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the fresh data; default: random.")] = None,
+    via_prefect: Annotated[
+        bool, typer.Option("--via-prefect", help="Start a run of the retrain deployment instead (needs `exa up`).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Train a candidate on fresh data, compare it with Production, register it and point Canary at it."""
+    settings = _settings()
+    if via_prefect:
+        _retrain_via_prefect(settings, model, alias, shift, seed, as_json)
+        return
+    from dataclasses import asdict
+
+    from examlops.flows.retrain import run_retrain
+    from examlops.flows.wiring import ControlPlane
+
+    plane = ControlPlane(settings)
+    with errors_as_exit(), console.status(f"retraining {model}") as status:
+        result = run_retrain(
+            plane, model, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
+            audit=plane.audit, on_progress=status.update,
+        )  # fmt: skip
+    if as_json:
+        print_json({**asdict(result), "better": result.better})
+        return
+    prod = "no Production version" if result.production_rmse is None else (
+        f"Production (version {result.production_version}) RMSE {result.production_rmse:.4f}"
+    )  # fmt: skip
+    console.print(
+        f"{result.model}: version {result.version} registered (run {result.run_id}); "
+        f"{result.alias} {result.replaced_version or '(unset)'} -> {result.version}\n"
+        f"held-out RMSE {result.candidate_rmse:.4f} vs {prod}",
+        highlight=False,
+    )
+
+
+def _retrain_via_prefect(
+    settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool
+) -> None:
+    from examlops.flows.wiring import prefect_environment
+
+    prefect_environment(settings)
+    from prefect.deployments import run_deployment
+
+    parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
+    parameters |= {"data_shift": shift, "seed": seed}
+    try:
+        run = run_deployment("retrain/retrain", parameters=parameters, timeout=0, as_subflow=False)
+    except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there
+        fail(f"Prefect at {settings.prefect_api_url} did not start a retrain run: {type(exc).__name__}: {exc}", 3)
+    assert not asyncio.iscoroutine(run)  # run_deployment is sync outside an event loop
+    ui = settings.prefect_api_url.removesuffix("/api")
+    if as_json:
+        print_json({"flow_run_id": str(run.id), "name": run.name, "url": f"{ui}/runs/flow-run/{run.id}"})
+    else:
+        console.print(f"retrain of {model} started: flow run {run.name} at {ui}/runs/flow-run/{run.id}")
+
+
+def demo_traffic(
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="How many bus jobs to send.")] = 200,
+    drift: Annotated[
+        float, typer.Option("--drift", min=0.0, max=1.0, help="Share of the distribution shift (0: none).")
+    ] = 0.0,
+    fail_rate: Annotated[
+        float, typer.Option("--fail-rate", min=0.0, max=1.0, help="Share of jobs sent with a broken payload.")
+    ] = 0.0,
+    model: Annotated[str | None, typer.Option("--model", help="One model; default: every model in turn.")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=256)] = 16,
+    as_json: JsonOption = False,
+) -> None:
+    """Send bus jobs drawn from the synthetic generator (``--drift`` moves it) so drift reports have traffic.
+
+    ``--fail-rate`` jobs carry an embedding of the wrong length: the bridge answers them with a schema error
+    (422), which the retrain trigger does not count (only model failures count)."""
+    settings = _settings()
+    with errors_as_exit():
+        counts = asyncio.run(_send_traffic(settings, jobs, drift, fail_rate, model, concurrency))
+    if as_json:
+        print_json(counts)
+        return
+    print_table("demo traffic", ["outcome", "jobs"], sorted(counts.items()))
+
+
+async def _send_traffic(
+    settings: Settings, jobs: int, drift: float, fail_rate: float, model: str | None, concurrency: int
+) -> dict[str, int]:
+    from examlops.bootstrap import catalog
+    from examlops.registry.synthetic import make_dataset
+    from examlops.serving.bus_client import BusClient
+
+    specs = [catalog(settings).get(model)] if model else list(catalog(settings))
+    # "--drift 1.0" is the generator's shift 2.0: a move every report notices within a few hundred jobs.
+    embeddings, nodes, _ = make_dataset(jobs, dim=specs[0].embedding_dim, seed=random.randrange(2**31), shift=2 * drift)
+    counts: dict[str, int] = {}
+    gate = asyncio.Semaphore(concurrency)
+    async with BusClient.from_settings(settings, caller="exa-demo-traffic") as client:
+
+        async def one(i: int) -> None:
+            spec = specs[i % len(specs)]
+            vector = [float(v) for v in embeddings[i]]
+            if random.random() < fail_rate:
+                vector = vector[:-1]
+            async with gate:
+                try:
+                    reply = await client.request(
+                        spec.seanerbus_uuid, {"embedding": vector, "node_count": int(nodes[i])}, 30.0
+                    )
+                    outcome = "served" if reply.get("error") is None else str(reply.get("code") or "error")
+                except Exception as exc:
+                    outcome = getattr(exc, "code", type(exc).__name__)
+            counts[outcome] = counts.get(outcome, 0) + 1
+
+        with console.status(f"sending {jobs} jobs"):
+            await asyncio.gather(*(one(i) for i in range(jobs)))
+    return counts

@@ -1,0 +1,62 @@
+"""The promote flow: ``serving.promotion.promote``, the service `exa promote` uses, with the audit trail attached.
+
+Moves the alias (an ``alias.moved`` event is appended before the instances
+are asked), asks every serving instance to reload and waits until each
+reports the new version. The run fails with ``PromotionIncomplete`` when an
+instance does not: the alias move stays done, and the message names the instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from examlops.core.settings import Settings
+from examlops.flows.wiring import AuditHook, ControlPlane, artifact_key
+from examlops.monitoring.audit import ALIAS_MOVED
+from examlops.registry.promotion import AliasMove
+from examlops.serving.promotion import DEFAULT_TIMEOUT_S, promote
+
+
+def audit_moves(audit: AuditHook) -> Any:
+    def on_moved(move: AliasMove) -> None:
+        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": "promote flow"})
+
+    return on_moved
+
+
+@flow(name="promote")
+def promote_flow(
+    model: str,
+    alias: str = "Production",
+    version: int | None = None,
+    from_alias: str | None = None,
+    instances: list[str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every serving instance serve it."""
+    plane = ControlPlane(Settings())
+    result = promote(
+        plane.settings,
+        plane.registry,
+        model,
+        alias,
+        version=version,
+        from_alias=from_alias,
+        instances=instances,
+        timeout_s=timeout_s,
+        on_moved=audit_moves(plane.audit),
+    )
+    get_run_logger().info(
+        "%s@%s: %s -> %s, confirmed by %s",
+        result.model, result.alias, result.old_version, result.new_version, ", ".join(result.instances),
+    )  # fmt: skip
+    create_table_artifact(
+        key=artifact_key("promote", result.model),
+        table=[{"instance": url, "serves": result.new_version} for url in result.instances],
+        description=f"{result.model}@{result.alias}: {result.old_version or 'unset'} -> {result.new_version}",
+    )
+    return asdict(result)

@@ -1,0 +1,202 @@
+"""Retrain one model: train a candidate on fresh data, compare it with Production, register it, point a candidate alias.
+
+``retrain(settings, registry, spec, source)``:
+
+1. draws ``train_rows`` fresh samples from the ``DataSource`` (a new seed each
+   run unless one is given) and fits the demo recipe's regressor;
+2. draws ``holdout_rows`` more (another seed) and scores the candidate and the
+   current Production version on them (RMSE; Production is skipped when the
+   model has none);
+3. logs a run in the ``examlops-retrain`` experiment (metrics, the data source
+   and seed as params), registers the version, and points ``candidate_alias``
+   (Canary or Staging, never Production: promotion is a separate, audited
+   step) at it with ``promotion.move_alias``, so the alias move can be rolled back.
+
+Returns a ``RetrainResult``. The candidate alias moves whether or not the
+candidate beats Production (``better`` says which): a canary exists to be
+watched before anyone promotes it. Errors: ``InvalidInput`` for an alias that
+is not a candidate alias, the registry's errors otherwise.
+
+The data source is also what the drift report's reference describes: the
+distribution a version was trained on (``source_of_run`` rebuilds it from the
+params a run logged).
+"""
+
+from __future__ import annotations
+
+import secrets
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from examlops.core.errors import AliasNotFound, InvalidInput
+from examlops.core.messages import ModelRef, canonical_alias
+from examlops.core.settings import Settings
+from examlops.registry.catalog import ModelSpec
+from examlops.registry.demo import RECIPES, ensure_experiment, fit_regressor, log_and_register
+from examlops.registry.mlflow_registry import MlflowRegistry
+from examlops.registry.promotion import move_alias
+from examlops.registry.synthetic import FloatArray, IntArray, features, make_dataset
+
+RETRAIN_EXPERIMENT = "examlops-retrain"
+CANDIDATE_ALIASES = ("Canary", "Staging")
+TRAIN_ROWS = 800
+HOLDOUT_ROWS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    embeddings: FloatArray
+    node_count: IntArray
+    target: FloatArray
+
+
+class DataSource(Protocol):
+    """Where training data comes from. ``params`` are logged with the run and rebuild the source later."""
+
+    @property
+    def params(self) -> Mapping[str, str]: ...
+
+    def sample(self, spec: ModelSpec, rows: int, seed: int) -> Sample: ...
+
+
+class SyntheticDataSource:
+    """The synthetic generator (``registry.synthetic``); ``shift`` > 0 draws from a moved distribution."""
+
+    def __init__(self, shift: float = 0.0) -> None:
+        if shift < 0:
+            raise InvalidInput("the data shift must be >= 0", field="shift")
+        self.shift = shift
+
+    @property
+    def params(self) -> Mapping[str, str]:
+        return {"data_source": "synthetic", "data_shift": repr(self.shift)}
+
+    def sample(self, spec: ModelSpec, rows: int, seed: int) -> Sample:
+        x, nodes, y = make_dataset(rows, dim=spec.embedding_dim, seed=seed, shift=self.shift)
+        return Sample(x, nodes, y)
+
+
+def source_of_run(params: Mapping[str, str]) -> DataSource:
+    """The data source a run logged; the unshifted synthetic one for runs that logged none (the demo seed)."""
+    if params.get("data_source", "synthetic") != "synthetic":
+        raise InvalidInput(f"unknown data source {params['data_source']!r}", field="data_source")
+    return SyntheticDataSource(float(params.get("data_shift", "0.0")))
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainResult:
+    model: str
+    version: str
+    run_id: str
+    alias: str
+    replaced_version: str | None
+    """What ``alias`` pointed at before."""
+    candidate_rmse: float
+    production_version: str | None
+    production_rmse: float | None
+    seed: int
+    train_rows: int
+    holdout_rows: int
+
+    @property
+    def better(self) -> bool | None:
+        """Whether the candidate beats Production on the held-out rows; None without Production."""
+        return None if self.production_rmse is None else self.candidate_rmse < self.production_rmse
+
+
+Loader = Callable[[str], Any]
+
+
+def retrain(
+    settings: Settings,
+    registry: MlflowRegistry,
+    spec: ModelSpec,
+    source: DataSource,
+    *,
+    candidate_alias: str = "Canary",
+    seed: int | None = None,
+    train_rows: int = TRAIN_ROWS,
+    holdout_rows: int = HOLDOUT_ROWS,
+    reason: str = "",
+    load: Loader | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> RetrainResult:
+    """Train, evaluate against Production, log, register and move ``candidate_alias`` (module docstring)."""
+    say = on_progress or (lambda _message: None)
+    alias = canonical_alias(candidate_alias)
+    if alias not in CANDIDATE_ALIASES:
+        raise InvalidInput(f"the candidate alias must be one of {', '.join(CANDIDATE_ALIASES)}", field="alias")
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    say(f"{spec.name}: training a candidate on {train_rows} fresh rows (seed {seed})")
+    data = source.sample(spec, train_rows, seed)
+    recipe = RECIPES[-1]
+    model = fit_regressor(features(data.embeddings, data.node_count), data.target, recipe, seed)
+    holdout = source.sample(spec, holdout_rows, seed + 1)
+    rows = features(holdout.embeddings, holdout.node_count)
+    candidate_rmse = _rmse(model.predict(rows), holdout.target)
+    say(f"{spec.name}: scoring Production on {holdout_rows} held-out rows")
+    production = _production(registry, spec.name)
+    production_rmse = None
+    if production is not None:
+        production_rmse = _rmse(_loader(load)(registry.fetch(production)).predict(rows), holdout.target)
+    metrics = {"holdout_rmse": candidate_rmse, "train_rows": float(train_rows), "holdout_rows": float(holdout_rows)}
+    if production_rmse is not None:
+        metrics["production_holdout_rmse"] = production_rmse
+    params = {
+        **source.params,
+        "seed": str(seed),
+        "recipe_max_iter": str(recipe.max_iter),
+        "recipe_learning_rate": str(recipe.learning_rate),
+        "recipe_max_leaf_nodes": str(recipe.max_leaf_nodes),
+        "candidate_alias": alias,
+        "compared_with_version": production.version if production else "",
+        "reason": reason[:250],
+    }
+    say(f"{spec.name}: logging and registering the candidate")
+    experiment = ensure_experiment(registry, settings, RETRAIN_EXPERIMENT)
+    registered = log_and_register(registry, settings, experiment, spec, model, f"{spec.name}-retrain", metrics, params)
+    move = move_alias(registry, spec.name, alias, version=registered.version)
+    say(f"{spec.name}: {alias} -> version {registered.version}")
+    return RetrainResult(
+        spec.name, registered.version, registered.run_id, alias, move.old_version, candidate_rmse,
+        production.version if production else None, production_rmse, seed, train_rows, holdout_rows,
+    )  # fmt: skip
+
+
+def reference_sample(
+    registry: MlflowRegistry, spec: ModelSpec, ref: ModelRef, rows: int, *, load: Loader | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """``rows`` samples of the distribution version ``ref`` was trained on, and its predictions on them.
+
+    The seed depends only on the model's name: a version's reference is the same every time it is built.
+    """
+    params: Mapping[str, str] = {}
+    if ref.run_id:
+        params = dict(registry.client.get_run(ref.run_id).data.params)
+    data = source_of_run(params).sample(spec, rows, zlib.crc32(f"reference:{spec.name.lower()}".encode()))
+    predictor = _loader(load)(registry.fetch(ref))
+    predictions = np.asarray(predictor.predict(features(data.embeddings, data.node_count)), dtype=np.float64)
+    return data.embeddings, predictions
+
+
+def _production(registry: MlflowRegistry, name: str) -> ModelRef | None:
+    try:
+        return registry.resolve(name, "Production")
+    except AliasNotFound:
+        return None
+
+
+def _loader(load: Loader | None) -> Loader:
+    if load is not None:
+        return load
+    from examlops.registry.loader import load_sklearn_model
+
+    return load_sklearn_model
+
+
+def _rmse(predicted: Any, actual: FloatArray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(predicted, dtype=np.float64) - actual) ** 2)))

@@ -1,0 +1,209 @@
+"""The control-plane flows under one Prefect test harness, against real Redis, MLflow (SQLite) and serving.
+
+One seeded MLflow store and one harness for the module; every flow reads its
+settings from ``EXAMLOPS_*`` like the served deployments do, pointed at a
+private state folder and the session's redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from examlops.core.settings import Settings
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from examlops.registry.mlflow_registry import MlflowRegistry
+from examlops.registry.synthetic import features, make_dataset
+from tests.integration.servers import ServingProcess
+
+pytestmark = [
+    pytest.mark.integration,
+    # Prefect's and Evidently's own deprecations, not ours.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning:evidently.*"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+@dataclass(frozen=True)
+class Plane:
+    home: Path
+    env: dict[str, str]
+    settings: Settings
+    registry: MlflowRegistry
+    redis: redis.Redis
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[Plane]:
+    """A seeded state folder and one prefect_test_harness (15-30 s) whose files stay in the temp folder."""
+    root = tmp_path_factory.mktemp("flows")
+    home = root / "state"
+    home.mkdir()
+    env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server}
+    settings = Settings(home=home, redis={"url": redis_server})
+    seed_demo(settings, load_catalog(settings.catalog_path))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_HOME", str(settings.prefect_home))
+        mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        mp.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        mp.chdir(root)  # anything a library drops in the working directory lands in the temp folder
+        from prefect.testing.utilities import prefect_test_harness
+
+        with prefect_test_harness(server_startup_timeout=90):
+            client = redis.Redis.from_url(redis_server, decode_responses=True)
+            client.flushdb()
+            yield Plane(home, env, settings, MlflowRegistry(settings.mlflow_tracking_uri, home / "cache"), client)
+            client.close()
+
+
+@pytest.fixture
+def flow_env(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> Plane:
+    """The flows build their own Settings from the environment, as the served deployments do."""
+    for name, value in plane.env.items():
+        monkeypatch.setenv(name, value)
+    return plane
+
+
+def add_snapshots(plane: Plane, model: str, rows: int, *, seed: int, shift: float) -> None:
+    """Snapshots of Production-version predictions on synthetic traffic, as the bridge writes them."""
+    from examlops.monitoring.snapshots import MODELS, snapshot_of
+    from examlops.registry.loader import load_sklearn_model
+
+    ref = plane.registry.resolve(model, "Production")
+    predictor = load_sklearn_model(plane.registry.fetch(ref))
+    emb, nodes, _ = make_dataset(rows, dim=384, seed=seed, shift=shift)
+    predictions = predictor.predict(features(emb, nodes))
+    pipe = plane.redis.pipeline()
+    for i in range(rows):
+        reply = {
+            "alias": "Production",
+            "version": ref.version,
+            "run_id": ref.run_id,
+            "prediction": float(predictions[i]),
+        }
+        snapshot = snapshot_of(
+            model=model, reply=reply, status=200, embedding=list(emb[i]), node_count=int(nodes[i]),
+            job_id=f"{model}-{seed}-{i}", user_id="test", ts=1_700_000_000.0 + i,
+        )  # fmt: skip
+        side = snapshot.side_write()
+        pipe.xadd(side.stream, dict(side.fields))
+        pipe.sadd(MODELS, side.member)
+    pipe.execute()
+
+
+def drift_rows(plane: Plane, model: str) -> list[Any]:
+    from examlops.bootstrap import sql_engine
+    from examlops.monitoring.drift_store import SqlDriftStore
+
+    return SqlDriftStore(sql_engine(plane.settings)).latest("prediction", model)
+
+
+def test_drift_report_flow_detects_shifted_traffic_and_not_same_distribution(flow_env: Plane) -> None:
+    from examlops.flows.drift_report import drift_report_flow
+
+    add_snapshots(flow_env, "JPCP", 600, seed=zlib.crc32(b"same"), shift=0.0)
+    [same] = drift_report_flow(models=["jpcp"])
+    assert same["reported"] and same["prediction_drift"] is False and same["input_drift"] is False
+
+    add_snapshots(flow_env, "JPCP", 600, seed=zlib.crc32(b"moved"), shift=1.0)
+    [moved] = drift_report_flow(models=["JPCP"])
+    assert moved["reported"] and moved["prediction_drift"] is True and moved["input_drift"] is True
+    assert moved["prediction_score"] < 0.05 and Path(moved["report"]).is_file()
+    assert Path(moved["report"]).is_relative_to(flow_env.home / "drift" / "JPCP")
+
+    [row] = drift_rows(flow_env, "JPCP")
+    assert row.drifted and row.method == "ks" and row.threshold == 0.05 and row.current_rows == 600
+
+
+def test_the_drift_checkpoint_means_a_window_is_never_reported_twice(flow_env: Plane) -> None:
+    from examlops.flows.drift_report import drift_report_flow
+    from examlops.monitoring.snapshots import SnapshotStream
+
+    add_snapshots(flow_env, "CRCP", 300, seed=11, shift=0.0)
+    [first] = drift_report_flow(models=["CRCP"])
+    assert first["reported"] and first["rows"] == 300
+    checkpoint = SnapshotStream(flow_env.redis).checkpoint("CRCP")
+    assert checkpoint is not None
+
+    [again] = drift_report_flow(models=["CRCP"])
+    assert again["reported"] is False
+    assert SnapshotStream(flow_env.redis).checkpoint("CRCP") == checkpoint
+    assert len(drift_rows(flow_env, "CRCP")) == 1  # still the first report's row
+
+
+def test_drift_report_publishes_a_table_artifact(flow_env: Plane) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from examlops.flows.drift_report import drift_report_flow
+
+    drift_report_flow(models=["AC"])
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["drift-report"])))
+    assert artifacts and artifacts[0].type == "table"
+
+
+def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_env: Plane) -> None:
+    from examlops.flows.retrain import retrain_flow
+    from examlops.monitoring.audit import tail
+
+    before = [v.version for v in flow_env.registry.list_versions("CRCP")]
+    result = retrain_flow(model="CRCP", reason="test", seed=7)
+    assert result["version"] not in before and result["alias"] == "Canary" and result["replaced_version"] == "2"
+    assert flow_env.registry.resolve("CRCP", "Canary").version == result["version"]
+    assert flow_env.registry.resolve("CRCP", "Production").version == "1"
+    run = flow_env.registry.client.get_run(result["run_id"])
+    assert run.data.metrics["holdout_rmse"] == pytest.approx(result["candidate_rmse"])
+    assert "production_holdout_rmse" in run.data.metrics and run.data.params["data_source"] == "synthetic"
+    [event] = [e for e in tail(flow_env.redis, 20) if e.type == "model.retrained"]
+    assert event.subject == "CRCP"
+
+
+def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Plane) -> None:
+    import httpx
+
+    from examlops.flows.promote import promote_flow
+
+    server = ServingProcess(
+        flow_env.home, env={"EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0"}
+    )
+    try:
+        server.wait_ready()
+        result = promote_flow(model="ac", alias="Production", version=2, instances=[server.url], timeout_s=60)
+        assert (result["old_version"], result["new_version"]) == ("1", "2")
+        assert result["instances"] == (server.url,) or result["instances"] == [server.url]
+        rows = httpx.get(f"{server.url}/v1/models", timeout=5).json()
+        assert {(r["model"], r["alias"], r["version"]) for r in rows} >= {("AC", "Production", "2")}
+        assert flow_env.registry.resolve("AC", "Production").version == "2"
+    finally:
+        server.stop()
+    from examlops.monitoring.audit import tail
+
+    moved = [e for e in tail(flow_env.redis, 20) if e.type == "alias.moved"]
+    assert moved and moved[-1].subject == "AC"
+
+
+def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:
+    from examlops.flows.deployments import default_path, load_deployments
+
+    deployments = {d.name: d for d in load_deployments(default_path())}
+    assert set(deployments) == {"drift-report", "retrain", "promote"}
+    [schedule] = deployments["drift-report"].schedules
+    assert schedule.schedule.cron == "*/15 * * * *"  # type: ignore[union-attr]
+    assert deployments["retrain"].entrypoint == "examlops.flows.retrain.retrain_flow"
+    assert np.isclose(deployments["drift-report"].parameters["min_rows"], 30)
+
+
+def test_nothing_is_written_outside_the_state_folder(plane: Plane) -> None:
+    assert not (Path(os.getcwd()) / "mlflow.db").exists() and not (Path(os.getcwd()) / "mlruns").exists()
