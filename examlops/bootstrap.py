@@ -6,10 +6,10 @@ Heavy imports (mlflow) stay inside the functions so that the CLI starts fast.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -73,13 +73,15 @@ def serving_app(settings: Settings) -> FastAPI:
     from examlops.serving.traffic_store import SqlTrafficRuleStore
 
     metrics = CollectorRegistry()
+    engine = sql_engine(settings)
     pipeline = Pipeline(
         settings,
         catalog(settings),
         model_registry(settings),
-        SqlTrafficRuleStore(sql_engine(settings)),
+        SqlTrafficRuleStore(engine),
         ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
         registry=metrics,
+        on_event=control_events(settings, engine),
     )
     return create_app(settings, pipeline, metrics)
 
@@ -93,6 +95,26 @@ def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | No
     report = seed_demo(settings, catalog(settings), on_progress)
     if on_progress is not None and report.created:
         on_progress(f"registered demo models: {', '.join(report.created)}")
+
+
+def control_events(settings: Settings, engine: Engine) -> Callable[[str, str, Mapping[str, Any]], None]:
+    """Appends control actions (traffic changes, reloads, refusals) to the audit trail, signing each one.
+
+    Control actions are rare and each is checkpointed at once, so a serving process that stops never
+    leaves unsigned events of its own behind. Redis is reached on first use.
+    """
+    from examlops.monitoring.audit import AuditTrail, connect
+    from examlops.monitoring.audit_store import SqlCheckpointStore
+
+    trail = AuditTrail(
+        connect(settings.redis_url), settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine)
+    )
+
+    def append(type: str, subject: str, data: Mapping[str, Any]) -> None:
+        trail.append(type, subject, data)
+        trail.checkpoint_now()
+
+    return append
 
 
 @contextmanager

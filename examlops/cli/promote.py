@@ -8,14 +8,17 @@ version or cannot be reached (the message names each one); 2 bad input; 3 MLflow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.cli.output import BAD_INPUT, console, err_console, errors_as_exit, fail, print_json, print_table
+from examlops.core.errors import ExamlopsError
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
+    from examlops.registry.promotion import AliasMove
     from examlops.serving.promotion import PromotionResult
 
 ModelArgument = Annotated[str, typer.Argument(help="Catalog model name (any case).")]
@@ -64,6 +67,7 @@ def promote(
             from_alias=from_alias,
             instances=urls or None,
             timeout_s=timeout,
+            on_moved=_audited("exa promote", settings),
         )
     _report(result, as_json)
 
@@ -82,9 +86,31 @@ def rollback(
     settings = Settings()
     with errors_as_exit():
         result = promotion.rollback(
-            settings, model_registry(settings), model, alias, instances=urls or None, timeout_s=timeout
+            settings,
+            model_registry(settings),
+            model,
+            alias,
+            instances=urls or None,
+            timeout_s=timeout,
+            on_moved=_audited("exa rollback", settings),
         )
     _report(result, as_json)
+
+
+def _audited(by: str, settings: Settings) -> Callable[[AliasMove], None]:
+    """Appends ``alias.moved`` to the audit trail. When Redis is down the move still goes on to the
+    instances (it is done in MLflow already); the missing audit event is reported, never silent."""
+    from dataclasses import asdict
+
+    from examlops.bootstrap import control_events, sql_engine
+
+    def on_moved(move: AliasMove) -> None:
+        try:
+            control_events(settings, sql_engine(settings))("alias.moved", move.model, {**asdict(move), "by": by})
+        except ExamlopsError as exc:
+            err_console.print(f"[yellow]warning:[/] the alias moved but its audit event was not written: {exc}")
+
+    return on_moved
 
 
 def _report(result: PromotionResult, as_json: bool) -> None:

@@ -44,7 +44,7 @@ from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceRes
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.serving.hotset import Entry, EntryInfo, HotSet, ReloadChange
-from examlops.serving.ports import ModelSource, PredictRuntime, TrafficRuleStore
+from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
 from examlops.serving.transformer import Features, MicroBatcher, validate_features
 
@@ -120,8 +120,11 @@ class Pipeline:
         rng: random.Random | None = None,
         registry: CollectorRegistry | None = None,
         load_retry_s: float = 1.0,
+        on_event: ControlEventSink | None = None,
     ) -> None:
         self.settings = settings
+        self._on_event = on_event
+        self._refused: dict[tuple[str, str], str | None] = {}
         self.catalog = catalog
         self._runtime = runtime
         self._clock = clock
@@ -207,13 +210,50 @@ class Pipeline:
         spec = self.catalog.get(model)
         split = validate_split(weights, self._hotset.available_aliases(spec.name))
         self._router.set_rules(spec.name, split)
+        self._emit("traffic.changed", spec.name, {"weights": split})
         return split
 
     async def reload(self, model: str | None = None) -> list[ReloadChange]:
         """Follow moved aliases now (load, swap, release); what changed, refused ones included."""
         changes = await self._hotset.reload(model)
         self._ready = self._ready or not self._hotset.missing_defaults()
+        events = self._reload_events(changes)
+        if events and self._on_event is not None:
+            await asyncio.to_thread(self._emit_all, events)
         return changes
+
+    def _reload_events(self, changes: list[ReloadChange]) -> list[tuple[str, str, dict[str, Any]]]:
+        """Control events of a reload: every swap, and a refusal once per refused version (polls retry it)."""
+        events: list[tuple[str, str, dict[str, Any]]] = []
+        for change in changes:
+            slot = (change.model, change.alias)
+            data: dict[str, Any] = {
+                "alias": change.alias,
+                "old_version": change.old_version,
+                "new_version": change.new_version,
+                "outcome": change.outcome,
+            }
+            if change.outcome == "refused":
+                if self._refused.get(slot) != change.new_version:
+                    self._refused[slot] = change.new_version
+                    events.append(("reload.refused", change.model, {**data, "reason": change.reason}))
+            elif change.outcome in ("swapped", "loaded", "removed"):
+                self._refused.pop(slot, None)
+                events.append(("model.reloaded", change.model, data))
+        return events
+
+    def _emit_all(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        for event in events:
+            self._emit(*event)
+
+    def _emit(self, type: str, subject: str, data: dict[str, Any]) -> None:
+        """Hand one control action to the sink (blocking: from a thread); a failing sink never fails the action."""
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(type, subject, data)
+        except Exception:
+            log.exception("could not record the control event %s of %s", type, subject)
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         started = self._clock()

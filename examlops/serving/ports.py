@@ -69,6 +69,12 @@ class TrafficRuleStore(Protocol):
         ...
 
 
+ControlEventSink = Callable[[str, str, Mapping[str, Any]], None]
+"""Records one control action ``(event type, subject, data)``, e.g. ``("traffic.changed", "JPCP", {...})``,
+on the audit trail. Blocking: the pipeline calls it from a worker thread, and logs rather than fails when
+it raises."""
+
+
 class Clock(Protocol):
     def __call__(self) -> float:
         """Monotonic seconds."""

@@ -274,3 +274,34 @@ async def test_the_pipeline_starts_its_runtime_before_loading_and_closes_it_last
     assert world.runtime.loads, "the hot set loaded into the started runtime"
     await pipeline.close()
     assert not world.runtime.running
+
+
+async def test_control_actions_are_handed_to_the_event_sink_and_a_refusal_only_once(world: World) -> None:
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    pipeline = world.pipeline(on_event=lambda t, s, d: events.append((t, s, dict(d))))
+    await pipeline.start()
+    await asyncio.to_thread(pipeline.set_traffic, "jpcp", {"production": 80, "canary": 20})
+    assert events == [("traffic.changed", "JPCP", {"weights": {"Production": 80, "Canary": 20}})]
+
+    world.source.move("JPCP", "Production", "4")
+    await pipeline.reload()
+    assert events[-1][:2] == ("model.reloaded", "JPCP")
+    assert events[-1][2]["old_version"] == "1" and events[-1][2]["new_version"] == "4"
+
+    world.source.add("JPCP", "5")
+    world.runtime.fail_load = {"JPCP/5"}
+    world.source.move("JPCP", "Production", "5")
+    before = len(events)
+    await pipeline.reload()
+    await pipeline.reload()  # the poll tries the refused version again: no second event
+    refusals = [e for e in events[before:] if e[0] == "reload.refused"]
+    assert len(refusals) == 1 and refusals[0][2]["new_version"] == "5"
+
+
+async def test_a_failing_event_sink_never_fails_the_action(world: World) -> None:
+    def broken(type: str, subject: str, data: Any) -> None:
+        raise ConnectionError("redis is down")
+
+    pipeline = world.pipeline(on_event=broken)
+    await pipeline.start()
+    assert await asyncio.to_thread(pipeline.set_traffic, "JPCP", {"Production": 100}) == {"Production": 100}

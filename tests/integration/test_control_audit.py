@@ -1,0 +1,76 @@
+"""Control actions are audit events: traffic changes, alias moves, reloads and refused reloads, for real."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from examlops.cli.main import app as exa
+from examlops.core.settings import Settings
+from examlops.platform.redis_server import EmbeddedRedis
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from tests.integration.conftest import free_port
+from tests.integration.servers import ServingProcess
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServingProcess, dict[str, str]]]:
+    home = tmp_path_factory.mktemp("control")
+    redis = EmbeddedRedis(home / "redis", free_port())
+    redis.start()
+    settings = Settings(home=home)
+    seed_demo(settings, load_catalog(settings.catalog_path))
+    env = {"EXAMLOPS_REDIS__URL": redis.url, "EXAMLOPS_PREDICT__WORKERS": "1"}
+    server = ServingProcess(home, env=env)
+    try:
+        server.wait_ready()
+        yield server, {"EXAMLOPS_HOME": str(home), **env, "EXAMLOPS_SERVING__PORT": str(server.port)}
+    finally:
+        server.stop()
+        redis.stop()
+
+
+def audit_events(runner: CliRunner, env: dict[str, str]) -> list[dict[str, object]]:
+    tail = runner.invoke(exa, ["audit", "tail", "-n", "50", "--json"], env=env)
+    assert tail.exit_code == 0, tail.output
+    events: list[dict[str, object]] = json.loads(tail.output)
+    return events
+
+
+def test_traffic_changes_promotions_and_reloads_land_on_a_verified_audit_trail(
+    platform: tuple[ServingProcess, dict[str, str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server, env = platform
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+
+    split = httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 90, "Canary": 10}, timeout=30)
+    assert split.status_code == 200, split.text
+    promoted = runner.invoke(exa, ["promote", "AC", "--alias", "Production", "--from", "Canary", "--json"], env=env)
+    assert promoted.exit_code == 0, promoted.output
+    rolled_back = runner.invoke(exa, ["rollback", "AC", "--json"], env=env)
+    assert rolled_back.exit_code == 0, rolled_back.output
+
+    kinds = [(e["type"], e["subject"]) for e in audit_events(runner, env)]
+    assert ("traffic.changed", "JPCP") in kinds
+    assert kinds.count(("alias.moved", "AC")) == 2
+    assert kinds.count(("model.reloaded", "AC")) == 2
+
+    verify = runner.invoke(exa, ["audit", "verify", "--json"], env=env)
+    assert verify.exit_code == 0, verify.output
+    report = json.loads(verify.output)
+    assert report["ok"] is True
+    assert report["checkpoints"] >= 1
