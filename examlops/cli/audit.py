@@ -10,8 +10,7 @@ from typing import Annotated
 
 import typer
 
-from examlops.cli.output import UNWELL, console, errors_as_exit, print_json, print_table
-from examlops.core.settings import Settings
+from examlops.cli.output import UNWELL, console, errors_as_exit, load_settings, print_json, print_table
 
 audit_app = typer.Typer(help="The hash-chained audit trail: verify it, show its last events.", no_args_is_help=True)
 
@@ -26,7 +25,7 @@ def verify(as_json: JsonOption = False) -> None:
     from examlops.monitoring.audit import verify as verify_trail
     from examlops.monitoring.audit_store import SqlCheckpointStore
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         client = connect(settings.redis_url)
         engine = sql_engine(settings)
@@ -63,7 +62,7 @@ def tail(
     from examlops.monitoring.audit import connect
     from examlops.monitoring.audit import tail as tail_trail
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         client = connect(settings.redis_url)
         try:

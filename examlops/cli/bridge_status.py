@@ -12,8 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from examlops.cli.output import errors_as_exit, print_json, print_table
-from examlops.core.settings import Settings
+from examlops.cli.output import errors_as_exit, load_settings, print_json, print_table
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -24,7 +23,7 @@ def status(as_json: JsonOption = False) -> None:
     from examlops.monitoring.audit import connect
     from examlops.monitoring.failures import RedisFailureStore, failure_status
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         models = [spec.name for spec in catalog(settings)]
         client = connect(settings.redis_url)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.cli.output import console, errors_as_exit, fail, load_settings, print_json, print_table
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -29,21 +29,11 @@ drift_app.add_typer(drift_input_app, name="input")
 flows_app = typer.Typer(help="The Prefect control plane: the deployments of prefect.yaml.", no_args_is_help=True)
 
 
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        fail(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", BAD_INPUT)
-
-
 def _status(kind: str, as_json: bool) -> None:
     from examlops.bootstrap import sql_engine
     from examlops.monitoring.drift_store import SqlDriftStore
 
-    settings = _settings()
+    settings = load_settings()
     with errors_as_exit():
         rows = SqlDriftStore(sql_engine(settings)).latest(kind)
     if as_json:
@@ -106,7 +96,7 @@ def drift_report(
     from examlops.flows.wiring import ControlPlane
     from examlops.monitoring.drift import run_drift_report
 
-    plane = ControlPlane(_settings())
+    plane = ControlPlane(load_settings())
     results: list[dict[str, Any]] = []
     with errors_as_exit():
         names = [plane.catalog.get(model).name] if model else list(plane.catalog.names)
@@ -170,7 +160,7 @@ def flows_serve(
     Runs against EXAMLOPS_PREFECT__API_URL, or the Prefect server `exa up` starts."""
     from examlops.flows.wiring import prefect_environment
 
-    settings = _settings()
+    settings = load_settings()
     prefect_environment(settings)
     from examlops.flows import deployments
 
@@ -213,7 +203,7 @@ def retrain(
     as_json: JsonOption = False,
 ) -> None:
     """Train a candidate on fresh data, compare it with Production, register it and point Canary at it."""
-    settings = _settings()
+    settings = load_settings()
     if via_prefect:
         _retrain_via_prefect(settings, model, alias, shift, seed, as_json)
         return
@@ -280,7 +270,7 @@ def demo_traffic(
 
     ``--fail-rate`` jobs carry an embedding of the wrong length: the bridge answers them with a schema error
     (422), which the retrain trigger does not count (only model failures count)."""
-    settings = _settings()
+    settings = load_settings()
     with errors_as_exit():
         counts = asyncio.run(_send_traffic(settings, jobs, drift, fail_rate, model, concurrency))
     if as_json:

@@ -22,7 +22,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, OK, UNAVAILABLE, UNWELL, console, err_console, fail, print_json
+from examlops.cli.output import (
+    BAD_INPUT,
+    OK,
+    UNAVAILABLE,
+    UNWELL,
+    console,
+    err_console,
+    fail,
+    load_settings,
+    print_json,
+)
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -36,16 +46,6 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)
-
-
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        fail(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", BAD_INPUT)
 
 
 def _print_failure(message: str, log_tail: str = "") -> None:
@@ -79,7 +79,7 @@ def up(
     from examlops.platform.services import SERVICE_NAMES
     from examlops.platform.supervisor import Supervisor
 
-    settings = _settings()
+    settings = load_settings()
     skipped = set(skip or ())
     if skipped - set(SERVICE_NAMES):
         fail(
@@ -165,7 +165,7 @@ def down(timeout: TimeoutOption = 60.0) -> None:
     from examlops.platform.process import group_alive, kill_group, pid_alive
     from examlops.platform.supervisor import STATE_FILE, UpState, supervisor_running
 
-    settings = _settings()
+    settings = load_settings()
     run_dir = settings.run_dir
     state = UpState.read(run_dir)
     if state is None:
@@ -250,7 +250,7 @@ def status(
 
     from examlops.platform.supervisor import UpState
 
-    settings = _settings()
+    settings = load_settings()
     doc = _status_document(UpState.read(settings.run_dir), settings.run_dir)
     well = doc["running"] and all(s["state"] in ("running", "external") for s in doc["services"])
     if as_json:

@@ -13,9 +13,9 @@ from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
-from examlops.cli.output import BAD_INPUT, console, errors_as_exit, fail, print_json, print_table
+from examlops.cli.output import console, errors_as_exit, load_settings, print_json, print_table
 from examlops.cli.serve import predict, serve_app
-from examlops.core.settings import Settings, setting_description, setting_sources
+from examlops.core.settings import setting_description, setting_sources
 
 app = typer.Typer(
     name="exa",
@@ -54,24 +54,13 @@ def _process_environment() -> None:
     # writes only under its state folder and runs offline.
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_HOME", str(_settings().prefect_home))
-
-
-def _settings() -> Settings:
-    from pydantic import ValidationError
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        fail(f"invalid setting {where}: {first['msg']}", BAD_INPUT)
+    os.environ.setdefault("PREFECT_HOME", str(load_settings().prefect_home))
 
 
 @config_app.command("show")
 def config_show(as_json: JsonOption = False) -> None:
     """Every setting: its effective value, where it came from (env or default) and what it does."""
-    settings = _settings()
+    settings = load_settings()
     rows = list(setting_sources(settings))
     if as_json:
         print_json({name: {"value": value, "source": source} for name, value, source in rows})
@@ -90,7 +79,7 @@ def demo_seed(as_json: JsonOption = False) -> None:
     from examlops.bootstrap import catalog
     from examlops.registry.demo import seed_demo
 
-    settings = _settings()
+    settings = load_settings()
     with errors_as_exit():
         if as_json:
             report = seed_demo(settings, catalog(settings))

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from examlops.core import errors
+from examlops.core.settings import Settings
 
 OK, UNWELL, BAD_INPUT, UNAVAILABLE, NOT_FOUND = 0, 1, 2, 3, 4
 
@@ -51,6 +52,17 @@ def errors_as_exit() -> Iterator[None]:
         yield
     except errors.ExamlopsError as exc:
         fail(str(exc), exit_code_of(exc))
+
+
+def load_settings() -> Settings:
+    """The settings from the environment; a bad value is a one-line error naming it, with exit 2."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"invalid setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}", BAD_INPUT)
 
 
 def print_json(data: Any) -> None:

@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, console, err_console, errors_as_exit, fail, print_json, print_table
+from examlops.cli.output import (
+    BAD_INPUT,
+    console,
+    err_console,
+    errors_as_exit,
+    fail,
+    load_settings,
+    print_json,
+    print_table,
+)
 from examlops.core.errors import ExamlopsError
 from examlops.core.settings import Settings
 
@@ -56,7 +65,7 @@ def promote(
 
     if (version is None) == (from_alias is None):
         fail("give exactly one of --version N and --from ALIAS", BAD_INPUT)
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         result = promotion.promote(
             settings,
@@ -83,7 +92,7 @@ def rollback(
     from examlops.bootstrap import model_registry
     from examlops.serving import promotion
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         result = promotion.rollback(
             settings,

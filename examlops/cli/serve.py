@@ -10,8 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from examlops.cli.client import ServingClient
-from examlops.cli.output import BAD_INPUT, UNWELL, console, errors_as_exit, fail, print_json, print_table
-from examlops.core.settings import Settings
+from examlops.cli.output import BAD_INPUT, UNWELL, console, errors_as_exit, fail, load_settings, print_json, print_table
 
 serve_app = typer.Typer(
     help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True
@@ -22,7 +21,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 
 def _url(url: str | None) -> str:
-    return url or Settings().serving.local_url
+    return url or load_settings().serving.local_url
 
 
 @serve_app.command("start")
@@ -35,7 +34,7 @@ def start(
     from examlops.api.server import run_server
     from examlops.bootstrap import serving_app
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         app = serving_app(settings)
     run_server(
@@ -94,7 +93,7 @@ def infer_check(
     """One request end to end through /infer-pipeline/infer; prints the reply and the latency."""
     from examlops.bootstrap import catalog
 
-    settings = Settings()
+    settings = load_settings()
     with errors_as_exit():
         spec = catalog(settings).get(model) if model else next(iter(catalog(settings)))
         body = {"model": spec.name, "embedding": _random_embedding(spec.embedding_dim), "node_count": 12}
@@ -197,7 +196,7 @@ def predict(
     if (embedding_file is None) == (not random):
         fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
     with errors_as_exit():
-        spec = catalog(Settings()).get(model)
+        spec = catalog(load_settings()).get(model)
         embedding = read_embedding(embedding_file) if embedding_file else _random_embedding(spec.embedding_dim)
         body: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
         if alias:
