@@ -75,7 +75,7 @@ def up(
     ] = None,
 ) -> None:
     """Start Redis, MLflow, Prefect and serving; print their URLs; Ctrl-C stops them all."""
-    from examlops.platform.process import AlreadyRunning, PortInUse, ServiceStartFailed
+    from examlops.core.errors import AlreadyRunning, PortInUse, ServiceStartFailed
     from examlops.platform.services import SERVICE_NAMES
     from examlops.platform.supervisor import Supervisor
 

@@ -29,6 +29,11 @@ error *means* lives here, as class attributes:
     │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
     ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
     ├── PromotionIncomplete             an alias moved, but some serving instance does not serve it yet
+    ├── ServiceError                    `exa up` could not run a service
+    │   ├── PortInUse                   a port it needs is taken (names the setting to change)
+    │   ├── ServiceStartFailed          a service did not become ready (carries its log tail)
+    │   │   └── ServiceExited           a service exited on its own
+    │   └── AlreadyRunning (Conflict)   another `exa up` owns this state folder
     └── DependencyUnavailable (ConnectionError)   [retryable]
         ├── RegistryUnavailable         MLflow cannot be reached
         ├── StoreUnavailable            Redis or SQL cannot be reached
@@ -169,3 +174,27 @@ class WorkerLost(DependencyUnavailable):
     """A predict worker died while it held a call; routing retries it elsewhere."""
 
     code = "worker_lost"
+
+
+class ServiceError(ExamlopsError):
+    code = "service_error"
+
+
+class PortInUse(ServiceError):
+    code = "port_in_use"
+
+
+class ServiceStartFailed(ServiceError):
+    code = "service_start_failed"
+
+    def __init__(self, message: str, *, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class ServiceExited(ServiceStartFailed):
+    code = "service_exited"
+
+
+class AlreadyRunning(ServiceError, Conflict):
+    code = "already_running"

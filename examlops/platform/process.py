@@ -37,34 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from examlops.core.errors import Conflict, ExamlopsError
+from examlops.core.errors import PortInUse, ServiceStartFailed
 
 HealthCheck = str | Callable[[], bool]
 """An ``http(s)://`` URL that must answer below 400, a ``redis://`` URL that must PING, or a callable."""
-
-
-class ServiceError(ExamlopsError):
-    code = "service_error"
-
-
-class PortInUse(ServiceError):
-    code = "port_in_use"
-
-
-class ServiceStartFailed(ServiceError):
-    code = "service_start_failed"
-
-    def __init__(self, message: str, *, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.log_tail = log_tail
-
-
-class ServiceExited(ServiceStartFailed):
-    code = "service_exited"
-
-
-class AlreadyRunning(ServiceError, Conflict):
-    code = "already_running"
 
 
 def probe(check: HealthCheck, timeout: float = 1.0) -> bool:

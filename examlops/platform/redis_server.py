@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from examlops.platform.process import ManagedProcess, ServiceStartFailed, ensure_port_free
+from examlops.core.errors import ServiceStartFailed
+from examlops.platform.process import ManagedProcess, ensure_port_free
 
 HOST = "127.0.0.1"
 

@@ -37,14 +37,9 @@ from typing import IO, Any
 from rich.console import Console
 from rich.table import Table
 
+from examlops.core.errors import AlreadyRunning, ServiceExited, ServiceStartFailed
 from examlops.core.settings import Settings
-from examlops.platform.process import (
-    AlreadyRunning,
-    ServiceExited,
-    ServiceStartFailed,
-    ensure_port_free,
-    group_alive,
-)
+from examlops.platform.process import ensure_port_free, group_alive
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 
 Progress = Callable[[str], None]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from examlops.platform.process import PortInUse, pid_alive
+from examlops.core.errors import PortInUse
+from examlops.platform.process import pid_alive
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.integration.conftest import free_port
 
