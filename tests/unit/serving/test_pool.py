@@ -64,9 +64,16 @@ def load_scripted(location: str) -> ScriptedModel:
 
 
 def child_processes() -> list[psutil.Process]:
-    """Our child processes, less multiprocessing's resource tracker (one per interpreter, not the pool's)."""
-    children = psutil.Process().children(recursive=True)
-    return [child for child in children if "resource_tracker" not in " ".join(child.cmdline())]
+    """Our spawned pool workers: not multiprocessing's resource tracker (one per interpreter), nor any
+    other child of the test session (a session-scoped redis-server of the integration tests)."""
+    workers = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
 
 
 @pytest.fixture(autouse=True)
