@@ -20,50 +20,30 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry
 
 from examlops.core.errors import (
     DeadlineExceeded,
-    DependencyUnavailable,
     ExamlopsError,
     InferenceFailed,
-    InferenceTimeout,
     InvalidInput,
-    ModelLoadError,
-    NotFound,
     NotReady,
 )
 from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceResult, canonical_alias
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.serving.hotset import Entry, EntryInfo, HotSet, ReloadChange
+from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
 from examlops.serving.transformer import Features, MicroBatcher, validate_features
 
 log = logging.getLogger(__name__)
-
-PINNED_ALIAS = "pinned"
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-def outcome_of(exc: BaseException) -> str:
-    """The ``outcome`` label of a failed request."""
-    checks: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
-        (InvalidInput, "invalid"),
-        (NotFound, "not_found"),
-        (InferenceTimeout, "timeout"),
-        (DeadlineExceeded, "deadline"),
-        ((NotReady, DependencyUnavailable, ModelLoadError), "unavailable"),
-    )
-    return next((label for kind, label in checks if isinstance(exc, kind)), "failed")
 
 
 @dataclass(slots=True)
@@ -82,26 +62,6 @@ class _Job:
     spec: ModelSpec
     features: Features
     alias: str = ""
-
-
-class _HotSetCollector(Collector):
-    """``examlops_hotset_loaded{model,alias,version}``: read from the hot set at scrape time."""
-
-    def __init__(self, hotset: HotSet) -> None:
-        self._hotset = hotset
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily("examlops_hotset_loaded", "Loaded versions (1 ready, 0.5 degraded)", labels=[])
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "examlops_hotset_loaded", "Loaded versions (1 ready, 0.5 degraded)", labels=["model", "alias", "version"]
-        )
-        for info in self._hotset.entries():
-            if info.version is not None and info.state in ("ready", "degraded"):
-                value = 1.0 if info.state == "ready" else 0.5
-                family.add_metric([info.model, info.alias or PINNED_ALIAS, info.version], value)
-        yield family
 
 
 class Pipeline:
@@ -147,25 +107,7 @@ class Pipeline:
             name="feature-transformer",
         )
         self.registry = registry if registry is not None else CollectorRegistry()
-        labels = ("model", "alias")
-        self._requests = Counter(
-            "examlops_requests", "Requests by outcome", [*labels, "outcome"], registry=self.registry
-        )
-        self._latency = Histogram(
-            "examlops_request_latency_seconds",
-            "Request latency",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._batch_size = Histogram(
-            "examlops_batch_size",
-            "Requests per flushed batch",
-            buckets=(1, 2, 4, 8, 16, 24, 32, 64),
-            registry=self.registry,
-        )
-        self._in_flight = Gauge("examlops_requests_in_flight", "Requests being served", registry=self.registry)
-        self.registry.register(_HotSetCollector(self._hotset))
+        self._metrics = PipelineMetrics(self.registry, self._hotset)
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = self._ready = self._closed = False
 
@@ -258,7 +200,7 @@ class Pipeline:
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         started = self._clock()
         model, alias = "unknown", "other"
-        self._in_flight.inc()
+        self._metrics.in_flight.inc()
         try:
             spec = self.catalog.get(req.model)
             model = spec.name
@@ -273,14 +215,14 @@ class Pipeline:
             if reply.error is not None:
                 raise reply.error
             assert reply.result is not None
-            self._requests.labels(model, alias, "ok").inc()
+            self._metrics.requests.labels(model, alias, "ok").inc()
             return reply.result
         except Exception as exc:
-            self._requests.labels(model, alias, outcome_of(exc)).inc()
+            self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
             raise
         finally:
-            self._in_flight.dec()
-            self._latency.labels(model, alias).observe(self._clock() - started)
+            self._metrics.in_flight.dec()
+            self._metrics.latency.labels(model, alias).observe(self._clock() - started)
 
     def _label(self, model: str, alias: str) -> str:
         """An alias label from a bounded set: names nobody serves would grow the series without end."""
@@ -293,7 +235,7 @@ class Pipeline:
             raise DeadlineExceeded("the caller's deadline passed before the prediction ran")
 
     async def _handle_batch(self, batch: Sequence[InferenceRequest]) -> list[_Reply]:
-        self._batch_size.observe(len(batch))
+        self._metrics.batch_size.observe(len(batch))
         specs = [self.catalog.get(req.model) for req in batch]
         replies: list[_Reply | None] = [None] * len(batch)
         jobs: list[_Job] = []
