@@ -140,8 +140,7 @@ class MicroBatcher(Generic[T, R]):
                 if len(self._in_flight) < self._eager_below:
                     break
                 try:
-                    async with asyncio.timeout_at(flush_at):
-                        item = await self._next_or_capacity(queue)
+                    item = await self._next_or_capacity(queue, flush_at)
                 except TimeoutError:
                     break
                 if item is None:
@@ -154,22 +153,41 @@ class MicroBatcher(Generic[T, R]):
                 self._in_flight[task] = live
                 task.add_done_callback(self._forget)
 
-    async def _next_or_capacity(self, queue: asyncio.Queue[_Waiter[T, R]]) -> _Waiter[T, R] | None:
-        """The next queued item, or None as soon as a running batch finishes (eager mode only)."""
-        if self._eager_below == 0 or self._capacity is None:
-            return await queue.get()
-        self._capacity.clear()
+    async def _next_or_capacity(self, queue: asyncio.Queue[_Waiter[T, R]], flush_at: float) -> _Waiter[T, R] | None:
+        """The next queued item; None as soon as a running batch finishes first (eager mode only);
+        ``TimeoutError`` at ``flush_at``.
+
+        Nothing here is cancelled from outside on a timeout: an item that ``queue.get`` has already taken
+        must reach the batch, or its caller would wait for ever. ``asyncio.wait`` with a timeout cancels
+        nothing, and a ``queue.get`` that has not returned yet gives nothing up when it is cancelled.
+        """
+        remaining = flush_at - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise TimeoutError
         getter = asyncio.ensure_future(queue.get())
-        freed = asyncio.ensure_future(self._capacity.wait())
+        waiting: set[asyncio.Future[Any]] = {getter}
+        freed: asyncio.Future[Any] | None = None
+        if self._eager_below > 0 and self._capacity is not None:
+            self._capacity.clear()
+            freed = asyncio.ensure_future(self._capacity.wait())
+            waiting.add(freed)
         try:
-            await asyncio.wait((getter, freed), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # Cancelled (the batcher is closing): keep a taken item where close() fails it.
+            if getter.done() and not getter.cancelled():
+                self._collecting.append(getter.result())
+            raise
         finally:
-            freed.cancel()
+            if freed is not None:
+                freed.cancel()
             if not getter.done():
                 getter.cancel()
         if getter.done() and not getter.cancelled():
             return getter.result()
-        return None
+        if freed is not None and freed.done():
+            return None
+        raise TimeoutError
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)

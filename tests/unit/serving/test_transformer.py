@@ -179,3 +179,27 @@ def test_a_bad_request_fails_alone_without_echoing_its_values(
     error = outcomes[1]
     assert isinstance(error, InvalidInput) and error.field == field and message in str(error)
     assert "0.1" not in str(error)
+
+
+@pytest.mark.parametrize("eager_below", [0, 1, 4])
+async def test_no_item_is_lost_when_arrivals_race_the_flush_timer(eager_below: int) -> None:
+    """Items arriving just as the wait for more runs out must land in a batch, never vanish."""
+    handler = Doubler()
+
+    async def slow_handler(items: Sequence[int]) -> list[int | BaseException]:
+        await asyncio.sleep(0.0005 * (len(items) % 3))
+        return await handler(items)
+
+    batcher: MicroBatcher[int, int] = MicroBatcher(slow_handler, max_size=8, max_wait_s=0.0005, eager_below=eager_below)
+
+    async def client(start: int) -> list[int]:
+        results = []
+        for i in range(start, start + 40):
+            results.append(await batcher.submit(i))
+            await asyncio.sleep(0.0001 * (i % 4))
+        return results
+
+    async with asyncio.timeout(20):  # a lost item would hang its client
+        answers = await asyncio.gather(*(client(k * 1000) for k in range(24)))
+    assert [a for part in answers for a in part] == [2 * i for k in range(24) for i in range(k * 1000, k * 1000 + 40)]
+    await batcher.close()
