@@ -74,8 +74,9 @@ def config_show(as_json: JsonOption = False) -> None:
 
 @demo_app.command("seed")
 def demo_seed(as_json: JsonOption = False) -> None:
-    """Train two versions of each catalog model on synthetic data and register them
-    (Production -> 1, Canary -> 2). Running it again changes nothing."""
+    """Register the demo models: two trained versions of each catalog model (Production -> 1, Canary -> 2)
+    and a third that fails on purpose (Staging -> 3), so `exa demo traffic --fail-rate` can trip the retrain
+    trigger. Running it again changes nothing; an alias you moved is never moved back."""
     from examlops.bootstrap import catalog
     from examlops.registry.demo import seed_demo
 
@@ -90,9 +91,9 @@ def demo_seed(as_json: JsonOption = False) -> None:
         print_json({"created": list(report.created), "skipped": list(report.skipped)})
         return
     for name in report.created:
-        console.print(f"registered {name}: Production -> version 1, Canary -> version 2")
+        console.print(f"registered {name}: Production -> 1, Canary -> 2, Staging -> 3 (fails on purpose)")
     for name in report.skipped:
-        console.print(f"{name} already has Production and Canary: left as it is")
+        console.print(f"{name} already has its demo aliases: left as it is")
     console.print(f"MLflow store: {settings.mlflow_tracking_uri}")
 
 

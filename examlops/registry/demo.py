@@ -1,13 +1,17 @@
-"""Seed the MLflow registry with two demo versions of every catalog model.
+"""Seed the MLflow registry with three demo versions of every catalog model: two good ones and one that fails.
 
 Each model gets two HistGradientBoosting versions trained on synthetic data
 (different samples and hyperparameters), each logged in its own run of the
 ``examlops-demo`` experiment and registered under the catalog name; then
-Production points at the first and Canary at the second.
+Production points at the first and Canary at the second. A third version,
+Staging, fails on purpose while predicting (``faulty_regressor``), so that
+``exa demo traffic --fail-rate`` can send real model failures and a user can
+watch the retrain trigger fire; serving has no fault switch.
 
-Idempotent: a model that already has Production and Canary is skipped. A
-model that has only one of them gets two new versions and only the missing
-alias, so an alias a user moved is never moved back.
+Idempotent: a model that already has Production, Canary and Staging is
+skipped. A model lacking Production or Canary gets two new trained versions
+and only the missing alias; one lacking Staging gets only a new failing
+version. An alias a model has, whoever set it, is never moved.
 
 With a local store every file lands under ``settings.state_dir``: the SQLite
 file, the artifacts (``settings.mlflow_artifact_root``) and temporary folders.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -35,6 +39,10 @@ from examlops.registry.synthetic import feature_count, features, make_dataset
 
 DEMO_EXPERIMENT = "examlops-demo"
 SEEDED_ALIASES = ("Production", "Canary")
+"""The aliases of the two trained versions, in version order."""
+FAULTY_ALIAS = "Staging"
+FAULTY_DESCRIPTION = "demo: fails on purpose so the retrain trigger can be seen"
+FAULTY_TAGS: Mapping[str, str] = {"examlops.demo": "fails-on-purpose"}
 TRAIN_ROWS = 800
 HOLDOUT_ROWS = 200
 # skops (MLflow's default) rather than cloudpickle: loading stays restricted to
@@ -43,11 +51,16 @@ HOLDOUT_ROWS = 200
 # scikit-learn release adds another type, logging refuses loudly instead of
 # silently trusting everything.
 TRUSTED_SKOPS_TYPES = ("sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",)
+# The failing version needs none beyond skops' defaults (checked with skops.io.get_untrusted_types, skops
+# 0.16): Pipeline, FunctionTransformer and LinearRegression are scikit-learn types skops trusts, and numpy.log
+# is a numpy ufunc, which it trusts too. Empty, not TRUSTED_SKOPS_TYPES: a version trusts only what it holds.
+FAULTY_SKOPS_TYPES: tuple[str, ...] = ()
+FAULTY_SEED_OFFSET = 3
 
 
 @dataclass(frozen=True, slots=True)
 class SeedReport:
-    """Which catalog models got new versions and which already had both aliases."""
+    """Which catalog models got new versions and which already had Production, Canary and Staging."""
 
     created: tuple[str, ...]
     skipped: tuple[str, ...]
@@ -67,7 +80,7 @@ RECIPES = (Recipe(1, 20, 0.15, 15), Recipe(2, 30, 0.1, 31))
 
 
 def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str], None] | None = None) -> SeedReport:
-    """Register two versions of every catalog model lacking Production or Canary; skip the others.
+    """Register the demo versions every catalog model lacks (module docstring); skip models that lack none.
 
     Raises ``RegistryUnavailable`` when the store cannot be reached and
     another ``ExamlopsError`` when MLflow refuses a step; models finished
@@ -83,19 +96,25 @@ def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str],
             have = registry.aliases(spec.name)
         except ModelNotFound:
             have = {}
-        if all(alias in have for alias in SEEDED_ALIASES):
-            say(f"{spec.name}: has {' and '.join(SEEDED_ALIASES)}, skipped")
+        if all(alias in have for alias in (*SEEDED_ALIASES, FAULTY_ALIAS)):
+            say(f"{spec.name}: has {', '.join(SEEDED_ALIASES)} and {FAULTY_ALIAS}, skipped")
             skipped.append(spec.name)
             continue
         experiment_id = experiment_id or ensure_experiment(registry, settings, DEMO_EXPERIMENT)
-        versions = []
-        for number, recipe in enumerate(RECIPES, start=1):
-            say(f"{spec.name}: training and logging demo version {number} of {len(RECIPES)}")
-            versions.append(_train_and_register(registry, settings, experiment_id, spec, recipe))
-        for alias, version in zip(SEEDED_ALIASES, versions, strict=True):
-            if alias not in have:
-                registry.set_alias(spec.name, alias, version)
-                say(f"{spec.name}: {alias} -> version {version}")
+        if not all(alias in have for alias in SEEDED_ALIASES):
+            versions = []
+            for number, recipe in enumerate(RECIPES, start=1):
+                say(f"{spec.name}: training and logging demo version {number} of {len(RECIPES)}")
+                versions.append(_train_and_register(registry, settings, experiment_id, spec, recipe))
+            for alias, version in zip(SEEDED_ALIASES, versions, strict=True):
+                if alias not in have:
+                    registry.set_alias(spec.name, alias, version)
+                    say(f"{spec.name}: {alias} -> version {version}")
+        if FAULTY_ALIAS not in have:
+            say(f"{spec.name}: logging the demo version that fails on purpose")
+            version = _register_faulty(registry, settings, experiment_id, spec)
+            registry.set_alias(spec.name, FAULTY_ALIAS, version)
+            say(f"{spec.name}: {FAULTY_ALIAS} -> version {version} (fails on purpose)")
         created.append(spec.name)
     return SeedReport(created=tuple(created), skipped=tuple(skipped))
 
@@ -125,8 +144,12 @@ def ensure_experiment(registry: MlflowRegistry, settings: Settings, name: str) -
         raise translate_error(exc, lambda: ExamlopsError(f"experiment {name!r} vanished")) from exc
 
 
+def _seed(spec: ModelSpec, offset: int) -> int:
+    return zlib.crc32(spec.name.lower().encode()) % 100_000 * 10 + offset
+
+
 def _train(spec: ModelSpec, recipe: Recipe) -> tuple[Any, dict[str, float]]:
-    seed = zlib.crc32(spec.name.lower().encode()) % 100_000 * 10 + recipe.seed_offset
+    seed = _seed(spec, recipe.seed_offset)
     x, nodes, y = make_dataset(TRAIN_ROWS, dim=spec.embedding_dim, seed=seed)
     model = fit_regressor(features(x, nodes), y, recipe, seed)
     hx, hnodes, hy = make_dataset(HOLDOUT_ROWS, dim=spec.embedding_dim, seed=seed + 5)
@@ -154,6 +177,35 @@ def fit_regressor(rows: Any, y: Any, recipe: Recipe, seed: int) -> Any:
     return model
 
 
+def faulty_regressor(spec: ModelSpec) -> Any:
+    """A model that takes any demo row and fails while predicting it, as a broken model does.
+
+    ``Pipeline(FunctionTransformer(np.log), LinearRegression())``, fitted on the magnitudes of demo rows so
+    that fitting works. Served rows hold the embedding as it is, and demo embeddings always have negative
+    components (384 of them, centred on 0): ``np.log`` gives NaN and ``LinearRegression.predict`` raises
+    ``ValueError("Input X contains NaN.")``, which the predict pool reports as ``InferenceFailed``.
+    """
+    from sklearn.linear_model import LinearRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    x, nodes, y = make_dataset(TRAIN_ROWS, dim=spec.embedding_dim, seed=_seed(spec, FAULTY_SEED_OFFSET))
+    model = Pipeline([("log", FunctionTransformer(np.log)), ("regress", LinearRegression())])
+    model.fit(np.abs(features(x, nodes)), y)
+    return model
+
+
+def _register_faulty(registry: MlflowRegistry, settings: Settings, experiment_id: str, spec: ModelSpec) -> str:
+    """Log the failing version in its own run, described as failing on purpose; return its version number."""
+    model = faulty_regressor(spec)
+    metrics = {"train_seed": float(_seed(spec, FAULTY_SEED_OFFSET))}  # no holdout RMSE: it cannot predict
+    params = {"pipeline": "log -> LinearRegression", "purpose": FAULTY_DESCRIPTION}
+    return log_and_register(
+        registry, settings, experiment_id, spec, model, f"{spec.name}-demo-faulty", metrics, params,
+        trusted_types=FAULTY_SKOPS_TYPES, description=FAULTY_DESCRIPTION, tags=FAULTY_TAGS,
+    ).version  # fmt: skip
+
+
 def _train_and_register(
     registry: MlflowRegistry, settings: Settings, experiment_id: str, spec: ModelSpec, recipe: Recipe
 ) -> str:
@@ -179,14 +231,23 @@ def log_and_register(
     run_name: str,
     metrics: Mapping[str, float],
     params: Mapping[str, str],
+    *,
+    trusted_types: Sequence[str] = TRUSTED_SKOPS_TYPES,
+    description: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> RegisteredVersion:
     """Log ``model`` (skops, tensor signature) in a new run with its metrics and params, register a version.
 
+    ``trusted_types`` are the skops types, beyond skops' defaults, that loading the model may build; logging
+    refuses a model holding any other. ``description`` goes on the version and the run, ``tags`` on the version.
     Every file lands under the state folder when the store is local. ``RegistryUnavailable``, or another
     ``ExamlopsError`` when MLflow refuses a step.
     """
     try:
-        return _log_and_register(registry, settings, experiment_id, spec, model, run_name, metrics, params)
+        return _log_and_register(
+            registry, settings, experiment_id, spec, model, run_name, metrics, params,
+            trusted_types=trusted_types, description=description, tags=tags,
+        )  # fmt: skip
     except ExamlopsError:
         raise
     except Exception as exc:
@@ -202,6 +263,10 @@ def _log_and_register(
     run_name: str,
     metrics: Mapping[str, float],
     params: Mapping[str, str],
+    *,
+    trusted_types: Sequence[str],
+    description: str | None,
+    tags: Mapping[str, str] | None,
 ) -> RegisteredVersion:
     # Client calls rather than the fluent mlflow.sklearn.log_model: that one reads the
     # process-global tracking URI, and MLflow's SQL registry resolves a "models:/<id>"
@@ -216,11 +281,14 @@ def _log_and_register(
     client = registry.client
     run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
     now_ms = int(time.time() * 1000)
+    run_tags = [RunTag("examlops.model", spec.name)]
+    if description:
+        run_tags.append(RunTag("mlflow.note.content", description))  # the run's description in the MLflow UI
     client.log_batch(
         run_id,
         metrics=[Metric(key, float(value), now_ms, 0) for key, value in metrics.items()],
         params=[Param(key, value) for key, value in params.items()],
-        tags=[RunTag("examlops.model", spec.name)],
+        tags=run_tags,
     )
     logged = client.create_logged_model(experiment_id, name="model", source_run_id=run_id)
     columns = feature_count(spec.embedding_dim)
@@ -241,7 +309,7 @@ def _log_and_register(
                 model_uuid=logged.model_id,
             ),
             serialization_format="skops",
-            skops_trusted_types=list(TRUSTED_SKOPS_TYPES),
+            skops_trusted_types=list(trusted_types),
             signature=signature,
             # Explicit: inferring them costs 6-9 s per model.
             pip_requirements=[f"{dist}=={dist_version(dist)}" for dist in ("mlflow", "scikit-learn", "skops", "numpy")],
@@ -252,7 +320,12 @@ def _log_and_register(
     client.set_terminated(run_id)
     name = _registered_name(registry, spec.name)
     version = client.create_model_version(
-        name, source=logged.artifact_location, run_id=run_id, model_id=logged.model_id
+        name,
+        source=logged.artifact_location,
+        run_id=run_id,
+        model_id=logged.model_id,
+        description=description,
+        tags=dict(tags or {}),
     )
     return RegisteredVersion(str(version.version), str(run_id))
 

@@ -194,8 +194,8 @@ class Pipeline:
             return
         try:
             self._on_event(type, subject, data)
-        except Exception:
-            log.exception("could not record the control event %s of %s", type, subject)
+        except Exception as exc:  # the audit trail's store is down: say so once per event, no traceback
+            log.error("could not record the control event %s of %s: %s", type, subject, exc)
 
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         started = self._clock()

@@ -243,10 +243,10 @@ def test_exa_audit_verify_and_tail(
     env = {"EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_HOME": str(settings.home)}
     result = runner.invoke(audit_app, ["verify", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"ok": True, "events": 6, "last_seq": 6, "checkpoints": 1, "broken": None}
+    assert json.loads(result.stdout) == {"ok": True, "events": 6, "last_seq": 6, "checkpoints": 1, "broken": None}
     result = runner.invoke(audit_app, ["tail", "-n", "2", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert [event["seq"] for event in json.loads(result.output)] == [5, 6]
+    assert [event["seq"] for event in json.loads(result.stdout)] == [5, 6]
     assert tail(client, 1)[0].hash[:12] in runner.invoke(audit_app, ["tail"], env=env).output
 
     client.xdel(STREAM, stored(client)[1][0])

@@ -45,7 +45,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serving
 def audit_events(runner: CliRunner, env: dict[str, str]) -> list[dict[str, object]]:
     tail = runner.invoke(exa, ["audit", "tail", "-n", "50", "--json"], env=env)
     assert tail.exit_code == 0, tail.output
-    events: list[dict[str, object]] = json.loads(tail.output)
+    events: list[dict[str, object]] = json.loads(tail.stdout)
     return events
 
 
@@ -71,6 +71,6 @@ def test_traffic_changes_promotions_and_reloads_land_on_a_verified_audit_trail(
 
     verify = runner.invoke(exa, ["audit", "verify", "--json"], env=env)
     assert verify.exit_code == 0, verify.output
-    report = json.loads(verify.output)
+    report = json.loads(verify.stdout)
     assert report["ok"] is True
     assert report["checkpoints"] >= 1

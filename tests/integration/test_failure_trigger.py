@@ -171,7 +171,7 @@ def test_exa_bridge_status_reports_rate_window_cooldown_and_last_request(
     env = {"EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_HOME": str(tmp_path)}
     result = CliRunner().invoke(app, ["--json"], env=env)
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert (data["window"], data["threshold"], data["cooldown_s"]) == (50, 0.5, 300.0)
     rows = {row["model"]: row for row in data["models"]}
     assert set(rows) == {"JPCP", "CRCP", "AC"}

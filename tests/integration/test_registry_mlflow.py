@@ -47,7 +47,7 @@ def test_resolve_matches_alias_and_model_name_case_insensitively(registry: Mlflo
 
 def test_aliases_are_keyed_by_canonical_name(registry: MlflowRegistry) -> None:
     aliases = registry.aliases("crcp")
-    assert {alias: ref.version for alias, ref in aliases.items()} == {"Production": "1", "Canary": "2"}
+    assert {alias: ref.version for alias, ref in aliases.items()} == {"Production": "1", "Canary": "2", "Staging": "3"}
 
 
 def test_unknown_model_alias_and_version_raise_our_errors(registry: MlflowRegistry) -> None:
@@ -56,7 +56,7 @@ def test_unknown_model_alias_and_version_raise_our_errors(registry: MlflowRegist
     with pytest.raises(ModelNotFound):
         registry.list_versions("NOPE")
     with pytest.raises(AliasNotFound):
-        registry.resolve("JPCP", "Staging")
+        registry.resolve("JPCP", "Nightly")
     for version in ("99", "abc"):
         with pytest.raises(VersionNotFound):
             registry.version("JPCP", version)
@@ -66,33 +66,38 @@ def test_unknown_model_alias_and_version_raise_our_errors(registry: MlflowRegist
 
 
 def test_set_alias_returns_the_previous_ref_and_delete_alias_removes_it(registry: MlflowRegistry) -> None:
-    assert registry.set_alias("JPCP", "staging", "1") is None
-    previous = registry.set_alias("jpcp", "STAGING", "2")
+    assert registry.set_alias("JPCP", "shadow", "1") is None
+    previous = registry.set_alias("jpcp", "SHADOW", "2")
     assert previous is not None and (previous.name, previous.version) == ("JPCP", "1")
-    assert registry.resolve("JPCP", "Staging").version == "2"
-    registry.delete_alias("JPCP", "Staging")
+    assert registry.resolve("JPCP", "Shadow").version == "2"
+    registry.delete_alias("JPCP", "Shadow")
     with pytest.raises(AliasNotFound):
-        registry.resolve("JPCP", "Staging")
+        registry.resolve("JPCP", "shadow")
     with pytest.raises(AliasNotFound):
-        registry.delete_alias("JPCP", "Staging")
+        registry.delete_alias("JPCP", "Shadow")
 
 
 def test_an_alias_spelled_otherwise_in_mlflow_keeps_its_spelling(registry: MlflowRegistry) -> None:
-    registry.client.set_registered_model_alias("AC", "staging", "1")
+    registry.client.set_registered_model_alias("AC", "shadow", "1")
     try:
-        assert registry.resolve("AC", "Staging").version == "1"
-        previous = registry.set_alias("AC", "Staging", "2")
+        assert registry.resolve("AC", "Shadow").version == "1"
+        previous = registry.set_alias("AC", "Shadow", "2")
         assert previous is not None and previous.version == "1"
-        assert set(registry.client.get_registered_model("AC").aliases) == {"Production", "Canary", "staging"}
-        assert registry.aliases("AC")["Staging"].version == "2"
+        aliases = set(registry.client.get_registered_model("AC").aliases)
+        assert aliases == {"Production", "Canary", "Staging", "shadow"}
+        assert registry.resolve("AC", "SHADOW").version == "2"
     finally:
-        registry.client.delete_registered_model_alias("AC", "staging")
+        registry.client.delete_registered_model_alias("AC", "shadow")
 
 
 def test_list_versions_and_models(registry: MlflowRegistry) -> None:
     assert registry.list_models() == ["AC", "CRCP", "JPCP"]
     versions = registry.list_versions("AC")
-    assert [(v.version, v.aliases) for v in versions] == [("1", ("Production",)), ("2", ("Canary",))]
+    assert [(v.version, v.aliases) for v in versions] == [
+        ("1", ("Production",)),
+        ("2", ("Canary",)),
+        ("3", ("Staging",)),
+    ]
     assert all(v.created_at.tzinfo is not None and v.run_id for v in versions)
 
 

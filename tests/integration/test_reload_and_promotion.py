@@ -290,7 +290,7 @@ def test_a_bad_version_is_refused_and_the_old_one_keeps_serving(
         assert f"version {bad} refused" in shown["reason"] and reason in shown["reason"]
         check = CliRunner().invoke(exa, ["serve", "check", "--url", still.url, "--json"])
         assert check.exit_code == 0, check.output
-        models = json.loads(check.output)["models"]
+        models = json.loads(check.stdout)["models"]
         (checked,) = [m for m in models if (m["model"], m["alias"]) == ("BADS", "Production")]
         assert checked["state"] == "degraded" and reason in checked["reason"]
         assert f"model=BADS alias=Production version={bad} serving=1" in still.log_path.read_text()
@@ -339,7 +339,7 @@ def test_an_unreachable_registry_keeps_serving_and_shows_the_staleness(store: St
         assert [r.status_code for r in replies] == [200] * 20
         check = CliRunner().invoke(exa, ["serve", "check", "--url", polling.url, "--json"])
         assert check.exit_code == 0, check.output
-        reasons = [m["reason"] or "" for m in json.loads(check.output)["models"] if m["version"]]
+        reasons = [m["reason"] or "" for m in json.loads(check.stdout)["models"] if m["version"]]
         assert reasons and all("registry was unreachable" in r for r in reasons), reasons
         table = CliRunner().invoke(exa, ["serve", "check", "--url", polling.url])
         assert "stale" in table.output
@@ -391,7 +391,7 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
     finally:
         back = runner.invoke(cli, ["rollback", "ac", *urls, "--json"])
     assert back.exit_code == 0, back.output
-    assert json.loads(back.output) == {
+    assert json.loads(back.stdout) == {
         "model": "AC",
         "alias": "Production",
         "old_version": "2",

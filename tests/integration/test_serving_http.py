@@ -142,7 +142,7 @@ def test_a_body_over_one_mebibyte_is_a_413(server: ServingProcess) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{"model": "NOPE"}, {"alias": "Staging"}, {"alias": "Nightly"}, {"version": 99}],
+    [{"model": "NOPE"}, {"alias": "Nightly"}, {"version": 99}],
 )
 def test_unknown_models_aliases_and_versions_are_404(server: ServingProcess, body: dict[str, Any]) -> None:
     reply = infer(server, **body)
@@ -163,7 +163,7 @@ def test_a_pinned_version_is_served_by_that_version(server: ServingProcess) -> N
 
 
 def test_a_split_naming_a_missing_alias_or_not_summing_to_100_is_refused(server: ServingProcess) -> None:
-    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Staging": 50}).status_code == 422
+    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Nightly": 50}).status_code == 422
     assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Canary": 40}).status_code == 422
     assert httpx.get(f"{server.url}/v1/traffic/AC").json()["weights"] == {}
 
@@ -260,7 +260,7 @@ def test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server(server: 
     runner = CliRunner()
     check = runner.invoke(exa, ["serve", "check", "--url", server.url, "--json"])
     assert check.exit_code == 0, check.output
-    assert json.loads(check.output)["ready"] is True
+    assert json.loads(check.stdout)["ready"] is True
 
     emb = tmp_path / "embedding.json"
     emb.write_text(json.dumps(embedding(3)))
@@ -281,7 +281,7 @@ def test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server(server: 
         ],
     )
     assert predicted.exit_code == 0, predicted.output
-    assert json.loads(predicted.output)["version"] == "2"
+    assert json.loads(predicted.stdout)["version"] == "2"
 
     wrong = tmp_path / "short.json"
     wrong.write_text("[1, 2, 3]")
@@ -301,10 +301,24 @@ def test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server(server: 
     assert set_split.exit_code == 0, set_split.output
     try:
         shown = runner.invoke(exa, ["serve", "traffic", "crcp", "--url", server.url, "--json"])
-        assert json.loads(shown.output)["weights"] == {"Production": 90, "Canary": 10}
+        assert json.loads(shown.stdout)["weights"] == {"Production": 90, "Canary": 10}
     finally:
         runner.invoke(exa, ["serve", "traffic", "CRCP", "--clear", "--url", server.url])
 
     infer_check = runner.invoke(exa, ["serve", "infer-check", "--url", server.url, "--json"])
     assert infer_check.exit_code == 0, infer_check.output
-    assert json.loads(infer_check.output)["error"] is None
+    assert json.loads(infer_check.stdout)["error"] is None
+
+
+def test_a_model_that_raises_is_a_500_marked_inference_failed(server: ServingProcess) -> None:
+    # The demo's Staging version fails on purpose (the log of negative embedding values is NaN).
+    reply = infer(server, alias="staging", job_id="job-raise")
+    assert reply.status_code == 500, reply.text
+    data = reply.json()
+    assert (data["inference_failed"], data["prediction"], data["code"], data["job_id"]) == (
+        True,
+        0.0,
+        "inference_failed",
+        "job-raise",
+    )
+    assert infer(server).status_code == 200  # the worker that saw it keeps serving

@@ -25,7 +25,7 @@ def test_config_show_json_gives_each_value_and_its_source(monkeypatch: pytest.Mo
     monkeypatch.setenv("EXAMLOPS_PREDICT__TIMEOUT_S", "12.5")
     result = runner.invoke(app, ["config", "show", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["predict.timeout_s"] == {"value": 12.5, "source": "env EXAMLOPS_PREDICT__TIMEOUT_S"}
     assert data["traffic.rules_ttl_s"] == {"value": 30.0, "source": "default"}
     assert data["serving.port"]["value"] == 18001
