@@ -4,8 +4,10 @@ Starts a real redis-server, `exa serve start` and one `exa bridge start` on a
 state folder with the demo models (``.examlops/bench-bus`` by default), then
 for each concurrency sends the same bounded count of JPCP requests two ways:
 
-- direct: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
+- raw http: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
   a minimal asyncio client, so the client is not what is measured);
+- httpx: the same POST through the bridge's own httpx client and call
+  (``bridge_handler.http_client``, pre-encoded body): what the hop costs alone;
 - bus: ``BusClient.request`` (XADD, the bridge's XREADGROUP, its POST over
   httpx, the reply script, the client's XREAD).
 
@@ -33,10 +35,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
 
-from examlops.core.settings import RedisSettings, Settings
+from examlops.core.settings import HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
+from examlops.serving.bridge_handler import JSON_HEADERS, http_client
 from examlops.serving.bus_client import BusClient
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
@@ -118,13 +121,13 @@ async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: 
 
 
 async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> dict[str, float]:
-    """Direct HTTP with httpx, the client the bridge itself uses for its hop."""
+    """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bridge_handler``)."""
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        for body in bodies[:50]:
-            await client.post(url, json=body)
+    encoded = [json.dumps(b, separators=(",", ":")).encode() for b in bodies]
+    async with http_client(HttpSettings(connect_timeout_s=30, read_timeout_s=30), concurrency) as client:
+        for body in encoded[:50]:
+            await client.post(url, content=body, headers=JSON_HEADERS)
         queue = list(range(len(bodies)))
 
         async def worker() -> None:
@@ -132,7 +135,7 @@ async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int
             while queue:
                 i = queue.pop()
                 began = time.perf_counter()
-                reply = await client.post(url, json=bodies[i])
+                reply = await client.post(url, content=encoded[i], headers=JSON_HEADERS)
                 latencies.append((time.perf_counter() - began) * 1000)
                 errors += reply.status_code != 200
 

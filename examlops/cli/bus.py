@@ -107,9 +107,18 @@ def send(
 def start(
     concurrency: Annotated[int, typer.Option(help="Jobs served at once by this bridge.", min=1)] = 64,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record/--no-record",
+            help="Record a drift snapshot and an audit event per served job (the default). --no-record is for "
+            "measuring and debugging only: served jobs then leave no snapshot, no audit event and no failure count.",
+        ),
+    ] = True,
 ) -> None:
     """Run one bridge in the foreground until SIGTERM or Ctrl-C: one handler per catalog model UUID."""
     import asyncio
+    import contextlib
     import signal
 
     from examlops.bootstrap import bridge_recording, catalog
@@ -127,8 +136,13 @@ def start(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         redis = connect(settings.redis_url)
+        if not record:
+            logging.getLogger(__name__).warning(
+                "recording is off (--no-record): served jobs leave no drift snapshot and no audit event"
+            )
+        recording = bridge_recording(settings) if record else contextlib.nullcontext(None)
         try:
-            with bridge_recording(settings) as recorder:
+            with recording as recorder:
                 async with http_client(settings.http, concurrency) as http:
                     bridge = Bridge(
                         settings, catalog(settings), redis, http, on_served=recorder, max_concurrency=concurrency

@@ -10,6 +10,8 @@ Contract:
 - Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
   are one Lua script (``bus.REPLY_SCRIPT``), and the done key is checked
   before serving, so a redelivered job is acked without asking serving again.
+  The check of freshly read jobs is one MGET per read, sent as soon as the
+  read returns, so it travels while the jobs are verified instead of after.
 - A bridge that dies holding jobs loses none: every bridge XAUTOCLAIMs jobs
   idle for longer than its connect plus read timeout; a job delivered more
   than ``bus.MAX_DELIVERIES`` times is dead-lettered with an error reply.
@@ -147,8 +149,10 @@ class Bridge:
                 await _pause(outage.lost(exc), stop)
                 continue
             outage.back()
-            for entry in entries:
-                self._spawn(entry, delivered=1)
+            if entries:
+                done = self._check_done(entries)
+                for entry in entries:
+                    self._spawn(entry, delivered=1, done=done)
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         outage = Outage(f"bridge {self.consumer} sweeper", log)
@@ -184,11 +188,25 @@ class Bridge:
             for entry in await self.store.read(self.consumer, orphans, 100, 0):
                 self._spawn(entry, delivered=1)
 
-    def _spawn(self, entry: Entry, delivered: int) -> None:
+    def _check_done(self, entries: list[Entry]) -> asyncio.Task[set[str]]:
+        """Which of these jobs were answered already, asked at once; the ids are not verified yet: a pre-check.
+
+        Created before the jobs' tasks, so the MGET is on its way while they check signatures.
+        """
+        ids = [job_id for _s, _e, fields in entries if 0 < len(job_id := fields.get("job_id", "")) <= 128]
+        return asyncio.create_task(self._done_among(ids))
+
+    async def _done_among(self, job_ids: list[str]) -> set[str]:
+        try:
+            return await self.store.done_among(job_ids)
+        except StoreUnavailable:
+            return set()  # served then; the reply script still writes one reply per job id
+
+    def _spawn(self, entry: Entry, delivered: int, done: asyncio.Task[set[str]] | None = None) -> None:
         key = (entry[0], entry[1])
         if key in self._in_flight:
             return
-        task = asyncio.create_task(self._process(*entry, delivered=delivered))
+        task = asyncio.create_task(self._process(*entry, delivered=delivered, done=done))
         self._in_flight[key] = task
         task.add_done_callback(lambda _t: self._done(key))
 
@@ -197,14 +215,29 @@ class Bridge:
         if self._room is not None:
             self._room.set()
 
-    async def _process(self, stream: str, entry_id: str, fields: Mapping[str, str], *, delivered: int) -> None:
+    async def _process(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[str, str],
+        *,
+        delivered: int,
+        done: asyncio.Task[set[str]] | None,
+    ) -> None:
         try:
-            await self._serve(stream, entry_id, fields, delivered)
+            await self._serve(stream, entry_id, fields, delivered, done)
         except Exception:
             # The job stays pending and is reclaimed; a job that keeps failing ends in the dead-letter stream.
             log.exception("job %s on %s failed in the bridge", entry_id, stream)
 
-    async def _serve(self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int) -> None:
+    async def _serve(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[str, str],
+        delivered: int,
+        done: asyncio.Task[set[str]] | None,
+    ) -> None:
         address = bus.address_of(stream)
         try:
             job = bus.decode_job(self._secret, address, fields, self.clock())
@@ -242,10 +275,10 @@ class Bridge:
                 job=job,
             )
             return
-        with contextlib.suppress(StoreUnavailable):
-            if await self.store.is_done(job.job_id):
-                await self._finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
-                return
+        answered = await (done if done is not None else self._done_among([job.job_id]))
+        if job.job_id in answered:
+            await self._finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
+            return
         outcome: Outcome
         expired = job.expired(self.clock())
         if handler is None:
@@ -278,16 +311,18 @@ class Bridge:
     ) -> bool:
         """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
         give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
-        outage = Outage(f"bridge {self.consumer} reply", log)
+        outage: Outage | None = None  # built on the first failure only: this runs once per job
         fields = bus.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
         while True:
             try:
                 first = await self.store.finish(
                     stream, entry_id, done_id=done_id, reply_to=reply_to, reply=fields, dead=dead
                 )
-                outage.back()
+                if outage is not None:
+                    outage.back()
                 return first
             except StoreUnavailable as exc:
+                outage = outage or Outage(f"bridge {self.consumer} reply", log)
                 if self.clock() >= give_up:
                     log.warning(
                         "gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream

@@ -119,9 +119,13 @@ class BusStore:
             )
         return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
 
-    async def is_done(self, job_id: str) -> bool:
-        async with _translated("checking a job"):
-            return bool(await self.redis.exists(bus.done_key(job_id)))
+    async def done_among(self, job_ids: Sequence[str]) -> set[str]:
+        """The ids among ``job_ids`` whose reply was already written: one MGET for a whole read, not one per job."""
+        if not job_ids:
+            return set()
+        async with _translated("checking jobs"):
+            found: Any = await self.redis.mget([bus.done_key(job_id) for job_id in job_ids])
+        return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
 
     async def finish(
         self,
