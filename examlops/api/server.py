@@ -60,5 +60,6 @@ def run_server(app: FastAPI, *, host: str, port: int, grace_s: float, log_level:
         log_level=log_level,
         timeout_graceful_shutdown=1,
         lifespan="on",
+        access_log=False,  # one log line per prediction costs more than the prediction; errors still log
     )
     DrainingServer(config, app, grace_s=grace_s).run()
