@@ -71,10 +71,14 @@ def up(
     no_seed: Annotated[bool, typer.Option("--no-seed", help="Skip preparing the store and demo models.")] = False,
     timeout: TimeoutOption = 180.0,
     skip: Annotated[
-        list[str] | None, typer.Option("--skip", help="Leave a service out (redis, mlflow, prefect, serving).")
+        list[str] | None,
+        typer.Option("--skip", help="Leave a service out (redis, mlflow, prefect, serving, bridge, flows)."),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --detach: print the services and their URLs as JSON.")
+    ] = False,
 ) -> None:
-    """Start Redis, MLflow, Prefect and serving; print their URLs; Ctrl-C stops them all."""
+    """Start Redis, MLflow, Prefect, serving, the bus bridge and the flows; print their URLs; Ctrl-C stops them all."""
     from examlops.core.errors import AlreadyRunning, PortInUse, ServiceStartFailed
     from examlops.platform.services import SERVICE_NAMES
     from examlops.platform.supervisor import Supervisor
@@ -85,8 +89,10 @@ def up(
         fail(
             f"--skip takes {', '.join(SERVICE_NAMES)}, not {', '.join(sorted(skipped - set(SERVICE_NAMES)))}", BAD_INPUT
         )
+    if as_json and not detach:
+        fail("--json goes with --detach (in the foreground exa up keeps running)", BAD_INPUT)
     if detach:
-        _up_detached(settings, no_seed=no_seed, timeout=timeout, skip=sorted(skipped))
+        _up_detached(settings, no_seed=no_seed, timeout=timeout, skip=sorted(skipped), as_json=as_json)
         return
     supervisor = Supervisor(
         settings,
@@ -114,7 +120,7 @@ def _cli_module() -> str:
     return name if name.startswith("examlops.cli.") else "examlops.cli.main"
 
 
-def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: list[str]) -> None:
+def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: list[str], as_json: bool) -> None:
     from examlops.platform.process import tail
     from examlops.platform.supervisor import UpState, url_table
 
@@ -137,13 +143,16 @@ def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: lis
     )
     deadline = time.monotonic() + timeout + 120  # the setup hook runs before the readiness clock starts
     try:
-        with console.status("starting in the background") as progress:
+        with (err_console if as_json else console).status("starting in the background") as progress:
             while time.monotonic() < deadline:
                 if os.waitpid(pid, os.WNOHANG) != (0, 0):
                     _print_failure(f"exa up exited before it was ready (log: {log})", tail(log, 30))
                     raise typer.Exit(UNAVAILABLE)
                 state = UpState.read(settings.run_dir)
                 if state is not None and state.supervisor_pid == pid:
+                    if state.state == "ready" and as_json:
+                        print_json({**_status_document(state, settings.run_dir), "log": str(log)})
+                        return
                     if state.state == "ready":
                         console.print(url_table(state))
                         console.print(f"supervisor pid {pid}; log {log}; `exa down` stops everything")

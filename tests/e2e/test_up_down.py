@@ -192,3 +192,16 @@ def test_a_taken_port_is_refused_naming_the_setting(exa: Exa) -> None:
         result = exa("up", *REDIS_ONLY, timeout=30)
     assert result.returncode == 2
     assert "EXAMLOPS_REDIS__PORT" in result.stderr
+
+
+def test_up_detach_json_prints_the_services_for_scripts(exa: Exa) -> None:
+    up = exa("up", "--detach", "--json", *REDIS_ONLY, "--timeout", "60")
+    assert up.returncode == 0, up.stdout + up.stderr
+    doc = json.loads(up.stdout)
+    (redis_service,) = doc["services"]
+    assert redis_service["name"] == "redis" and redis_service["state"] == "running"
+    assert redis_service["url"].startswith("redis://127.0.0.1:")
+    assert exa("down").returncode == 0
+    refused = exa("up", "--json", *REDIS_ONLY)
+    assert refused.returncode == 2
+    assert "--detach" in refused.stderr
