@@ -22,9 +22,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
+from procs import quantile, start, stop, wait_until
 
 from examlops.core.settings import HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
@@ -43,37 +42,6 @@ from examlops.serving.bridge_handler import JSON_HEADERS, http_client
 from examlops.serving.bus_client import BusClient
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
-
-
-def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_until(check: object, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if callable(check) and check():
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"{what} not ready after {timeout} s")
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def bus_load(

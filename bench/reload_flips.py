@@ -26,8 +26,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,8 +33,10 @@ from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
 
-import httpx
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import answers, quantile, start, stop, wait_until
 
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
@@ -112,13 +112,6 @@ def flipper(
         out.put((began, time.monotonic(), str(version)))
 
 
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def load(args: argparse.Namespace, settings: Settings, url: str, bodies: list[bytes]) -> Run:
     run = Run()
     began = time.monotonic()
@@ -185,25 +178,11 @@ def main() -> None:
         EXAMLOPS_PREDICT__WORKERS=str(args.workers),
     )
     url = f"http://127.0.0.1:{PORT}"
-    log = (home / "serving.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(PORT)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    proc = start(
+        [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(PORT)], env, home / "serving.log"
     )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"serving did not start; see {home / 'serving.log'}")
-            time.sleep(0.25)
+        wait_until(answers(f"{url}/readyz"), f"serving (see {home / 'serving.log'})", proc=proc)
         rng = np.random.default_rng(11)
         bodies = [
             json.dumps(
@@ -216,13 +195,7 @@ def main() -> None:
         report(args, run, began)
     finally:
         registry.set_alias("JPCP", "Production", "1")
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        stop(proc)
 
 
 if __name__ == "__main__":

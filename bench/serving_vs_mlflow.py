@@ -17,17 +17,15 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run_load
+from procs import answers, start, stop, wait_until
 
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
@@ -35,40 +33,6 @@ from examlops.registry.demo import seed_demo
 
 BIN = Path(sys.executable).parent
 SERVER_CORE, CLIENT_CORE = 0, 1
-
-
-def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        ["taskset", "-c", str(SERVER_CORE), *argv],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"{url} not up after {timeout} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def in_process_limit(settings: Settings) -> float:
@@ -110,7 +74,9 @@ def main() -> None:
     # `mlflow models serve` runs `uvicorn` from PATH.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     ours_port, theirs_port = 18101, 18102
-    ours = start([str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log")
+    ours = start(
+        [str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log", core=SERVER_CORE
+    )
     theirs = start(
         [
             str(BIN / "mlflow"),
@@ -127,10 +93,11 @@ def main() -> None:
         ],
         env,
         home / "mlflow-serve.log",
+        core=SERVER_CORE,
     )
     try:
-        ours_start = wait_http(f"http://127.0.0.1:{ours_port}/readyz", ours)
-        theirs_start = wait_http(f"http://127.0.0.1:{theirs_port}/ping", theirs)
+        ours_start = wait_until(answers(f"http://127.0.0.1:{ours_port}/readyz"), "examlops", proc=ours)
+        theirs_start = wait_until(answers(f"http://127.0.0.1:{theirs_port}/ping"), "mlflow models serve", proc=theirs)
         print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
         os.sched_setaffinity(0, {CLIENT_CORE})
 

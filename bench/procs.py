@@ -1,0 +1,58 @@
+"""What every benchmark needs to run the servers it measures: start, wait until ready, stop, quantiles."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, *, core: int | None = None) -> subprocess.Popen[bytes]:
+    """``argv`` in its own session (so ``stop`` reaches its children), output to ``log``, pinned to ``core``."""
+    pinned = ["taskset", "-c", str(core), *argv] if core is not None else argv
+    return subprocess.Popen(pinned, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group, SIGKILL it after 30 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_until(
+    check: Callable[[], bool], what: str, timeout: float = 120, proc: subprocess.Popen[bytes] | None = None
+) -> float:
+    """Seconds until ``check()`` held; exits the benchmark when ``proc`` dies or ``timeout`` passes."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{what}: the process exited with {proc.returncode}")
+        try:
+            if check():
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    raise SystemExit(f"{what} not ready after {timeout} s")
+
+
+def answers(url: str) -> Callable[[], bool]:
+    """A check that ``url`` answers 200."""
+    return lambda: httpx.get(url, timeout=2).status_code == 200
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
