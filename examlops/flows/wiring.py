@@ -85,19 +85,6 @@ class ControlPlane:
 
     @cached_property
     def audit(self) -> AuditHook:
-        """Appends to the hash-chained audit trail in Redis, with its signed checkpoints in SQL."""
-        from examlops.monitoring.audit import AuditTrail, connect
-        from examlops.monitoring.audit_store import SqlCheckpointStore
-
-        engine = bootstrap.sql_engine(self.settings)
-        trail = AuditTrail(
-            connect(self.settings.redis_url),
-            self.settings.secret.get_secret_value().encode(),
-            SqlCheckpointStore(engine),
-        )
-
-        def append(type: str, subject: str, data: Mapping[str, Any]) -> None:
-            trail.append(type, subject, data)
-            trail.checkpoint_now()  # a flow's process is short-lived: sign what it wrote before it goes
-
-        return append
+        """Appends to the hash-chained audit trail in Redis and signs each event at once: a flow's process
+        is short-lived, so it leaves no unsigned event behind."""
+        return bootstrap.control_events(self.settings, bootstrap.sql_engine(self.settings))
