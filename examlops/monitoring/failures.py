@@ -29,7 +29,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -98,6 +98,10 @@ class WindowState:
 class FailureStore(Protocol):
     def push(self, model: str, failed: bool, capacity: int) -> WindowState: ...
 
+    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
+        """``push`` for each (model, failed) in order, atomically; the state after each push, lined up."""
+        ...
+
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
         """Take the model's cooldown and queue ``request``, atomically; False when the cooldown is running."""
         ...
@@ -123,6 +127,42 @@ end
 return {redis.call('LLEN', KEYS[1]), failures}
 """
 
+PUSH_MANY_SCRIPT = """
+-- KEYS: models set, then one window list per model. ARGV: capacity, then per window: name count k, the k
+-- names pushed to it, its outcomes ('1'/'0' per push, in order). Same effect as PUSH_SCRIPT once per outcome;
+-- returns {size, failures} after each push, flat, window by window. Each window is read once (no LRANGE per push).
+local cap, out, a = tonumber(ARGV[1]), {}, 2
+for m = 2, #KEYS do
+  local key, k = KEYS[m], tonumber(ARGV[a])
+  redis.call('SADD', KEYS[1], unpack(ARGV, a + 1, a + k))
+  local bits = ARGV[a + k + 1]
+  a = a + k + 2
+  local q = redis.call('LRANGE', key, 0, -1)
+  local head, tail, failures = 1, #q, 0
+  for _, v in ipairs(q) do if v == '1' then failures = failures + 1 end end
+  local pushed = {}
+  for i = 1, #bits do
+    local b = string.sub(bits, i, i)
+    pushed[i] = b
+    tail = tail + 1
+    q[tail] = b
+    if b == '1' then failures = failures + 1 end
+    while tail - head + 1 > cap do
+      if q[head] == '1' then failures = failures - 1 end
+      q[head] = nil
+      head = head + 1
+    end
+    out[#out + 1] = tail - head + 1
+    out[#out + 1] = failures
+  end
+  for i = 1, #pushed, 1000 do
+    redis.call('RPUSH', key, unpack(pushed, i, math.min(i + 999, #pushed)))
+  end
+  redis.call('LTRIM', key, -cap, -1)
+end
+return out
+"""
+
 CLAIM_SCRIPT = """
 -- KEYS: cooldown key, outbox hash, last-request hash. ARGV: idempotency key, cooldown ms, request, last, model.
 -- The last-request hash is keyed by the lower-cased model name.
@@ -139,6 +179,7 @@ class RedisFailureStore:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
         self._push = client.register_script(PUSH_SCRIPT)
+        self._push_many = client.register_script(PUSH_MANY_SCRIPT)
         self._claim = client.register_script(CLAIM_SCRIPT)
 
     def push(self, model: str, failed: bool, capacity: int) -> WindowState:
@@ -147,6 +188,29 @@ class RedisFailureStore:
                 keys=[WINDOW_PREFIX + model.lower(), MODELS], args=["1" if failed else "0", capacity, model]
             )
         return WindowState(int(reply[0]), int(reply[1]), capacity)
+
+    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
+        """One script for a whole batch: the outcomes grouped by window, each group in its order."""
+        if not outcomes:
+            return []
+        groups: dict[str, tuple[dict[str, None], list[int]]] = {}  # window key -> (its names, positions)
+        for position, (model, _failed) in enumerate(outcomes):
+            names, positions = groups.setdefault(WINDOW_PREFIX + model.lower(), ({}, []))
+            names[model] = None
+            positions.append(position)
+        keys = [MODELS, *groups]
+        args: list[str | int] = [capacity]
+        for names, positions in groups.values():
+            args += [len(names), *names, "".join("1" if outcomes[p][1] else "0" for p in positions)]
+        with store_errors("updating failure windows"):
+            reply: Any = self._push_many(keys=keys, args=args)
+        states: list[WindowState] = [WindowState(0, 0, capacity)] * len(outcomes)
+        at = 0
+        for _names, positions in groups.values():
+            for position in positions:
+                states[position] = WindowState(int(reply[at]), int(reply[at + 1]), capacity)
+                at += 2
+        return states
 
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
         keys = [COOLDOWN_PREFIX + model.lower(), OUTBOX, LAST]
@@ -202,6 +266,12 @@ class FailureTracker:
         if outcome is Outcome.IGNORED:
             return None
         return self.store.push(model, outcome is Outcome.FAILURE, self.settings.window)
+
+    def push_many(self, outcomes: Sequence[tuple[str, Outcome]]) -> list[WindowState | None]:
+        """``push`` for each (model, outcome) in order, in one store call; None for the ignored ones."""
+        counted = [(model, outcome is Outcome.FAILURE) for model, outcome in outcomes if outcome is not Outcome.IGNORED]
+        states = iter(self.store.push_many(counted, self.settings.window) if counted else [])
+        return [None if outcome is Outcome.IGNORED else next(states) for _model, outcome in outcomes]
 
     def check(self, model: str, state: WindowState) -> RetrainRequest | None:
         """The request queued when this tracker took the cooldown, else None. ``StoreUnavailable``."""

@@ -5,12 +5,14 @@ Contract:
 - ``record`` runs on the bridge's event loop and never blocks: it puts each served inference on a
   bounded ``queue.Queue``. Past the bound the item is dropped, counted (``dropped``) and logged once per
   burst, never silently.
-- The thread takes up to ``batch_size`` items at a time, computes the embedding's norm, mean and
-  standard deviation, and writes, per job, one drift snapshot and one ``inference.served`` audit event
-  in one atomic script keyed by ``examlops:recorded:{job_id}``: a job recorded twice (redelivered, or
-  by two bridges) is written once and counted as a duplicate.
-- Then each newly recorded reply is classified and fed to the failure tracker (shared windows and
-  cooldown in Redis), which may queue a retrain request.
+- The thread takes up to ``batch_size`` items at a time (when fewer are waiting it lingers ``linger_s``
+  for more, so that under load it writes batches instead of waking and calling Redis once per job),
+  computes the embedding's norm, mean and standard deviation, and writes, per job, one drift snapshot
+  and one ``inference.served`` audit event in one atomic script keyed by ``examlops:recorded:{job_id}``:
+  a job recorded twice (redelivered, or by two bridges) is written once and counted as a duplicate.
+- Then the batch's newly recorded replies are classified and fed to the failure tracker (shared windows
+  and cooldown in Redis) in one script per batch, in order; each window state is checked, which may queue
+  a retrain request.
 - While Redis is unavailable the thread retries with backoff (0.1 s doubling to 2 s) and the queue
   holds what arrives meanwhile; nothing is lost while the bound holds (``retried`` counts the retries).
 - ``close(timeout)`` flushes the queue and writes a final audit checkpoint; it returns False (and logs
@@ -86,11 +88,13 @@ class Recorder:
         registry: CollectorRegistry | None = None,
         idle_s: float = 1.0,
         max_backoff_s: float = 2.0,
+        linger_s: float = 0.05,
     ) -> None:
         self.trail = trail
         self.tracker = tracker
         self.batch_size = batch_size
         self.idle_s = idle_s
+        self.linger_s = linger_s
         self.max_backoff_s = max_backoff_s
         self._queue: queue.Queue[Served] = queue.Queue(maxsize)
         self._closing = threading.Event()
@@ -178,15 +182,23 @@ class Recorder:
                     break
                 self._guarded(self.trail.tick)
                 continue
-            while len(batch) < self.batch_size:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._fill(batch)
+            if len(batch) < self.batch_size and self.linger_s > 0 and not self._closing.is_set():
+                # Sleep rather than wait on the queue: a waiting getter makes every put from the event loop
+                # wake this thread, one GIL switch per job.
+                self._closing.wait(self.linger_s)
+                self._fill(batch)
             self._guarded(functools.partial(self._write, batch))
             if self._abandon.is_set():
                 return
         self._guarded(self.trail.checkpoint_now)
+
+    def _fill(self, batch: list[Served]) -> None:
+        while len(batch) < self.batch_size:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                return
 
     def _guarded(self, work: Callable[[], object]) -> None:
         try:
@@ -211,15 +223,18 @@ class Recorder:
         self._m_recorded.inc(len(fresh))
         self.duplicates += len(results) - len(fresh)
         self._m_duplicates.inc(len(results) - len(fresh))
-        if self.tracker is not None:
-            for served in fresh:
-                self._observe(self.tracker, served)
+        if self.tracker is not None and fresh:
+            self._observe(self.tracker, fresh)
 
-    def _observe(self, tracker: FailureTracker, served: Served) -> None:
-        outcome = classify(served.status, served.reply)
-        state = self._until_done(lambda: tracker.push(served.model, outcome))
-        if state is not None:
-            self._until_done(lambda: tracker.check(served.model, state))
+    def _observe(self, tracker: FailureTracker, fresh: Sequence[Served]) -> None:
+        """One push for the batch (retried whole: the script is atomic), then a check per state, in order."""
+        outcomes = [(served.model, classify(served.status, served.reply)) for served in fresh]
+        states = self._until_done(functools.partial(tracker.push_many, outcomes))
+        if states is None:
+            return
+        for (model, _), state in zip(outcomes, states, strict=True):
+            if state is not None:
+                self._until_done(functools.partial(tracker.check, model, state))
 
     def _until_done(self, work: Callable[[], T]) -> T | None:
         """``work()``, retried with backoff while Redis is unavailable; None only when abandoned at close."""

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import redis
 
 from examlops.monitoring.audit import SideWrite, store_errors
@@ -63,9 +64,23 @@ class Snapshot:
         return not self.code
 
     def fields(self) -> dict[str, str]:
-        values = asdict(self)
-        values.pop("entry_id")
-        return {name: repr(value) if isinstance(value, float) else str(value) for name, value in values.items()}
+        # Spelled out: ``dataclasses.asdict`` deep-copies and was a third of the recorder's per-job work.
+        return {
+            "model": str(self.model),
+            "alias": str(self.alias),
+            "version": str(self.version),
+            "run_id": str(self.run_id),
+            "prediction": _text(self.prediction),
+            "norm": _text(self.norm),
+            "mean": _text(self.mean),
+            "std": _text(self.std),
+            "node_count": _text(self.node_count),
+            "job_id": str(self.job_id),
+            "user_id": str(self.user_id),
+            "ts": _text(self.ts),
+            "status": _text(self.status),
+            "code": str(self.code),
+        }
 
     @classmethod
     def from_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
@@ -79,14 +94,23 @@ class Snapshot:
         return SideWrite(stream_of(self.model), self.fields(), MODELS, self.model.lower())
 
 
+def _text(value: object) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:
-    """(L2 norm, mean, population standard deviation); zeros for an empty embedding."""
+    """(L2 norm, mean, population standard deviation); zeros for an empty embedding.
+
+    Vectorised: the pure-Python variance (a generator over 384 floats) cost about 0.1 ms per job.
+    """
     n = len(embedding)
     if n == 0:
         return 0.0, 0.0, 0.0
-    mean = math.fsum(embedding) / n
-    variance = math.fsum((x - mean) ** 2 for x in embedding) / n
-    return math.hypot(*embedding), mean, math.sqrt(variance)
+    values = np.asarray(embedding, dtype=np.float64)
+    mean = float(values.sum()) / n
+    deviations = values - mean
+    variance = float(deviations @ deviations) / n
+    return math.sqrt(float(values @ values)), mean, math.sqrt(variance)
 
 
 def _number(value: Any) -> float:

@@ -18,7 +18,7 @@ from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.settings import FailureSettings
 from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect, verify
-from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore
+from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
 from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
 from examlops.serving.bus import ServedInference, error_body
@@ -201,3 +201,23 @@ def test_the_prefect_requester_reports_an_unreachable_control_plane_as_retryable
     with pytest.raises(DependencyUnavailable) as caught:
         requester.request("JPCP", "test", "examlops-retrain-jpcp-x")
     assert caught.value.retryable and "retrain/retrain" in str(caught.value)
+
+
+def test_a_batched_push_leaves_the_windows_and_states_of_one_push_per_outcome(client: redis.Redis) -> None:
+    store = RedisFailureStore(client)
+    pattern = [("JPCP", True), ("AC", False), ("jpcp", False), ("JPCP", True), ("AC", True), ("JPCP", False)] * 3
+    pattern.append(("AC", False))
+
+    def run(batched: bool) -> tuple[list[WindowState], dict[str, list[str]], set[str]]:
+        for pattern_key in KEYS:
+            for key in client.scan_iter(pattern_key):
+                client.delete(key)
+        for failed in (True, True, False, True, True, True):  # a window longer than the capacity pushed below
+            store.push("JPCP", failed, 10)
+        pushed = store.push_many if batched else lambda outcomes, n: [store.push(m, f, n) for m, f in outcomes]
+        states = pushed(pattern, 4)
+        windows = {model: client.lrange(f"examlops:failures:window:{model}", 0, -1) for model in ("jpcp", "ac")}
+        return states, windows, set(client.smembers("examlops:failures:models"))
+
+    assert run(batched=True) == run(batched=False)
+    assert store.push_many([], 4) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,9 @@ class InMemoryFailureStore:
         window.append(failed)
         del window[:-capacity]
         return WindowState(len(window), sum(window), capacity)
+
+    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
+        return [self.push(model, failed, capacity) for model, failed in outcomes]
 
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
         if self.cooldown_until.get(model.lower(), 0.0) > self.clock():

@@ -17,7 +17,7 @@ from examlops.core.errors import (
     PipelineUnavailable,
 )
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.failures import FailureTracker, Outcome, classify, failure_status
+from examlops.monitoring.failures import FailureTracker, Outcome, WindowState, classify, failure_status
 from tests.unit.monitoring.fakes import Clock, InMemoryFailureStore
 
 
@@ -153,3 +153,14 @@ def test_status_reports_rate_fill_cooldown_and_last_request_per_model() -> None:
     assert rows["jpcp"].last_request is not None and rows["jpcp"].last_request["delivered_at"] is None
     assert rows["crcp"].to_json()["window_size"] == 1 and rows["crcp"].last_request is None
     assert rows["ac"].window.size == 0 and rows["ac"].window.rate == 0.0
+
+
+def test_a_batch_push_gives_a_state_per_outcome_in_order_and_none_for_ignored_ones() -> None:
+    clock = Clock()
+    store = InMemoryFailureStore(clock)
+    trigger = tracker(store, clock, window=2)
+    outcomes = [("JPCP", Outcome.FAILURE), ("AC", Outcome.IGNORED), ("JPCP", Outcome.OK), ("AC", Outcome.FAILURE)]
+    states = trigger.push_many(outcomes)
+    assert states == [WindowState(1, 1, 2), None, WindowState(2, 1, 2), WindowState(1, 1, 2)]
+    assert trigger.push_many([("JPCP", Outcome.IGNORED)]) == [None]
+    assert store.windows == {"jpcp": [True, False], "ac": [True]}
