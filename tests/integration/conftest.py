@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from examlops.platform.process import pid_alive
 from examlops.platform.redis_server import EmbeddedRedis
@@ -39,6 +40,17 @@ def embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 def redis_server(embedded_redis: EmbeddedRedis) -> str:
     """The URL (``redis://127.0.0.1:<port>/0``) of the session's real redis-server."""
     return embedded_redis.url
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    """A client (decoded strings) of the session's Redis, whose database starts empty for each test."""
+    from examlops.monitoring.audit import connect
+
+    client = connect(redis_server)
+    client.flushdb()
+    yield client
+    client.close()
 
 
 @pytest.fixture

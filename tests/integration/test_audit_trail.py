@@ -25,17 +25,6 @@ from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore,
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SECRET = DEV_SECRET.encode()
-MONITORING_KEYS = ("examlops:audit:*", "examlops:recorded:*", "examlops:snapshots*", "examlops:drift:*")
-
-
-@pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    client = connect(redis_server)
-    for pattern in MONITORING_KEYS:
-        for key in client.scan_iter(pattern):
-            client.delete(key)
-    yield client
-    client.close()
 
 
 @pytest.fixture

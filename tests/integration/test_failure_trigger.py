@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +27,6 @@ from tests.unit.monitoring.fakes import Clock, FakeRequester
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SECRET = b"trigger-secret"
-KEYS = ("examlops:failures:*", "examlops:retrain:*", "examlops:audit:*", "examlops:recorded:*", "examlops:snapshots*")
-
-
-@pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    client = connect(redis_server)
-    for pattern in KEYS:
-        for key in client.scan_iter(pattern):
-            client.delete(key)
-    yield client
-    client.close()
 
 
 def test_four_trackers_seeing_the_same_failures_ask_for_one_retrain(redis_server: str, client: redis.Redis) -> None:
@@ -209,9 +197,7 @@ def test_a_batched_push_leaves_the_windows_and_states_of_one_push_per_outcome(cl
     pattern.append(("AC", False))
 
     def run(batched: bool) -> tuple[list[WindowState], dict[str, list[str]], set[str]]:
-        for pattern_key in KEYS:
-            for key in client.scan_iter(pattern_key):
-                client.delete(key)
+        client.flushdb()
         for failed in (True, True, False, True, True, True):  # a window longer than the capacity pushed below
             store.push("JPCP", failed, 10)
         pushed = store.push_many if batched else lambda outcomes, n: [store.push(m, f, n) for m, f in outcomes]

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 __all__ = ["standin"]  # the fixture, used by the bridge test below
 SECRET = b"recording-secret"
-MONITORING_KEYS = ("examlops:audit:*", "examlops:recorded:*", "examlops:snapshots*", "examlops:drift:*")
-
-
-def clear(client: redis.Redis) -> None:
-    for pattern in MONITORING_KEYS:
-        for key in client.scan_iter(pattern):
-            client.delete(key)
-
-
-@pytest.fixture
-def client(redis_server: str) -> Iterator[redis.Redis]:
-    client = connect(redis_server)
-    clear(client)
-    yield client
-    client.close()
 
 
 def served(job: int | str, *, model: str = "JPCP", prediction: float = 0.25, caller: str = "user-1") -> ServedInference:
