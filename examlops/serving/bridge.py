@@ -8,10 +8,11 @@ Contract:
   jobs as it has room for, so a job never waits in a bridge while counting as
   idle (it would be reclaimed and served twice).
 - Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
-  are one Lua script (``bus.REPLY_SCRIPT``), and the done key is checked
-  before serving, so a redelivered job is acked without asking serving again.
-  The check of freshly read jobs is one MGET per read, sent as soon as the
-  read returns, so it travels while the jobs are verified instead of after.
+  are one Lua script (``bus.REPLY_SCRIPT``). A reclaimed job's done key is
+  checked before serving, so a job its first bridge answered before dying is
+  acked without asking serving again. A first delivery is not checked (that
+  round trip is on every job's critical path): a job id its client submitted
+  twice is served twice, but answered and recorded once.
 - A bridge that dies holding jobs loses none: every bridge XAUTOCLAIMs jobs
   idle for longer than its connect plus read timeout; a job delivered more
   than ``bus.MAX_DELIVERIES`` times is dead-lettered with an error reply.
@@ -149,10 +150,8 @@ class Bridge:
                 await _pause(outage.lost(exc), stop)
                 continue
             outage.back()
-            if entries:
-                done = self._check_done(entries)
-                for entry in entries:
-                    self._spawn(entry, delivered=1, done=done)
+            for entry in entries:
+                self._spawn(entry, delivered=1)
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         outage = Outage(f"bridge {self.consumer} sweeper", log)
@@ -188,25 +187,17 @@ class Bridge:
             for entry in await self.store.read(self.consumer, orphans, 100, 0):
                 self._spawn(entry, delivered=1)
 
-    def _check_done(self, entries: list[Entry]) -> asyncio.Task[set[str]]:
-        """Which of these jobs were answered already, asked at once; the ids are not verified yet: a pre-check.
-
-        Created before the jobs' tasks, so the MGET is on its way while they check signatures.
-        """
-        ids = [job_id for _s, _e, fields in entries if 0 < len(job_id := fields.get("job_id", "")) <= 128]
-        return asyncio.create_task(self._done_among(ids))
-
-    async def _done_among(self, job_ids: list[str]) -> set[str]:
+    async def _answered(self, job_id: str) -> bool:
         try:
-            return await self.store.done_among(job_ids)
+            return bool(await self.store.done_among([job_id]))
         except StoreUnavailable:
-            return set()  # served then; the reply script still writes one reply per job id
+            return False  # served then; the reply script still writes one reply per job id
 
-    def _spawn(self, entry: Entry, delivered: int, done: asyncio.Task[set[str]] | None = None) -> None:
+    def _spawn(self, entry: Entry, delivered: int) -> None:
         key = (entry[0], entry[1])
         if key in self._in_flight:
             return
-        task = asyncio.create_task(self._process(*entry, delivered=delivered, done=done))
+        task = asyncio.create_task(self._process(*entry, delivered=delivered))
         self._in_flight[key] = task
         task.add_done_callback(lambda _t: self._done(key))
 
@@ -222,10 +213,9 @@ class Bridge:
         fields: Mapping[str, str],
         *,
         delivered: int,
-        done: asyncio.Task[set[str]] | None,
     ) -> None:
         try:
-            await self._serve(stream, entry_id, fields, delivered, done)
+            await self._serve(stream, entry_id, fields, delivered)
         except Exception:
             # The job stays pending and is reclaimed; a job that keeps failing ends in the dead-letter stream.
             log.exception("job %s on %s failed in the bridge", entry_id, stream)
@@ -236,7 +226,6 @@ class Bridge:
         entry_id: str,
         fields: Mapping[str, str],
         delivered: int,
-        done: asyncio.Task[set[str]] | None,
     ) -> None:
         address = bus.address_of(stream)
         try:
@@ -275,8 +264,7 @@ class Bridge:
                 job=job,
             )
             return
-        answered = await (done if done is not None else self._done_among([job.job_id]))
-        if job.job_id in answered:
+        if delivered > 1 and await self._answered(job.job_id):
             await self._finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
             return
         outcome: Outcome

@@ -9,6 +9,7 @@ Streams and keys::
     examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id
     examlops:bus:dead                 dead letters: malformed, refused and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
+    examlops:bus:addresses            set of every uuid a client has sent a job to (found without a SCAN)
 
 A job entry's fields: ``v`` (format version), ``job_id``, ``reply_to`` (a reply
 stream key), ``caller``, ``deadline`` (absolute UNIX seconds, also the
@@ -35,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
 
 FORMAT = "1"
@@ -42,6 +45,7 @@ PREFIX = "examlops:bus"
 GROUP = "bridges"
 DEAD_STREAM = f"{PREFIX}:dead"
 HANDLERS_KEY = f"{PREFIX}:handlers"
+ADDRESSES_KEY = f"{PREFIX}:addresses"
 JOBS_PREFIX = f"{PREFIX}:jobs:"
 REPLIES_PREFIX = f"{PREFIX}:replies:"
 
@@ -124,9 +128,23 @@ class Job:
         return DeadlineExceeded(f"the job's deadline passed {now - self.deadline:.3f} s ago; it was not served")
 
 
+def dumps(data: Any, *, sort_keys: bool = False) -> bytes:
+    """Compact JSON of plain finite data: ``ValueError`` for NaN or infinity, ``TypeError`` for anything else.
+
+    orjson, because a job's embedding is encoded on every hop and the standard
+    library takes ~0.25 ms for 384 floats where orjson takes ~0.01 ms. orjson
+    writes NaN and infinity as ``null``, so output holding ``null`` is checked
+    once more by the standard library, which refuses them (a real None passes).
+    """
+    encoded = orjson.dumps(data, option=orjson.OPT_SORT_KEYS if sort_keys else None)
+    if b"null" in encoded:
+        json.dumps(data, allow_nan=False)
+    return encoded
+
+
 def canonical_json(data: Any) -> str:
     """Sorted keys, no spaces, no NaN: one text for one value."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    return dumps(data, sort_keys=True).decode()
 
 
 def _signature(secret: bytes, address: str, fields: Mapping[str, str]) -> str:
@@ -152,7 +170,7 @@ def encode_job(
     """The stream fields of a signed job. ``InvalidInput`` for a payload that is not plain finite JSON."""
     try:
         body = canonical_json(payload)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
         raise InvalidInput(f"the payload is not plain JSON of finite numbers ({exc})", field="payload") from exc
     fields = {
         "v": FORMAT,
@@ -164,10 +182,6 @@ def encode_job(
     }
     fields["sig"] = _signature(secret, address, fields)
     return fields
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a finite number")
 
 
 def decode_job(secret: bytes, address: str, raw: Mapping[str, str], now: float) -> Job:
@@ -195,7 +209,7 @@ def decode_job(secret: bytes, address: str, raw: Mapping[str, str], now: float) 
         raise BadSignature("the job's signature does not match: unsigned, another secret, or altered", **seen)
     try:
         deadline = float(fields["deadline"])
-        payload = json.loads(fields["payload"], parse_constant=_refuse_constant)
+        payload = orjson.loads(fields["payload"])  # strict: NaN, Infinity and 1e309 are refused
     except ValueError as exc:
         raise MalformedJob(f"the deadline or payload cannot be read ({exc})", **seen) from exc
     if not math.isfinite(deadline) or not isinstance(payload, dict):
@@ -219,14 +233,14 @@ def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | 
 
 
 def reply_fields(job_id: str, body: Mapping[str, Any], status: int = 0) -> dict[str, str]:
-    return {"job_id": job_id, "status": str(status), "body": json.dumps(body, separators=(",", ":"))}
+    return {"job_id": job_id, "status": str(status), "body": orjson.dumps(body).decode()}
 
 
 def read_reply(raw: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
     """(job id, body) of one reply entry; a body that is not an object becomes an error body."""
     try:
-        body = json.loads(raw.get("body", ""))
-    except ValueError:
+        body = orjson.loads(raw.get("body", ""))
+    except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
         body = error_body(MalformedJob("the bridge sent an unreadable reply"))
@@ -281,3 +295,11 @@ if first then return 1 else return 0 end
 """
 """One reply per job id, however often the job was delivered. Acked entries are deleted at once: Redis 6.2
 has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops a pending job."""
+
+SUBMIT_SCRIPT = """
+-- KEYS: job stream, addresses set. ARGV: address, stream maxlen, job k/v...
+-- Notes the address, so bridges find the streams of unknown addresses with SMEMBERS instead of a SCAN of
+-- a keyspace that holds a done key per job; the same round trip as the XADD alone.
+redis.call('SADD', KEYS[2], ARGV[1])
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+"""

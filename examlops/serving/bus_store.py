@@ -82,17 +82,16 @@ class BusStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
         self._finish = redis.register_script(bus.REPLY_SCRIPT)
+        self._submit = redis.register_script(bus.SUBMIT_SCRIPT)
 
     # The client's side.
 
     async def submit(self, address: str, fields: Mapping[str, str]) -> str:
+        args: list[str | int] = [address, bus.JOB_STREAM_MAXLEN]
+        for name, value in fields.items():
+            args += [name, value]
         async with _translated("submitting a job"):
-            entry: Any = await self.redis.xadd(
-                bus.jobs_stream(address),
-                dict[Any, Any](fields),
-                maxlen=bus.JOB_STREAM_MAXLEN,
-                approximate=True,
-            )
+            entry: Any = await self._submit(keys=[bus.jobs_stream(address), bus.ADDRESSES_KEY], args=args)
         return str(entry)
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
@@ -185,5 +184,7 @@ class BusStore:
         return {address for address, when in beats.items() if now - float(when) <= max_age_s}
 
     async def job_streams(self) -> list[str]:
+        """The job stream of every address a client has sent to."""
         async with _translated("listing job streams"):
-            return [name async for name in self.redis.scan_iter(match=bus.JOBS_PREFIX + "*", _type="STREAM")]
+            addresses: Any = await self.redis.smembers(bus.ADDRESSES_KEY)
+        return sorted(bus.jobs_stream(address) for address in addresses)

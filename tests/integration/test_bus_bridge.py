@@ -233,14 +233,15 @@ async def test_a_job_delivered_more_than_three_times_is_dead_lettered_with_an_er
     assert standin.seen == []
 
 
-async def test_a_redelivered_job_that_was_answered_is_acked_without_serving_it_again(
+async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_again(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     stream = bus.jobs_stream(ADDRESS)
-    async with running_bridge(settings), BusClient.from_settings(settings, caller="t") as client:
-        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
-        # The same signed job delivered again (a bridge reclaimed it after the first one answered).
+    async with BusClient.from_settings(settings, caller="t") as client:
+        async with running_bridge(settings):
+            assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
+        # The same signed job, taken by a bridge that died before acking it: pending and idle for a minute.
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
             job = bus.encode_job(
                 settings.secret.get_secret_value().encode(),
@@ -252,9 +253,27 @@ async def test_a_redelivered_job_that_was_answered_is_acked_without_serving_it_a
                 payload=PAYLOAD,
             )
             sync_redis.xadd(stream, job)
-            await until(lambda: sync_redis.xlen(stream) == 0)
+            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(bus.GROUP, "ghost", {stream: ">"})
+            sync_redis.xclaim(stream, bus.GROUP, "ghost", 0, [entry_id], idle=60_000)
+            async with running_bridge(settings, sweep_s=0.2):
+                await until(lambda: sync_redis.xlen(stream) == 0)
     assert standin.seen == ["twice"]
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"twice": 1})
+
+
+async def test_a_job_id_submitted_twice_is_answered_and_recorded_once(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    recorder = ListRecorder()
+    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
+        # A first delivery is not checked against the done key: serving is asked again, nothing else happens.
+        with pytest.raises(DeadlineExceeded):
+            await client.request(ADDRESS, PAYLOAD, 1, job_id="again")
+    assert standin.seen == ["again", "again"]
+    assert replies_per_job(redis_url, client.reply_stream) == Counter({"again": 1})
+    assert [served.job_id for served in recorder.served] == ["again"]
 
 
 def start_bridge_process(

@@ -123,9 +123,25 @@ def test_an_unreadable_payload_with_a_valid_signature_is_malformed() -> None:
         bus.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
-def test_a_payload_with_nan_cannot_be_encoded() -> None:
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_payload_with_a_non_finite_number_cannot_be_encoded(bad: float) -> None:
     with pytest.raises(ValueError, match="finite"):
-        signed(payload={"embedding": [float("nan")], "node_count": 1})
+        signed(payload={"embedding": [0.5, bad], "node_count": 1})
+
+
+def test_a_real_null_and_the_text_null_still_encode() -> None:
+    payload = {"embedding": [0.5], "node_count": 1, "alias": None, "note": "nullable"}
+    job = bus.decode_job(SECRET, ADDRESS, signed(payload=payload), NOW)
+    assert job.payload == payload
+
+
+@pytest.mark.parametrize("number", ["1e309", "-1e400", "NaN", "Infinity"])
+def test_a_signed_payload_with_a_number_that_is_not_finite_is_malformed(number: str) -> None:
+    fields = signed()
+    fields["payload"] = '{"embedding":[' + number + '],"node_count":1}'
+    fields["sig"] = bus._signature(SECRET, ADDRESS, fields)
+    with pytest.raises(bus.MalformedJob, match="cannot be read"):
+        bus.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
 def test_an_unknown_format_version_is_malformed() -> None:

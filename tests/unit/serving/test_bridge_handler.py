@@ -1,0 +1,121 @@
+"""The bridge's HTTP hop: what a handler replies when serving answers, is down, or is too slow."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from examlops.core.settings import HttpSettings
+from examlops.registry.catalog import ModelSpec, load_catalog
+from examlops.serving import bus
+from examlops.serving.bridge_handler import ModelHandler, http_client
+
+CATALOG = Path(__file__).resolve().parents[3] / "examlops" / "catalog"
+REPLY = b'{"model":"JPCP","alias":"Production","version":1,"run_id":"r","prediction":0.25,"job_id":"j-1"}'
+
+
+@pytest.fixture(scope="module")
+def spec() -> ModelSpec:
+    return load_catalog(CATALOG).get("JPCP")
+
+
+def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | None = None) -> bus.Job:
+    return bus.Job(
+        job_id="j-1",
+        address=str(spec.seanerbus_uuid),
+        reply_to=bus.replies_stream("c"),
+        caller="svc:test",
+        deadline=time.time() + deadline_in,
+        payload={"embedding": embedding or [0.01] * spec.embedding_dim, "node_count": 12},
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(reply: bytes | None) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A loopback HTTP server that answers every request with ``reply``, or never answers when it is None."""
+    received: list[bytes] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+        received.append(await reader.readexactly(length))
+        if reply is not None:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(reply)
+            )
+            writer.write(reply)
+            await writer.drain()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+async def silent() -> AsyncIterator[str]:
+    async with serving(None) as (url, _):
+        yield url
+
+
+def handler(spec: ModelSpec, url: str, timeouts: HttpSettings) -> ModelHandler:
+    return ModelHandler(spec, http_client(timeouts), url, timeouts, time.time)
+
+
+async def test_a_reply_from_serving_is_passed_on_with_the_job_sent_once(spec: ModelSpec) -> None:
+    async with serving(REPLY) as (url, received):
+        one = handler(spec, url, HttpSettings())
+        async with one.http:
+            outcome = await one.handle(job(spec))
+    assert outcome.status == 200 and outcome.recorded
+    assert outcome.body["prediction"] == 0.25 and outcome.body["error"] is None and outcome.body["version"] == 1
+    assert len(received) == 1 and b'"job_id":"j-1"' in received[0] and b'"deadline":' in received[0]
+
+
+async def test_serving_down_is_an_unreachable_pipeline_not_a_timeout(spec: ModelSpec) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    one = handler(spec, f"http://127.0.0.1:{port}", HttpSettings())
+    async with one.http:
+        outcome = await one.handle(job(spec))
+    assert outcome.body["code"] == "pipeline_unavailable" and "cannot be reached" in outcome.body["error"]
+    assert outcome.body["prediction"] == 0.0 and outcome.status == 0
+
+
+async def test_serving_too_slow_is_a_timeout_within_the_read_timeout(spec: ModelSpec, silent: str) -> None:
+    one = handler(spec, silent, HttpSettings(read_timeout_s=0.3))
+    began = time.monotonic()
+    async with one.http:
+        outcome = await one.handle(job(spec))
+    assert outcome.body["code"] == "pipeline_unavailable" and "did not answer in time" in outcome.body["error"]
+    assert time.monotonic() - began < 5
+
+
+async def test_a_deadline_passing_while_serving_works_is_refused_and_not_recorded(spec: ModelSpec, silent: str) -> None:
+    one = handler(spec, silent, HttpSettings())
+    async with one.http:
+        outcome = await one.handle(job(spec, deadline_in=0.3))
+    assert outcome.body["code"] == "deadline_exceeded" and not outcome.recorded
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+async def test_a_non_finite_number_is_refused_before_anything_is_sent(spec: ModelSpec, bad: float) -> None:
+    async with serving(REPLY) as (url, received):
+        one = handler(spec, url, HttpSettings())
+        async with one.http:
+            outcome = await one.handle(job(spec, embedding=[bad] + [0.0] * (spec.embedding_dim - 1)))
+    assert outcome.body["code"] == "invalid_input" and outcome.body["field"] == "embedding"
+    assert received == []
