@@ -6,6 +6,7 @@ Heavy imports (mlflow) stay inside the functions so that the CLI starts fast.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -51,8 +52,27 @@ def sql_engine(settings: Settings) -> Engine:
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store  # noqa: F401
 
-    SQLModel.metadata.create_all(engine)
+    _create_tables(engine)
     return engine
+
+
+def _create_tables(engine: Engine, attempts: int = 5) -> None:
+    """``create_all``, safe when several processes start on a fresh database at once.
+
+    ``create_all`` checks which tables exist, then creates the rest: two processes (serving and a bridge
+    under `exa up`) can both see a table missing, and the second CREATE fails with "already exists"
+    (on Postgres a unique violation in its catalog). Checking again then finds the table and skips it.
+    """
+    from sqlalchemy.exc import DatabaseError
+
+    for attempt in range(attempts):
+        try:
+            SQLModel.metadata.create_all(engine)
+            return
+        except DatabaseError as exc:
+            if attempt == attempts - 1 or not ("already exists" in str(exc) or "duplicate key" in str(exc)):
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def model_registry(settings: Settings) -> MlflowRegistry:
