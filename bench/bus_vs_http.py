@@ -40,12 +40,11 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
-from procs import quantile, start, stop, wait_until
+from procs import CpuMeter, quantile, start, stop, wait_until
 
 from examlops.core.settings import HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
@@ -122,25 +121,6 @@ async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int
             return reply.status_code != 200
 
         return await timed_workers(len(bodies), concurrency, call)
-
-
-class CpuMeter:
-    """CPU seconds of each named process and its children, read before and after a run."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-
-    def read(self) -> dict[str, float]:
-        spent: dict[str, float] = {}
-        for name, proc in self.procs.items():
-            spent[name] = 0.0
-            for one in [proc, *proc.children(recursive=True)]:
-                try:
-                    times = one.cpu_times()
-                except psutil.Error:
-                    continue
-                spent[name] += times.user + times.system
-        return spent
 
 
 def pooled(runs: list[Run]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 
 
 def start(argv: list[str], env: dict[str, str], log: Path, *, core: int | None = None) -> subprocess.Popen[bytes]:
@@ -56,3 +57,22 @@ def quantile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class CpuMeter:
+    """CPU seconds of each named process and its children, read before and after a run."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+
+    def read(self) -> dict[str, float]:
+        spent: dict[str, float] = {}
+        for name, proc in self.procs.items():
+            spent[name] = 0.0
+            for one in [proc, *proc.children(recursive=True)]:
+                try:
+                    times = one.cpu_times()
+                except psutil.Error:
+                    continue
+                spent[name] += times.user + times.system
+        return spent

@@ -7,7 +7,11 @@ models and runs `exa serve start` on a free port, all in a fresh state folder
 the same bounded load: a warm-up, then ``--jobs`` bus jobs to JPCP at
 ``--concurrency`` through ``BusClient``. Only one bridge runs at a time.
 
-    .venv/bin/python bench/recording_cost.py [--jobs 3000] [--concurrency 32] [--rounds 2]
+    .venv/bin/python bench/recording_cost.py [--jobs 3000] [--concurrency 32] [--rounds 4]
+
+The client runs on uvloop, as the bridge does. Per turn, the CPU each process
+spent per job (the bridge with its recorder thread, serving with its pool
+workers, Redis, the client) shows where recording's cost lands.
 
 Printed per turn: jobs/s, p50 and p99 of the round trip; with recording on,
 the recorder's backlog while the load runs. The bridge exposes no metrics
@@ -38,9 +42,10 @@ from typing import Any
 import httpx
 import numpy as np
 import redis
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bus_vs_http import quantile, start, stop, wait_until
+from procs import CpuMeter, quantile, start, stop, wait_until
 
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import INFERENCE_SERVED
@@ -75,6 +80,7 @@ class Turn:
     new_snapshots: int = 0
     new_events: int = 0
     answered: int = 0
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -147,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2, help="Turns of off-then-on (2: off, on, off, on).")
+    parser.add_argument("--rounds", type=int, default=4, help="Turns of off-then-on (2: off, on, off, on).")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -166,6 +172,8 @@ def main() -> None:
 
     redis_server = EmbeddedRedis(home / "redis", free_port())
     redis_server.start()
+    redis_pid = redis_server.process.pid
+    assert redis_pid is not None
     serving_port = free_port()
     settings = Settings(home=home, redis=RedisSettings(url=redis_server.url))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
@@ -187,7 +195,12 @@ def main() -> None:
                 bridge = start(argv + ([] if record else ["--no-record"]), env, log)
                 try:
                     wait_until(lambda: " ready: " in log.read_text(errors="replace"), "the bridge")  # noqa: B023
-                    asyncio.run(run_turn(settings, client, str(spec.seanerbus_uuid), bodies, args.concurrency, turn))
+                    meter = CpuMeter({"bridge": bridge.pid, "serving": serving.pid, "redis": redis_pid})
+                    before, client_before = meter.read(), time.process_time()
+                    uvloop.run(run_turn(settings, client, str(spec.seanerbus_uuid), bodies, args.concurrency, turn))
+                    after, client_after = meter.read(), time.process_time()
+                    turn.cpu_ms = {k: (after[k] - before[k]) * 1000 / turn.answered for k in after}
+                    turn.cpu_ms["client"] = (client_after - client_before) * 1000 / turn.answered
                 finally:
                     stop(bridge)  # recording on: the recorder flushes on SIGTERM
                 turn.new_snapshots = snapshots(client) - snaps
@@ -209,22 +222,28 @@ def report(turns: list[Turn], args: argparse.Namespace) -> None:
     print(f"\n{args.jobs} bus jobs per turn to {MODEL} at c={args.concurrency} after {WARM_UP} warm-up jobs; ")
     print(f"one serving process, one bridge at a time ({os.cpu_count()} cores)\n")
     header = f"{'turn':<5} {'recording':<9} {'jobs/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-    print(header + f" {'backlog p50/max/end':>20} {'drain s':>7}")
+    print(header + f" {'backlog p50/max/end':>20} {'drain s':>7}  cpu ms per job")
     for i, turn in enumerate(turns):
         row = (
             f"{i + 1:<5} {'on' if turn.record else 'off':<9} {turn.rps:>7.0f} "
             f"{statistics.median(turn.latencies_ms):>8.2f} {quantile(turn.latencies_ms, 0.99):>8.2f} {turn.errors:>6}"
         )
+        backlog, drain = "", ""
         if turn.record and turn.backlog:
             backlog = f"{statistics.median(turn.backlog):.0f}/{max(turn.backlog)}/{turn.backlog_at_end}"
-            row += f" {backlog:>20} {turn.drain_s:>7.2f}"
-        print(row)
+            drain = f"{turn.drain_s:.2f}"
+        cpu = "  ".join(f"{k} {v:.2f}" for k, v in turn.cpu_ms.items())
+        print(f"{row} {backlog:>20} {drain:>7}  {cpu}")
     off = [t for t in turns if not t.record]
     on = [t for t in turns if t.record]
     rps_off = sum(t.jobs for t in off) / sum(t.seconds for t in off)
     rps_on = sum(t.jobs for t in on) / sum(t.seconds for t in on)
     cost = 100 * (1 - rps_on / rps_off)
     print(f"\nthroughput: off {rps_off:.0f} jobs/s, on {rps_on:.0f} jobs/s: recording costs {cost:.1f} %")
+    for name in turns[0].cpu_ms:
+        off_cpu = statistics.median(t.cpu_ms[name] for t in off)
+        on_cpu = statistics.median(t.cpu_ms[name] for t in on)
+        print(f"cpu ms per job, {name}: off {off_cpu:.3f}, on {on_cpu:.3f} ({on_cpu - off_cpu:+.3f})")
     p50_off = statistics.median([v for t in off for v in t.latencies_ms])
     p50_on = statistics.median([v for t in on for v in t.latencies_ms])
     print(f"p50: off {p50_off:.2f} ms, on {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")

@@ -145,7 +145,13 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
 
     client = connect(settings.redis_url)
     engine = sql_engine(settings)
-    trail = AuditTrail(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
+    trail = AuditTrail(
+        client,
+        settings.secret.get_secret_value().encode(),
+        SqlCheckpointStore(engine),
+        checkpoint_every=settings.audit.checkpoint_every,
+        checkpoint_interval_s=settings.audit.checkpoint_interval_s,
+    )
     try:
         yield trail
     finally:

@@ -86,6 +86,15 @@ class FailureSettings(_Section):
     """Seconds after a retrain request during which no other is made for that model."""
 
 
+class AuditSettings(_Section):
+    """The audit trail's signed checkpoints in SQL (seed 000, step 9)."""
+
+    checkpoint_every: int = Field(1000, ge=1)
+    """Write a signed checkpoint every this many events (each is one SQL commit)."""
+    checkpoint_interval_s: float = Field(60.0, gt=0)
+    """And at least this often, in seconds, while events arrive."""
+
+
 class ServingSettings(_Section):
     """The serving process (FastAPI on uvicorn)."""
 
@@ -166,6 +175,7 @@ class Settings(BaseSettings):
     predict: PredictSettings = PredictSettings()
     hotset: HotSetSettings = HotSetSettings()
     failure: FailureSettings = FailureSettings()
+    audit: AuditSettings = AuditSettings()
     serving: ServingSettings = ServingSettings()
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()

@@ -48,6 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from examlops.core.errors import Conflict, StoreUnavailable
+from examlops.core.jsoncodec import canonical
 from examlops.monitoring.audit_store import CheckpointStore, new_checkpoint
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def store_errors(what: str) -> Iterator[None]:
 
 
 def canonical_json(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    """The event's data as stored and hashed: sorted keys, no spaces, no NaN (orjson: it runs once per job)."""
+    return canonical(data)
 
 
 def format_ts(ts: float) -> str:
@@ -222,7 +224,7 @@ class AuditTrail:
         secret: bytes,
         checkpoints: CheckpointStore | None = None,
         *,
-        checkpoint_every: int = 100,
+        checkpoint_every: int = 1000,
         checkpoint_interval_s: float = 60.0,
         once_ttl_s: float = 4200.0,
         clock: Callable[[], float] = time.time,

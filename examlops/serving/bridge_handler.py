@@ -26,10 +26,11 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
+from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
-from examlops.serving.bus import Job, dumps, error_body
+from examlops.serving.bus import Job, error_body
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported

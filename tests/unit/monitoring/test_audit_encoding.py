@@ -13,7 +13,7 @@ from examlops.monitoring.audit_store import checkpoint_is_genuine, new_checkpoin
 
 
 def test_canonical_json_is_one_text_for_one_value() -> None:
-    assert canonical_json({"b": 1, "a": [1.5, "é"]}) == '{"a":[1.5,"\\u00e9"],"b":1}'
+    assert canonical_json({"b": 1, "a": [1.5, "é"]}) == '{"a":[1.5,"é"],"b":1}'
     assert canonical_json({"a": [1.5, "é"], "b": 1}) == canonical_json({"b": 1, "a": [1.5, "é"]})
 
 
