@@ -304,7 +304,13 @@ class Bridge:
         while True:
             try:
                 first = await self.store.finish(
-                    stream, entry_id, done_id=done_id, reply_to=reply_to, reply=fields, dead=dead
+                    stream,
+                    entry_id,
+                    done_id=done_id,
+                    reply_to=reply_to,
+                    reply=fields,
+                    dead=dead,
+                    done_ttl_s=bus.done_ttl(job.deadline if job else None, self.clock()),
                 )
                 if outage is not None:
                     outage.back()

@@ -53,8 +53,11 @@ REPLIES_PREFIX = f"{PREFIX}:replies:"
 MAX_DELIVERIES = 3
 """A job delivered more often than this is dead-lettered with an error reply."""
 MAX_JOB_TTL_S = 3600.0
-"""Jobs whose deadline lies further ahead are refused: the done key must outlive every valid job (no replay)."""
-DONE_TTL_S = int(MAX_JOB_TTL_S) + 600
+"""Jobs whose deadline lies further ahead are refused, so that a done key can outlive every valid job."""
+DONE_MARGIN_S = 600.0
+"""A done key outlives its job's deadline by this much (reclaims, clock skew); past it, a copy of the job
+is refused as expired, never served."""
+DONE_TTL_S = int(MAX_JOB_TTL_S + DONE_MARGIN_S)
 REPLY_STREAM_TTL_S = 600
 REPLY_STREAM_MAXLEN = 10_000
 JOB_STREAM_MAXLEN = 100_000
@@ -86,6 +89,16 @@ class Undeliverable(ExamlopsError):
     """Delivered more than ``MAX_DELIVERIES`` times without an answer (bridges died under it): dead-lettered."""
 
     code = "undeliverable"
+
+
+def done_ttl(deadline: float | None, now: float) -> int:
+    """Seconds a job's done key lives: to its deadline plus ``DONE_MARGIN_S``, at most ``DONE_TTL_S``.
+
+    Keyed to the job's own budget rather than the longest one allowed: a done key per job is most of the
+    bus's memory in Redis, and at a steady 700 jobs/s of 30 s jobs this keeps ~0.45 M keys, not ~2.9 M.
+    """
+    remaining = 0.0 if deadline is None else max(0.0, deadline - now)
+    return int(min(DONE_TTL_S, remaining + DONE_MARGIN_S))
 
 
 def jobs_stream(address: str) -> str:

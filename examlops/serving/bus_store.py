@@ -135,10 +135,11 @@ class BusStore:
         reply_to: str | None,
         reply: Mapping[str, str],
         dead: Mapping[str, Any] | None = None,
+        done_ttl_s: int = bus.DONE_TTL_S,
     ) -> bool:
         """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first."""
         keys = [stream, bus.done_key(done_id), reply_to or "", bus.DEAD_STREAM]
-        args: list[str | int] = [bus.GROUP, entry_id, bus.DONE_TTL_S, bus.REPLY_STREAM_MAXLEN]
+        args: list[str | int] = [bus.GROUP, entry_id, done_ttl_s, bus.REPLY_STREAM_MAXLEN]
         args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else bus.canonical_json(dead)]
         for name, value in reply.items():
             args += [name, value]

@@ -162,6 +162,8 @@ async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url
     }
     assert standin.seen == ["job-one"]
     assert [(s.job_id, s.model, s.caller, s.node_count) for s in recorder.served] == [("job-one", "JPCP", "t", 12)]
+    with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin
+        assert bus.DONE_MARGIN_S < sync_redis.ttl(bus.done_key("job-one")) <= 10 + bus.DONE_MARGIN_S
 
 
 async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:

@@ -97,6 +97,13 @@ def test_a_deadline_too_far_ahead_is_refused_so_done_keys_outlive_every_job() ->
     assert bus.DONE_TTL_S > bus.MAX_JOB_TTL_S
 
 
+def test_a_done_key_lives_to_its_jobs_deadline_plus_the_margin() -> None:
+    assert bus.done_ttl(NOW + 30, NOW) == 30 + bus.DONE_MARGIN_S
+    assert bus.done_ttl(NOW - 5, NOW) == bus.DONE_MARGIN_S  # expired, or unreadable (None): the margin
+    assert bus.done_ttl(None, NOW) == bus.DONE_MARGIN_S
+    assert bus.done_ttl(NOW + bus.MAX_JOB_TTL_S, NOW) == bus.DONE_TTL_S
+
+
 @pytest.mark.parametrize("missing", ["job_id", "reply_to", "payload", "deadline", "v", "caller"])
 def test_a_job_missing_a_field_is_malformed(missing: str) -> None:
     fields = signed()
