@@ -166,6 +166,8 @@ class Entry:
     ts: float
     once_key: str = ""
     side: SideWrite | None = None
+    once_ttl_s: float | None = None
+    """How long the once key lives; None: the trail's ``once_ttl_s``. A call sets its entries' longest."""
     encoded: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
@@ -286,7 +288,8 @@ class AuditTrail:
         return (int(seq), str(head)) if seq is not None else (0, GENESIS)
 
     def _encode(self, seq: int, head: str, entries: Sequence[Entry]) -> tuple[list[AuditEvent], list[str]]:
-        args = [str(seq), head, str(self._once_ttl_ms), str(len(entries))]
+        ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
+        args = [str(seq), head, str(max(1, ttl_ms)), str(len(entries))]
         events: list[AuditEvent] = []
         for entry in entries:
             seq += 1

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+ONCE_MARGIN_S = 600.0
+"""A job's once key outlives its deadline by this much (``serving.bus.DONE_MARGIN_S``)."""
+
+
 def recorded_key(job_id: str) -> str:
     return f"examlops:recorded:{job_id}"
 
@@ -66,6 +70,8 @@ class Served(Protocol):
     def status(self) -> int: ...
     @property
     def served_at(self) -> float: ...
+    @property
+    def deadline(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,4 +293,6 @@ def _entry(served: Served) -> Entry:
         served.served_at,
         once_key=recorded_key(served.job_id),
         side=snapshot.side_write(),
+        # A copy of the job delivered past its deadline is refused, never recorded: the key may go then.
+        once_ttl_s=None if served.deadline is None else max(0.0, served.deadline - served.served_at) + ONCE_MARGIN_S,
     )

@@ -8,6 +8,7 @@ recorder as its ``on_served`` hook.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from examlops.core.settings import Settings
 from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, connect, verify
-from examlops.monitoring.recorder import Recorder
+from examlops.monitoring.recorder import ONCE_MARGIN_S, Recorder, recorded_key
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.serving.bus import ServedInference
@@ -127,6 +128,16 @@ def test_a_snapshot_and_its_event_carry_the_reply_and_the_embedding_statistics(c
         "status": 200,
         "code": "",
     }
+
+
+def test_a_jobs_once_key_lives_to_its_deadline_plus_the_margin(client: redis.Redis) -> None:
+    now = time.time()
+    for job in (dataclasses.replace(served(1), served_at=now, deadline=now + 30), served(2)):
+        recorder = Recorder(AuditTrail(client, SECRET)).start()
+        recorder.record([job])  # job 2 has no deadline: the trail's own once TTL (70 minutes)
+        assert recorder.close(10)
+    assert ONCE_MARGIN_S < client.ttl(recorded_key("job-1")) <= 30 + ONCE_MARGIN_S
+    assert client.ttl(recorded_key("job-2")) > 3600
 
 
 def test_past_its_bound_the_queue_drops_counts_and_logs_never_silently(
