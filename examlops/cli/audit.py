@@ -22,8 +22,8 @@ def verify(as_json: JsonOption = False) -> None:
     """Walk the chain and the signed checkpoints; name the first broken link and exit 1 when there is one."""
     from examlops.bootstrap import sql_engine
     from examlops.monitoring.audit import connect
-    from examlops.monitoring.audit import verify as verify_trail
     from examlops.monitoring.audit_store import SqlCheckpointStore
+    from examlops.monitoring.audit_verify import verify as verify_trail
 
     settings = load_settings()
     with errors_as_exit():
@@ -60,7 +60,7 @@ def tail(
 ) -> None:
     """The last N events of the audit trail, oldest first."""
     from examlops.monitoring.audit import connect
-    from examlops.monitoring.audit import tail as tail_trail
+    from examlops.monitoring.audit_verify import tail as tail_trail
 
     settings = load_settings()
     with errors_as_exit():

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from examlops.bootstrap import sql_engine
 from examlops.cli.audit import audit_app
 from examlops.core.settings import DEV_SECRET, Settings
-from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, connect, tail, verify
+from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, connect
 from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
+from examlops.monitoring.audit_verify import tail, verify
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect, verify
+from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect
+from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
 from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest

@@ -22,7 +22,8 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from examlops.core.settings import Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, connect, verify
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, connect
+from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder import ONCE_MARGIN_S, Recorder, recorded_key
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
