@@ -199,8 +199,8 @@ def main() -> None:
                     before, client_before = meter.read(), time.process_time()
                     uvloop.run(run_turn(settings, client, str(spec.seanerbus_uuid), bodies, args.concurrency, turn))
                     after, client_after = meter.read(), time.process_time()
-                    turn.cpu_ms = {k: (after[k] - before[k]) * 1000 / turn.answered for k in after}
-                    turn.cpu_ms["client"] = (client_after - client_before) * 1000 / turn.answered
+                    turn.cpu_ms = {k: (after[k] - before[k]) * 1000 / max(1, turn.answered) for k in after}
+                    turn.cpu_ms["client"] = (client_after - client_before) * 1000 / max(1, turn.answered)
                 finally:
                     stop(bridge)  # recording on: the recorder flushes on SIGTERM
                 turn.new_snapshots = snapshots(client) - snaps

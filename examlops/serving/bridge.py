@@ -8,11 +8,13 @@ Contract:
   jobs as it has room for, so a job never waits in a bridge while counting as
   idle (it would be reclaimed and served twice).
 - Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
-  are one Lua script (``bus.REPLY_SCRIPT``). A reclaimed job's done key is
-  checked before serving, so a job its first bridge answered before dying is
-  acked without asking serving again. A first delivery is not checked (that
-  round trip is on every job's critical path): a job id its client submitted
-  twice is served twice, but answered and recorded once.
+  are one Lua script (``bus.REPLY_SCRIPT``), and the done key is checked
+  before serving, so a redelivered or replayed job is acked without asking
+  serving again. The check of freshly read jobs is one MGET per read, sent as
+  soon as the read returns, so it travels while the jobs are verified instead
+  of after. A done key lives to its job's deadline plus ``bus.DONE_MARGIN_S``;
+  a copy of a job older than that is acked and dead-lettered without a reply,
+  so its job id never gets a second one.
 - A bridge that dies holding jobs loses none: every bridge XAUTOCLAIMs jobs
   idle for longer than its connect plus read timeout; a job delivered more
   than ``bus.MAX_DELIVERIES`` times is dead-lettered with an error reply.
@@ -51,7 +53,7 @@ BLOCK_MS = 1000
 HANDLER_TTL_S = 30.0
 """An address whose last bridge heartbeat is older than this counts as served by nobody."""
 ORPHAN_SWEEP_EVERY = 5
-"""Look for job streams of unknown addresses once per this many sweeps (a SCAN of the keyspace)."""
+"""Look for jobs on streams of unknown addresses once per this many sweeps (the addresses set, no SCAN)."""
 
 
 class Bridge:
@@ -97,6 +99,7 @@ class Bridge:
         """
         await self._warn_without_persistence()
         await self.store.ensure_groups(self.streams)
+        await self.store.note_existing_streams()
         await self.store.heartbeat(self.handlers, self.clock())
         self._room = asyncio.Event()
         log.info(
@@ -150,8 +153,10 @@ class Bridge:
                 await _pause(outage.lost(exc), stop)
                 continue
             outage.back()
-            for entry in entries:
-                self._spawn(entry, delivered=1)
+            if entries:
+                done = self._check_done(entries)
+                for entry in entries:
+                    self._spawn(entry, delivered=1, done=done)
 
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         outage = Outage(f"bridge {self.consumer} sweeper", log)
@@ -181,23 +186,35 @@ class Bridge:
     async def _answer_orphans(self) -> None:
         """Jobs on streams of addresses that no live bridge serves get a model_not_found reply, not silence."""
         served = await self.store.served_elsewhere(self.clock(), HANDLER_TTL_S) | set(self.handlers)
-        orphans = [s for s in await self.store.job_streams() if bus.address_of(s) not in served]
+        orphans = [
+            stream
+            for stream in await self.store.job_streams()
+            if bus.address_of(stream) not in served and not await self.store.forget_if_empty(stream)
+        ]
         if orphans:
             await self.store.ensure_groups(orphans)
             for entry in await self.store.read(self.consumer, orphans, 100, 0):
                 self._spawn(entry, delivered=1)
 
-    async def _answered(self, job_id: str) -> bool:
-        try:
-            return bool(await self.store.done_among([job_id]))
-        except StoreUnavailable:
-            return False  # served then; the reply script still writes one reply per job id
+    def _check_done(self, entries: list[Entry]) -> asyncio.Task[set[str]]:
+        """Which of these jobs were answered already, asked at once; the ids are not verified yet: a pre-check.
 
-    def _spawn(self, entry: Entry, delivered: int) -> None:
+        Created before the jobs' tasks, so the MGET is on its way while they check signatures.
+        """
+        ids = [job_id for _s, _e, fields in entries if 0 < len(job_id := fields.get("job_id", "")) <= 128]
+        return asyncio.create_task(self._done_among(ids))
+
+    async def _done_among(self, job_ids: list[str]) -> set[str]:
+        try:
+            return await self.store.done_among(job_ids)
+        except StoreUnavailable:
+            return set()  # served then; the reply script still writes one reply per job id
+
+    def _spawn(self, entry: Entry, delivered: int, done: asyncio.Task[set[str]] | None = None) -> None:
         key = (entry[0], entry[1])
         if key in self._in_flight:
             return
-        task = asyncio.create_task(self._process(*entry, delivered=delivered))
+        task = asyncio.create_task(self._process(*entry, delivered=delivered, done=done))
         self._in_flight[key] = task
         task.add_done_callback(lambda _t: self._done(key))
 
@@ -213,9 +230,10 @@ class Bridge:
         fields: Mapping[str, str],
         *,
         delivered: int,
+        done: asyncio.Task[set[str]] | None,
     ) -> None:
         try:
-            await self._serve(stream, entry_id, fields, delivered)
+            await self._serve(stream, entry_id, fields, delivered, done)
         except Exception:
             # The job stays pending and is reclaimed; a job that keeps failing ends in the dead-letter stream.
             log.exception("job %s on %s failed in the bridge", entry_id, stream)
@@ -226,6 +244,7 @@ class Bridge:
         entry_id: str,
         fields: Mapping[str, str],
         delivered: int,
+        done: asyncio.Task[set[str]] | None,
     ) -> None:
         address = bus.address_of(stream)
         try:
@@ -241,6 +260,14 @@ class Bridge:
             # Keyed by entry, not by the unverified job id, so a forged job cannot use up a real job's reply.
             body = bus.error_body(exc, job_id=exc.job_id)
             await self._finish(stream, entry_id, f"entry:{stream}:{entry_id}", exc.reply_to, body, dead=dead)
+            return
+        if self.clock() > job.deadline + bus.DONE_MARGIN_S:
+            # Its done key may be gone by now: a copy this old gets no reply, so its job id never gets two.
+            log.warning(
+                "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, bus.DONE_MARGIN_S
+            )
+            stale = {"stream": stream, "reason": "stale", "fields": dict(fields)}
+            await self._finish(stream, entry_id, f"entry:{stream}:{entry_id}", None, {}, dead=stale)
             return
         handler = self.handlers.get(address)
         model = handler.spec.name if handler else None
@@ -264,7 +291,8 @@ class Bridge:
                 job=job,
             )
             return
-        if delivered > 1 and await self._answered(job.job_id):
+        answered = await (done if done is not None else self._done_among([job.job_id]))
+        if job.job_id in answered:
             await self._finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
             return
         outcome: Outcome

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
@@ -158,17 +159,13 @@ class ModelHandler:
         timeout = self._timeout(job.deadline - self.clock())
         try:
             response = await self.http.post(self._url, content=content, headers=JSON_HEADERS, timeout=timeout)
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, aiohttp.ClientError, TimeoutError) as exc:
+            # aiohttp errors the transport does not map (an unparsable reply: ClientResponseError) come raw.
             return self._transport_error(exc, job)
         return self._reply(job, response)
 
-    def _transport_error(self, exc: httpx.TransportError, job: Job) -> Outcome:
-        # The aiohttp transport raises ConnectTimeout for every connection error, a refused one too: what
-        # happened is the aiohttp error it chains, a TimeoutError only when time ran out.
-        timed_out = (
-            isinstance(exc.__cause__, TimeoutError) if exc.__cause__ else isinstance(exc, httpx.TimeoutException)
-        )
-        if not timed_out:
+    def _transport_error(self, exc: Exception, job: Job) -> Outcome:
+        if not _timed_out(exc):
             return self._error(PipelineUnavailable(f"serving at {self.url} cannot be reached ({exc})"), job)
         if self.clock() >= job.deadline:
             return self._error(
@@ -207,3 +204,16 @@ class ModelHandler:
             status,
             True,
         )
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether time ran out, rather than the connection failing or the reply being unreadable.
+
+    The aiohttp transport raises ``ConnectTimeout`` for every connection error, a refused one too, and
+    chains the aiohttp error that happened: a ``TimeoutError`` only when time ran out. httpx's own
+    transport chains httpcore's timeouts, which are not ``TimeoutError``s: there the httpx class decides.
+    """
+    cause = exc.__cause__
+    if isinstance(exc, TimeoutError) or isinstance(cause, TimeoutError):
+        return True
+    return isinstance(exc, httpx.TimeoutException) and not isinstance(cause, aiohttp.ClientError)

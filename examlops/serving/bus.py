@@ -9,7 +9,11 @@ Streams and keys::
     examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id
     examlops:bus:dead                 dead letters: malformed, refused and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
-    examlops:bus:addresses            set of every uuid a client has sent a job to (found without a SCAN)
+    examlops:bus:addresses            set of the uuids with a job stream: bridges find orphans without a SCAN
+
+A producer puts a job on its model's stream and adds the address to
+``examlops:bus:addresses`` in one step (``SUBMIT_SCRIPT``; a bridge also adds
+every job stream it finds with one SCAN when it starts).
 
 A job entry's fields: ``v`` (format version), ``job_id``, ``reply_to`` (a reply
 stream key), ``caller``, ``deadline`` (absolute UNIX seconds, also the
@@ -297,6 +301,15 @@ if first then return 1 else return 0 end
 """
 """One reply per job id, however often the job was delivered. Acked entries are deleted at once: Redis 6.2
 has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops a pending job."""
+
+PRUNE_SCRIPT = """
+-- KEYS: job stream, addresses set. ARGV: address. Forgets an address whose stream is gone or empty, in one
+-- step with the check, so a job submitted meanwhile (SADD and XADD in one script too) is never missed.
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('XLEN', KEYS[1]) == 0 then
+  return redis.call('SREM', KEYS[2], ARGV[1])
+end
+return 0
+"""
 
 SUBMIT_SCRIPT = """
 -- KEYS: job stream, addresses set. ARGV: address, stream maxlen, job k/v...

@@ -83,6 +83,7 @@ class BusStore:
         self.redis = redis
         self._finish = redis.register_script(bus.REPLY_SCRIPT)
         self._submit = redis.register_script(bus.SUBMIT_SCRIPT)
+        self._prune = redis.register_script(bus.PRUNE_SCRIPT)
 
     # The client's side.
 
@@ -185,7 +186,27 @@ class BusStore:
         return {address for address, when in beats.items() if now - float(when) <= max_age_s}
 
     async def job_streams(self) -> list[str]:
-        """The job stream of every address a client has sent to."""
+        """The job stream of every address in the addresses set."""
         async with _translated("listing job streams"):
             addresses: Any = await self.redis.smembers(bus.ADDRESSES_KEY)
         return sorted(bus.jobs_stream(address) for address in addresses)
+
+    async def note_existing_streams(self) -> int:
+        """Add every job stream in the keyspace to the addresses set (one SCAN, at a bridge's start).
+
+        Streams written by producers that XADD directly, or before the set existed, are found this way.
+        """
+        async with _translated("listing job streams"):
+            found = [
+                bus.address_of(name)
+                async for name in self.redis.scan_iter(match=bus.JOBS_PREFIX + "*", count=1000, _type="STREAM")
+            ]
+            if found:
+                await self.redis.sadd(bus.ADDRESSES_KEY, *found)
+        return len(found)
+
+    async def forget_if_empty(self, stream: str) -> bool:
+        """Drop the stream's address from the set when the stream is gone or empty (atomic with the check)."""
+        address = bus.address_of(stream)
+        async with _translated("pruning addresses"):
+            return bool(await self._prune(keys=[stream, bus.ADDRESSES_KEY], args=[address]))

@@ -263,19 +263,67 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"twice": 1})
 
 
-async def test_a_job_id_submitted_twice_is_answered_and_recorded_once(
+async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     recorder = ListRecorder()
     async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
-        # A first delivery is not checked against the done key: serving is asked again, nothing else happens.
+        # A copy (a client's retry, or a replay by anyone who can write to Redis) is acked without serving it.
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 1, job_id="again")
-    assert standin.seen == ["again", "again"]
+    assert standin.seen == ["again"]
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"again": 1})
     assert [served.job_id for served in recorder.served] == ["again"]
+
+
+async def test_a_copy_of_a_job_older_than_its_done_key_gets_no_second_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    reply_stream = bus.replies_stream("old-client")
+    job = bus.encode_job(
+        settings.secret.get_secret_value().encode(),
+        address=ADDRESS,
+        job_id="ancient",
+        reply_to=reply_stream,
+        caller="t",
+        deadline=time.time() - bus.DONE_MARGIN_S - 60,
+        payload=PAYLOAD,
+    )
+    with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
+        async with running_bridge(settings):
+            await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 0)
+        [(_id, dead)] = sync_redis.xrange(bus.DEAD_STREAM)
+        assert '"reason":"stale"' in dead["job"] and sync_redis.xlen(reply_stream) == 0
+    assert standin.seen == []
+
+
+async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_get_an_error_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    unknown, reply_stream = str(uuid.uuid4()), bus.replies_stream("direct-client")
+    job = bus.encode_job(
+        settings.secret.get_secret_value().encode(),
+        address=unknown,
+        job_id="direct",
+        reply_to=reply_stream,
+        caller="t",
+        deadline=time.time() + 30,
+        payload=PAYLOAD,
+    )
+    with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+        sync_redis.xadd(bus.jobs_stream(unknown), job)  # not through the client: the address is in no set
+        async with running_bridge(settings, sweep_s=0.2):
+            await until(lambda: sync_redis.xlen(reply_stream) == 1)
+            [(_id, fields)] = sync_redis.xrange(reply_stream)
+            assert bus.read_reply(fields)[1]["code"] == "model_not_found"
+            # Answered, its stream is empty: the next sweeps forget the address.
+            await until(lambda: not sync_redis.sismember(bus.ADDRESSES_KEY, unknown))
+    assert standin.seen == []
 
 
 def start_bridge_process(

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from examlops.core.settings import HttpSettings
@@ -37,8 +38,11 @@ def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | 
 
 
 @contextlib.asynccontextmanager
-async def serving(reply: bytes | None) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A loopback HTTP server that answers every request with ``reply``, or never answers when it is None."""
+async def serving(reply: bytes | None, *, raw: bytes | None = None) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A loopback HTTP server that answers every request with ``reply``, or never answers when it is None.
+
+    With ``raw``, it writes those bytes instead of an HTTP reply and closes the connection.
+    """
     received: list[bytes] = []
     writers: list[asyncio.StreamWriter] = []
 
@@ -47,7 +51,11 @@ async def serving(reply: bytes | None) -> AsyncIterator[tuple[str, list[bytes]]]
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
         received.append(await reader.readexactly(length))
-        if reply is not None:
+        if raw is not None:
+            writer.write(raw)
+            await writer.drain()
+            writer.close()
+        elif reply is not None:
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(reply)
             )
@@ -104,11 +112,35 @@ async def test_serving_too_slow_is_a_timeout_within_the_read_timeout(spec: Model
     assert time.monotonic() - began < 5
 
 
-async def test_a_deadline_passing_while_serving_works_is_refused_and_not_recorded(spec: ModelSpec, silent: str) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "httpcore"])
+async def test_a_deadline_passing_while_serving_works_is_refused_and_not_recorded(
+    spec: ModelSpec, silent: str, transport: str
+) -> None:
     one = handler(spec, silent, HttpSettings())
+    if transport == "httpcore":  # a Bridge may be given any httpx client: httpx's own transport chains httpcore's
+        await one.http.aclose()
+        one.http = httpx.AsyncClient(timeout=10)
     async with one.http:
         outcome = await one.handle(job(spec, deadline_in=0.3))
     assert outcome.body["code"] == "deadline_exceeded" and not outcome.recorded
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",  # the connection closed without a reply
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 9000 + b"\r\ncontent-length: 2\r\n\r\n{}",  # header too long
+    ],
+    ids=["closed", "garbage", "header-too-long"],
+)
+async def test_a_reply_that_is_not_http_is_an_unreachable_pipeline_answered_once(spec: ModelSpec, raw: bytes) -> None:
+    async with serving(None, raw=raw) as (url, received):
+        one = handler(spec, url, HttpSettings())
+        async with one.http:
+            outcome = await one.handle(job(spec))
+    assert outcome.body["code"] == "pipeline_unavailable" and "cannot be reached" in outcome.body["error"]
+    assert outcome.body["prediction"] == 0.0 and len(received) == 1
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
