@@ -11,7 +11,10 @@ the same bounded load: a warm-up, then ``--jobs`` bus jobs to JPCP at
 
 The client runs on uvloop, as the bridge does. Per turn, the CPU each process
 spent per job (the bridge with its recorder thread, serving with its pool
-workers, Redis, the client) shows where recording's cost lands.
+workers, Redis, the client) shows where recording's cost lands. This machine's
+speed drifts by tens of percent over minutes, so jobs/s of one turn against the
+next is noisy; the CPU per job of all processes together, on against off, is
+the steadier figure of the same cost (the load saturates the cores).
 
 Printed per turn: jobs/s, p50 and p99 of the round trip; with recording on,
 the recorder's backlog while the load runs. The bridge exposes no metrics
@@ -244,6 +247,12 @@ def report(turns: list[Turn], args: argparse.Namespace) -> None:
         off_cpu = statistics.median(t.cpu_ms[name] for t in off)
         on_cpu = statistics.median(t.cpu_ms[name] for t in on)
         print(f"cpu ms per job, {name}: off {off_cpu:.3f}, on {on_cpu:.3f} ({on_cpu - off_cpu:+.3f})")
+    # Every process shares the cores and the load saturates them, so the CPU a job costs in all bounds
+    # jobs/s: this share is the throughput cost with the machine's changing speed divided out of it.
+    all_off = statistics.median(sum(t.cpu_ms.values()) for t in off)
+    all_on = statistics.median(sum(t.cpu_ms.values()) for t in on)
+    share = 100 * (all_on - all_off) / all_on
+    print(f"cpu ms per job, all processes: off {all_off:.3f}, on {all_on:.3f}: recording takes {share:.1f} % of it")
     p50_off = statistics.median([v for t in off for v in t.latencies_ms])
     p50_on = statistics.median([v for t in on for v in t.latencies_ms])
     print(f"p50: off {p50_off:.2f} ms, on {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")
