@@ -134,6 +134,21 @@ async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **optio
             await redis_client.aclose()
 
 
+def signed_job(
+    settings: Settings, job_id: str, reply_to: str, *, deadline_in: float, address: str = ADDRESS
+) -> dict[str, str]:
+    """The stream fields of a job signed with the settings' secret, as a client would send it."""
+    return bus.encode_job(
+        settings.secret.get_secret_value().encode(),
+        address=address,
+        job_id=job_id,
+        reply_to=reply_to,
+        caller="t",
+        deadline=time.time() + deadline_in,
+        payload=PAYLOAD,
+    )
+
+
 async def until(check: Any, within: float = 15.0) -> None:
     deadline = time.monotonic() + within
     while not check():
@@ -191,15 +206,7 @@ async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: 
 async def test_an_altered_job_is_refused_and_dead_lettered(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     reply_to = bus.replies_stream("tamper-test")
-    fields = bus.encode_job(
-        settings.secret.get_secret_value().encode(),
-        address=ADDRESS,
-        job_id="altered",
-        reply_to=reply_to,
-        caller="t",
-        deadline=time.time() + 10,
-        payload=PAYLOAD,
-    )
+    fields = signed_job(settings, "altered", reply_to, deadline_in=10)
     fields["payload"] = fields["payload"].replace('"node_count":12', '"node_count":13')
     unsigned = {k: v for k, v in fields.items() if k != "sig"} | {"job_id": "unsigned"}
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
@@ -245,15 +252,7 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
             assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
         # The same signed job, taken by a bridge that died before acking it: pending and idle for a minute.
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-            job = bus.encode_job(
-                settings.secret.get_secret_value().encode(),
-                address=ADDRESS,
-                job_id="twice",
-                reply_to=client.reply_stream,
-                caller="t",
-                deadline=time.time() + 10,
-                payload=PAYLOAD,
-            )
+            job = signed_job(settings, "twice", client.reply_stream, deadline_in=10)
             sync_redis.xadd(stream, job)
             [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(bus.GROUP, "ghost", {stream: ">"})
             sync_redis.xclaim(stream, bus.GROUP, "ghost", 0, [entry_id], idle=60_000)
@@ -283,15 +282,7 @@ async def test_a_copy_of_a_job_older_than_its_done_key_gets_no_second_reply(
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     reply_stream = bus.replies_stream("old-client")
-    job = bus.encode_job(
-        settings.secret.get_secret_value().encode(),
-        address=ADDRESS,
-        job_id="ancient",
-        reply_to=reply_stream,
-        caller="t",
-        deadline=time.time() - bus.DONE_MARGIN_S - 60,
-        payload=PAYLOAD,
-    )
+    job = signed_job(settings, "ancient", reply_stream, deadline_in=-bus.DONE_MARGIN_S - 60)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
         sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
         async with running_bridge(settings):
@@ -306,15 +297,7 @@ async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     unknown, reply_stream = str(uuid.uuid4()), bus.replies_stream("direct-client")
-    job = bus.encode_job(
-        settings.secret.get_secret_value().encode(),
-        address=unknown,
-        job_id="direct",
-        reply_to=reply_stream,
-        caller="t",
-        deadline=time.time() + 30,
-        payload=PAYLOAD,
-    )
+    job = signed_job(settings, "direct", reply_stream, deadline_in=30, address=unknown)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
         sync_redis.xadd(bus.jobs_stream(unknown), job)  # not through the client: the address is in no set
         async with running_bridge(settings, sweep_s=0.2):
