@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from examlops.core.errors import Conflict, StoreUnavailable
-from examlops.core.jsoncodec import canonical
+from examlops.core.jsoncodec import canonical as canonical_json  # the event data as stored and hashed
 from examlops.monitoring.audit_store import CheckpointStore, new_checkpoint
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,6 @@ def store_errors(what: str) -> Iterator[None]:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
-
-
-def canonical_json(data: Any) -> str:
-    """The event's data as stored and hashed: sorted keys, no spaces, no NaN (orjson: it runs once per job)."""
-    return canonical(data)
 
 
 def format_ts(ts: float) -> str:

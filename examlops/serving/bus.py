@@ -146,11 +146,6 @@ class Job:
         return DeadlineExceeded(f"the job's deadline passed {now - self.deadline:.3f} s ago; it was not served")
 
 
-def canonical_json(data: Any) -> str:
-    """Sorted keys, no spaces, no NaN: one text for one value."""
-    return canonical(data)
-
-
 def _signature(secret: bytes, address: str, fields: Mapping[str, str]) -> str:
     message = json.dumps(
         [
@@ -173,7 +168,7 @@ def encode_job(
 ) -> dict[str, str]:
     """The stream fields of a signed job. ``InvalidInput`` for a payload that is not plain finite JSON."""
     try:
-        body = canonical_json(payload)
+        body = canonical(payload)
     except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
         raise InvalidInput(f"the payload is not plain JSON of finite numbers ({exc})", field="payload") from exc
     fields = {

@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from examlops.core.errors import StoreUnavailable
+from examlops.core.jsoncodec import canonical
 from examlops.serving import bus
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class BusStore:
         """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first."""
         keys = [stream, bus.done_key(done_id), reply_to or "", bus.DEAD_STREAM]
         args: list[str | int] = [bus.GROUP, entry_id, done_ttl_s, bus.REPLY_STREAM_MAXLEN]
-        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else bus.canonical_json(dead)]
+        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead)]
         for name, value in reply.items():
             args += [name, value]
         async with _translated("writing a reply"):
