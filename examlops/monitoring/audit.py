@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -96,8 +97,16 @@ def format_ts(ts: float) -> str:
 
 
 def event_hash(seq: int, ts: str, type: str, subject: str, data: str, prev: str) -> str:
-    message = json.dumps([FORMAT, seq, ts, type, subject, data, prev], separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(message.encode()).hexdigest()
+    fields = [FORMAT, seq, ts, type, subject, data, prev]
+    try:
+        message = orjson.dumps(fields)
+    except orjson.JSONEncodeError:  # a lone surrogate: the standard library escapes it
+        message = b"\x80"
+    # For ASCII text orjson writes what ``json.dumps(ensure_ascii=True)`` writes, except DEL, which only the
+    # latter escapes; anything else takes the standard library's (four times slower) way.
+    if not message.isascii() or b"\x7f" in message:
+        message = json.dumps(fields, separators=(",", ":"), ensure_ascii=True).encode()
+    return hashlib.sha256(message).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,12 +153,21 @@ class AuditEvent:
 
 @dataclass(frozen=True, slots=True)
 class SideWrite:
-    """A stream entry written atomically with an event (the drift snapshot); ``member`` is SADDed to ``index``."""
+    """A stream entry written atomically with an event (the drift snapshot); ``member`` is SADDed to ``index``.
+
+    ``names`` are the entry's field names, ``values`` their values in the same order. The side writes of
+    one ``append_many`` call share their names (they are sent once per call).
+    """
 
     stream: str
-    fields: Mapping[str, str]
+    names: tuple[str, ...]
+    values: tuple[str, ...]
     index: str = ""
     member: str = ""
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(zip(self.names, self.values, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,40 +189,43 @@ class Entry:
 
 
 APPEND_SCRIPT = """
--- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, then per
--- event: once key, side stream, side index, side member, side field count n, n side values, 7 event fields.
+-- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, side field
+-- count k, the k side field names, index count p, p (index set, member) pairs, then per event: once key,
+-- side stream ('' = none), the k side values when there is a side stream, ts, type, subject, data, hash.
+-- The script numbers the events from the head and chains their prev; the client hashed them the same way.
 -- All or nothing: 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key exists.
-local seq, head = redis.call('HGET', KEYS[2], 'seq'), redis.call('HGET', KEYS[2], 'hash')
-if not seq then seq, head = '0', string.rep('0', 64) end
-if seq ~= ARGV[1] or head ~= ARGV[2] then return {'stale', seq, head} end
-local events, dups, i = {}, {}, 5
+local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
+local seq, prev = head[1], head[2]
+if not seq then seq, prev = '0', string.rep('0', 64) end
+if seq ~= ARGV[1] or prev ~= ARGV[2] then return {'stale', seq, prev} end
+local k = tonumber(ARGV[5])
+local p = tonumber(ARGV[6 + k])
+local starts, dups, i = {}, {}, 7 + k + 2 * p
 for e = 1, tonumber(ARGV[4]) do
-  local n = tonumber(ARGV[i + 4])
-  events[e] = {once = ARGV[i], stream = ARGV[i + 1], index = ARGV[i + 2], member = ARGV[i + 3],
-               side = i + 5, last = i + 4 + n, ev = i + 5 + n}
+  starts[e] = i
   if ARGV[i] ~= '' and redis.call('EXISTS', ARGV[i]) == 1 then dups[#dups + 1] = tostring(e) end
-  i = i + 12 + n
+  if ARGV[i + 1] ~= '' then i = i + k end
+  i = i + 7
 end
 if #dups > 0 then return {'dup', unpack(dups)} end
-local expect, prev = tonumber(seq) + 1, head
-for _, e in ipairs(events) do
-  if tonumber(ARGV[e.ev]) ~= expect or ARGV[e.ev + 5] ~= prev then
-    return redis.error_reply('examlops: the events do not extend the head')
+local side, n = {}, tonumber(seq)
+for j = 1, k do side[2 * j - 1] = ARGV[5 + j] end
+for _, a in ipairs(starts) do
+  local once, stream = ARGV[a], ARGV[a + 1]
+  if stream ~= '' then
+    for j = 1, k do side[2 * j] = ARGV[a + 1 + j] end
+    redis.call('XADD', stream, '*', unpack(side))
+    a = a + k
   end
-  expect, prev = expect + 1, ARGV[e.ev + 6]
+  n = n + 1
+  redis.call('XADD', KEYS[1], '*', 'seq', tostring(n), 'ts', ARGV[a + 2], 'type', ARGV[a + 3],
+             'subject', ARGV[a + 4], 'data', ARGV[a + 5], 'prev', prev, 'hash', ARGV[a + 6])
+  prev = ARGV[a + 6]
+  if once ~= '' then redis.call('SET', once, '1', 'PX', ARGV[3]) end
 end
-for _, e in ipairs(events) do
-  if e.stream ~= '' then
-    redis.call('XADD', e.stream, '*', unpack(ARGV, e.side, e.last))
-    if e.index ~= '' then redis.call('SADD', e.index, e.member) end
-  end
-  local a = e.ev
-  redis.call('XADD', KEYS[1], '*', 'seq', ARGV[a], 'ts', ARGV[a + 1], 'type', ARGV[a + 2],
-             'subject', ARGV[a + 3], 'data', ARGV[a + 4], 'prev', ARGV[a + 5], 'hash', ARGV[a + 6])
-  if e.once ~= '' then redis.call('SET', e.once, '1', 'PX', ARGV[3]) end
-end
-redis.call('HSET', KEYS[2], 'seq', tostring(expect - 1), 'hash', prev)
-return {'ok', tostring(expect - 1), prev}
+for j = 0, p - 1 do redis.call('SADD', ARGV[7 + k + 2 * j], ARGV[8 + k + 2 * j]) end
+redis.call('HSET', KEYS[2], 'seq', tostring(n), 'hash', prev)
+return {'ok', tostring(n), prev}
 """
 
 
@@ -285,7 +306,9 @@ class AuditTrail:
 
     def _encode(self, seq: int, head: str, entries: Sequence[Entry]) -> tuple[list[AuditEvent], list[str]]:
         ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
-        args = [str(seq), head, str(max(1, ttl_ms)), str(len(entries))]
+        names: tuple[str, ...] = ()
+        indexes: dict[tuple[str, str], None] = {}
+        body: list[str] = []
         events: list[AuditEvent] = []
         for entry in entries:
             seq += 1
@@ -293,9 +316,25 @@ class AuditTrail:
             head = event.hash
             events.append(event)
             side = entry.side
-            side_values = [value for pair in side.fields.items() for value in pair] if side else []
-            args += [entry.once_key, side.stream if side else "", side.index if side else ""]
-            args += [side.member if side else "", str(len(side_values)), *side_values, *event.fields()]
+            if side is None:
+                body += [entry.once_key, ""]
+            else:
+                if side.names is not names:
+                    if names and side.names != names:
+                        raise ValueError(f"side writes of one append differ in their fields: {names} / {side.names}")
+                    names = side.names
+                if len(side.values) != len(names):
+                    raise ValueError(f"a side write has {len(side.values)} values for {len(names)} fields")
+                if side.index:
+                    indexes[side.index, side.member] = None
+                body += [entry.once_key, side.stream, *side.values]
+            body += [event.ts, event.type, event.subject, event.data, event.hash]
+        args = [str(seq - len(entries)), events[0].prev, str(max(1, ttl_ms)), str(len(entries)), str(len(names))]
+        args += names
+        args.append(str(len(indexes)))
+        for pair in indexes:
+            args += pair
+        args += body
         return events, args
 
     # Checkpoints.

@@ -34,9 +34,9 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from examlops.core.errors import StoreUnavailable
-from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Entry
+from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Entry, SideWrite
 from examlops.monitoring.failures import FailureTracker, classify
-from examlops.monitoring.snapshots import snapshot_of
+from examlops.monitoring.snapshots import FIELDS, MODELS, embedding_stats, number, stream_of
 
 log = logging.getLogger(__name__)
 
@@ -265,34 +265,40 @@ class Recorder:
 
 
 def _entry(served: Served) -> Entry:
-    """The audit entry of one served job, with its snapshot as the side write (computed off the event loop)."""
-    snapshot = snapshot_of(
-        model=served.model,
-        reply=served.reply,
-        status=served.status,
-        embedding=served.embedding,
-        node_count=served.node_count,
-        job_id=served.job_id,
-        user_id=served.caller,
-        ts=served.served_at,
-    )
+    """The audit entry of one served job, with its snapshot as the side write (computed off the event loop).
+
+    Builds the snapshot's stored values directly (what ``snapshot_of(...).side_write()`` gives, without the
+    intermediate objects): this runs once per bus job.
+    """
+    reply = served.reply
+    code = "" if reply.get("error") is None else str(reply.get("code") or "error")
+    alias = str(reply.get("alias") or "")
+    version = str(reply.get("version") or "")
+    run_id = str(reply.get("run_id") or "")
+    prediction = number(reply.get("prediction"))
+    norm, mean, std = embedding_stats(served.embedding)
+    model, job_id, user_id, ts, status = served.model, served.job_id, served.caller, served.served_at, served.status
+    values = (
+        model, alias, version, run_id, repr(prediction), repr(norm), repr(mean), repr(std),
+        str(served.node_count), job_id, user_id, repr(float(ts)), str(status), code,
+    )  # fmt: skip
     data = {
-        "job_id": served.job_id,
-        "user_id": served.caller,
-        "alias": snapshot.alias,
-        "version": snapshot.version,
-        "run_id": snapshot.run_id,
-        "prediction": snapshot.prediction,
-        "status": served.status,
-        "code": snapshot.code,
+        "job_id": job_id,
+        "user_id": user_id,
+        "alias": alias,
+        "version": version,
+        "run_id": run_id,
+        "prediction": prediction,
+        "status": status,
+        "code": code,
     }
     return Entry(
         INFERENCE_SERVED,
-        served.model,
+        model,
         data,
-        served.served_at,
-        once_key=recorded_key(served.job_id),
-        side=snapshot.side_write(),
+        ts,
+        once_key=recorded_key(job_id),
+        side=SideWrite(stream_of(model), FIELDS, values, MODELS, model.lower()),
         # A copy of the job delivered past its deadline is refused, never recorded: the key may go then.
-        once_ttl_s=None if served.deadline is None else max(0.0, served.deadline - served.served_at) + ONCE_MARGIN_S,
+        once_ttl_s=None if served.deadline is None else max(0.0, served.deadline - ts) + ONCE_MARGIN_S,
     )

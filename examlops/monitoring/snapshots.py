@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import redis
 
 from examlops.monitoring.audit import SideWrite, store_errors
@@ -31,6 +30,10 @@ from examlops.monitoring.audit import SideWrite, store_errors
 PREFIX = "examlops:snapshots:"
 MODELS = "examlops:snapshots:models"
 CHECKPOINT_PREFIX = "examlops:drift:checkpoint:"
+FIELDS = (
+    "model", "alias", "version", "run_id", "prediction", "norm", "mean", "std",
+    "node_count", "job_id", "user_id", "ts", "status", "code",
+)  # fmt: skip
 
 
 def stream_of(model: str) -> str:
@@ -64,23 +67,26 @@ class Snapshot:
         return not self.code
 
     def fields(self) -> dict[str, str]:
-        # Spelled out: ``dataclasses.asdict`` deep-copies and was a third of the recorder's per-job work.
-        return {
-            "model": str(self.model),
-            "alias": str(self.alias),
-            "version": str(self.version),
-            "run_id": str(self.run_id),
-            "prediction": _text(self.prediction),
-            "norm": _text(self.norm),
-            "mean": _text(self.mean),
-            "std": _text(self.std),
-            "node_count": _text(self.node_count),
-            "job_id": str(self.job_id),
-            "user_id": str(self.user_id),
-            "ts": _text(self.ts),
-            "status": _text(self.status),
-            "code": str(self.code),
-        }
+        return dict(zip(FIELDS, self.values(), strict=True))
+
+    def values(self) -> tuple[str, ...]:
+        """The stored text of each field, in ``FIELDS`` order."""
+        return (
+            self.model,
+            self.alias,
+            self.version,
+            self.run_id,
+            _text(self.prediction),
+            _text(self.norm),
+            _text(self.mean),
+            _text(self.std),
+            _text(self.node_count),
+            self.job_id,
+            self.user_id,
+            _text(self.ts),
+            _text(self.status),
+            self.code,
+        )
 
     @classmethod
     def from_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
@@ -91,7 +97,7 @@ class Snapshot:
         return cls(**texts, **floats, **ints, entry_id=entry_id)  # type: ignore[arg-type]  # keys are the fields
 
     def side_write(self) -> SideWrite:
-        return SideWrite(stream_of(self.model), self.fields(), MODELS, self.model.lower())
+        return SideWrite(stream_of(self.model), FIELDS, self.values(), MODELS, self.model.lower())
 
 
 def _text(value: object) -> str:
@@ -101,19 +107,19 @@ def _text(value: object) -> str:
 def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:
     """(L2 norm, mean, population standard deviation); zeros for an empty embedding.
 
-    Vectorised: the pure-Python variance (a generator over 384 floats) cost about 0.1 ms per job.
+    Two passes over the floats in ``math``'s C loops (the deviations' norm, not a difference of squares, so
+    a large mean does not cancel the spread away): ~7 us for 384 floats, where turning them into a numpy
+    array alone took ~8 us (and a pure-Python variance ~100 us).
     """
     n = len(embedding)
     if n == 0:
         return 0.0, 0.0, 0.0
-    values = np.asarray(embedding, dtype=np.float64)
-    mean = float(values.sum()) / n
-    deviations = values - mean
-    variance = float(deviations @ deviations) / n
-    return math.sqrt(float(values @ values)), mean, math.sqrt(variance)
+    mean = sum(embedding) / n
+    return math.hypot(*embedding), mean, math.dist(embedding, [mean] * n) / math.sqrt(n)
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
+    """A finite int or float as a float; 0.0 for anything else (a missing, NaN or non-numeric prediction)."""
     if type(value) in (int, float) and math.isfinite(value):
         return float(value)
     return 0.0
@@ -138,7 +144,7 @@ def snapshot_of(
         alias=str(reply.get("alias") or ""),
         version=str(reply.get("version") or ""),
         run_id=str(reply.get("run_id") or ""),
-        prediction=_number(reply.get("prediction")),
+        prediction=number(reply.get("prediction")),
         norm=norm,
         mean=mean,
         std=std,

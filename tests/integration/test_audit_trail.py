@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from examlops.bootstrap import sql_engine
 from examlops.cli.audit import audit_app
 from examlops.core.settings import DEV_SECRET, Settings
-from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, connect
+from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entry, SideWrite, connect
 from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
 from examlops.monitoring.audit_verify import tail, verify
 
@@ -74,6 +74,26 @@ def test_an_untouched_trail_verifies_and_tail_shows_its_last_events(
     assert [cp.seq for cp in checkpoints.all()] == [5, 10, 15, 20]
     assert [event.seq for event in tail(client, 3)] == [18, 19, 20]
     assert tail(client, 1)[0].to_json()["data"]["i"] == 19
+
+
+def test_events_with_and_without_side_writes_chain_in_one_append(
+    client: redis.Redis, trail: AuditTrail, checkpoints: SqlCheckpointStore
+) -> None:
+    names = ("a", "b")
+    side = SideWrite("test:side", names, ("1", "x"), "test:index", "m1")
+    other = SideWrite("test:side", names, ("2", "y"), "test:index", "m2")
+    entries = [Entry("t", "s", {"i": 0}, 1.0), Entry("t", "s", {"i": 1}, 2.0, "test:once:1", side)]
+    entries += [Entry("t", "s", {}, 3.0), Entry("t", "s", {"i": 3}, 4.0, "test:once:3", other)]
+    events = trail.append_many(entries)
+    assert [e.seq for e in events if e is not None] == [1, 2, 3, 4]
+    assert [fields for _, fields in client.xrange("test:side")] == [{"a": "1", "b": "x"}, {"a": "2", "b": "y"}]
+    assert client.smembers("test:index") == {"m1", "m2"} and client.exists("test:once:1", "test:once:3") == 2
+    assert verify(client, SECRET, checkpoints).ok
+    assert [s["prev"] for _, s in stored(client)][1:] == [e.hash for e in events[:-1] if e is not None]
+    mixed = [Entry("t", "s", {}, 5.0, "", side), Entry("t", "s", {}, 6.0, "", SideWrite("test:side", ("c",), ("3",)))]
+    with pytest.raises(ValueError, match="differ in their fields"):
+        trail.append_many(mixed)
+    assert client.xlen(STREAM) == 4 and client.xlen("test:side") == 2
 
 
 def test_eight_concurrent_writers_leave_one_unforked_chain(

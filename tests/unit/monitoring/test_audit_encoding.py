@@ -27,6 +27,26 @@ def test_the_hash_is_sha256_of_the_canonical_array_of_every_field() -> None:
     assert event_hash(1, "1.000000", "t", "s", "{}", GENESIS) == hashlib.sha256(message.encode()).hexdigest()
 
 
+def reference_hash(*fields: object) -> str:
+    """The hash as the format defines it, with the standard library's ASCII-escaping JSON."""
+    message = json.dumps(["examlops.audit.v1", *fields], separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(message.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "".join(map(chr, range(128))),  # every ASCII character, the control ones and DEL included
+        'quote " backslash \\ slash /',
+        "é, ✓ and 🚀",  # non-ASCII: escaped in the hashed message
+        "lone \ud800 surrogate",
+        '{"job_id":"a","code":""}',
+    ],
+)
+def test_the_hash_of_any_text_is_the_formats_reference_hash(text: str) -> None:
+    assert event_hash(9, text, text, text, text, text) == reference_hash(9, text, text, text, text, text)
+
+
 @pytest.mark.parametrize("field", ["seq", "ts", "type", "subject", "data", "prev"])
 def test_changing_any_field_changes_the_hash(field: str) -> None:
     event = AuditEvent.chained(7, GENESIS, "1.500000", "inference.served", "JPCP", '{"job_id":"a"}')

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from examlops.monitoring.recorder import _entry
 from examlops.monitoring.snapshots import Snapshot, embedding_stats, snapshot_of, stream_of
 
 
@@ -21,6 +25,12 @@ def test_embedding_stats_are_l2_norm_mean_and_population_std() -> None:
 
 def test_an_empty_embedding_has_zero_stats() -> None:
     assert embedding_stats([]) == (0.0, 0.0, 0.0)
+
+
+def test_a_large_mean_does_not_cancel_the_spread_away() -> None:
+    embedding = [1e6 + 0.001 * i for i in range(384)]
+    assert embedding_stats(embedding)[2] == pytest.approx(statistics.pstdev(embedding), rel=1e-6)
+    assert embedding_stats([5.0] * 384)[2] == 0.0
 
 
 def test_a_served_reply_becomes_a_snapshot_that_reads_back_from_its_fields() -> None:
@@ -41,3 +51,34 @@ def test_an_error_reply_is_marked_with_its_code() -> None:
         model="JPCP", reply=reply, status=0, embedding=(), node_count=0, job_id="j", user_id="u", ts=1.0
     )
     assert not snapshot.ok and snapshot.code == "invalid_input" and snapshot.version == ""
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [
+        ({"model": "JPCP", "alias": "Canary", "version": "2", "run_id": "abc", "prediction": 0.75, "error": None}, 200),
+        ({"error": "embedding: bad", "prediction": 0.0, "code": "invalid_input", "model": "JPCP"}, 422),
+        ({"error": "boom", "prediction": math.nan, "inference_failed": True, "model": "JPCP"}, 500),
+        ({"alias": "Production", "version": 3, "prediction": 2}, 200),
+    ],
+)
+def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: dict[str, Any], status: int) -> None:
+    served = SimpleNamespace(
+        job_id="j1", model="JPCP", caller="u", embedding=(1.0, 2.0, -0.5), node_count=7, reply=reply,
+        status=status, served_at=1732900000.25, deadline=1732900030.25,
+    )  # fmt: skip
+    entry = _entry(served)
+    expected = snapshot_of(
+        model="JPCP", reply=reply, status=status, embedding=[1.0, 2.0, -0.5], node_count=7, job_id="j1",
+        user_id="u", ts=1732900000.25,
+    ).side_write()  # fmt: skip
+    assert entry.side == expected
+    assert Snapshot.from_fields("1-0", entry.side.fields).alias == str(reply.get("alias") or "")
+    data = json.loads(entry.encoded)
+    assert data == {
+        "job_id": "j1", "user_id": "u", "alias": expected.fields["alias"], "version": expected.fields["version"],
+        "run_id": expected.fields["run_id"], "prediction": float(expected.fields["prediction"]), "status": status,
+        "code": expected.fields["code"],
+    }  # fmt: skip
+    assert (entry.type, entry.subject, entry.once_key) == ("inference.served", "JPCP", "examlops:recorded:j1")
+    assert entry.once_ttl_s == 630.0
