@@ -114,7 +114,7 @@ def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:
     n = len(embedding)
     if n == 0:
         return 0.0, 0.0, 0.0
-    mean = sum(embedding) / n
+    mean = float(sum(embedding)) / n  # a plain float also for numpy floats, whose repr is not a number
     return math.hypot(*embedding), mean, math.dist(embedding, [mean] * n) / math.sqrt(n)
 
 

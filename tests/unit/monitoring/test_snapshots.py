@@ -27,6 +27,13 @@ def test_an_empty_embedding_has_zero_stats() -> None:
     assert embedding_stats([]) == (0.0, 0.0, 0.0)
 
 
+def test_the_stats_of_numpy_floats_are_plain_floats() -> None:
+    import numpy as np
+
+    stats = embedding_stats(list(np.array([0.5, -1.0, 2.0])))
+    assert all(type(value) is float for value in stats)
+
+
 def test_a_large_mean_does_not_cancel_the_spread_away() -> None:
     embedding = [1e6 + 0.001 * i for i in range(384)]
     assert embedding_stats(embedding)[2] == pytest.approx(statistics.pstdev(embedding), rel=1e-6)
