@@ -1,0 +1,181 @@
+"""The bridge's keep-alive transport against loopback servers that answer in every way HTTP/1.1 allows, and fail."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from examlops.serving.http_transport import KeepAliveTransport
+
+Answer = Callable[[bytes], bytes | None]
+"""What the server writes for one request's body; None: write nothing (and keep the connection)."""
+
+
+def reply(body: bytes, *, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        len(body),
+        extra,
+        body,
+    )
+
+
+@contextlib.asynccontextmanager
+async def server(answer: Answer, *, close_after: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server answering each request with ``answer(body)``; yields its URL and per-connection counts."""
+    counts: list[int] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        counts.append(0)
+        mine = len(counts) - 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.split(b"\r\n")
+                length = next(int(h.split(b":")[1]) for h in lines if h.lower().startswith(b"content-length"))
+                body = await reader.readexactly(length)
+                counts[mine] += 1
+                out = answer(body)
+                if out is not None:
+                    writer.write(out)
+                    await writer.drain()
+                if close_after:
+                    writer.close()
+                    return
+
+    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}/infer", counts
+    finally:
+        for writer in writers:
+            writer.close()
+        listening.close()
+        await listening.wait_closed()
+
+
+def client(**transport: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=KeepAliveTransport(**transport), timeout=httpx.Timeout(5.0), trust_env=False)  # type: ignore[arg-type]
+
+
+async def test_requests_reuse_one_kept_alive_connection_and_carry_their_body() -> None:
+    async with server(lambda body: reply(body[::-1])) as (url, counts), client() as http:
+        for i in range(5):
+            response = await http.post(url, content=b"abc%d" % i, headers={"content-type": "application/json"})
+            assert response.status_code == 200 and response.content == b"%dcba" % i
+            assert response.headers["content-type"] == "application/json"
+    assert counts == [5]
+
+
+async def test_concurrent_requests_open_connections_up_to_the_limit() -> None:
+    async with server(lambda body: reply(body)) as (url, counts), client(max_connections=3) as http:
+        bodies = [b"%d" % i for i in range(12)]
+        responses = await asyncio.gather(*(http.post(url, content=body) for body in bodies))
+    assert [r.content for r in responses] == bodies
+    assert 1 <= len(counts) <= 3 and sum(counts) == 12
+
+
+async def test_a_chunked_reply_is_read_whole() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    async with server(lambda body: chunked) as (url, counts), client() as http:
+        assert (await http.post(url, content=b"x")).content == b"abcde"
+        assert (await http.post(url, content=b"x")).content == b"abcde"
+    assert counts == [2]
+
+
+async def test_a_reply_that_ends_with_its_connection_is_read_whole_and_not_reused() -> None:
+    async with server(lambda body: b"HTTP/1.1 200 OK\r\n\r\n{}", close_after=True) as (url, counts), client() as http:
+        assert (await http.post(url, content=b"x")).content == b"{}"
+        assert (await http.post(url, content=b"x")).content == b"{}"
+    assert counts == [1, 1]
+
+
+async def test_connection_close_is_honoured() -> None:
+    async with server(lambda body: reply(b"{}", extra=b"connection: close\r\n")) as (url, counts), client() as http:
+        for _ in range(3):
+            assert (await http.post(url, content=b"x")).status_code == 200
+    assert counts == [1, 1, 1]
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> None:
+    async with server(lambda body: reply(b"{}"), close_after=True) as (url, counts), client() as http:
+        assert (await http.post(url, content=b"x")).status_code == 200
+        await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        assert (await http.post(url, content=b"x")).status_code == 200
+    assert counts == [1, 1]
+
+
+async def test_an_idle_connection_past_its_expiry_is_dropped() -> None:
+    async with server(lambda body: reply(b"{}")) as (url, counts), client(keepalive_expiry=0.05) as http:
+        await http.post(url, content=b"x")
+        await asyncio.sleep(0.1)
+        await http.post(url, content=b"x")
+    assert counts == [1, 1]
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with client() as http:
+        with pytest.raises(httpx.ConnectError) as caught:
+            await http.post(f"http://127.0.0.1:{port}/", content=b"x")
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_a_silent_server_is_a_read_timeout_and_its_connection_is_closed() -> None:
+    async with server(lambda body: None) as (url, _), client() as http:
+        with pytest.raises(httpx.ReadTimeout) as caught:
+            await http.post(url, content=b"x", timeout=0.2)
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        await asyncio.sleep(0.05)
+        assert http._transport._idle == {} or not any(http._transport._idle.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 70_000 + b"\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}",  # then the connection closes: a short body
+    ],
+    ids=["garbage", "headers-too-long", "short-body"],
+)
+async def test_a_reply_that_is_not_whole_http_is_a_remote_protocol_error(raw: bytes) -> None:
+    async with server(lambda body: raw, close_after=True) as (url, _), client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, content=b"x")
+
+
+async def test_a_cancelled_request_closes_its_connection_and_the_next_one_works() -> None:
+    answers: list[bytes | None] = [None, reply(b"second")]
+    async with server(lambda body: answers.pop(0)) as (url, counts), client() as http:
+        task = asyncio.create_task(http.post(url, content=b"x"))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await http.post(url, content=b"x")).content == b"second"
+    assert counts == [1, 1]
+
+
+async def test_waiting_for_a_free_connection_is_bounded_by_the_pool_timeout() -> None:
+    async with server(lambda body: None) as (url, _), client(max_connections=1) as http:
+        first = asyncio.create_task(http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=5.0)))
+        await asyncio.sleep(0.05)
+        with pytest.raises(httpx.PoolTimeout):
+            await http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=0.1))
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+
+
+async def test_a_scheme_other_than_http_is_refused() -> None:
+    async with client() as http:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await http.post("ftp://127.0.0.1/", content=b"x")
