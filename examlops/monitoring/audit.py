@@ -319,6 +319,8 @@ class AuditTrail:
             if side is None:
                 body += [entry.once_key, ""]
             else:
+                if not side.stream or not side.names:
+                    raise ValueError("a side write needs a stream and at least one field")
                 if side.names is not names:
                     if names and side.names != names:
                         raise ValueError(f"side writes of one append differ in their fields: {names} / {side.names}")

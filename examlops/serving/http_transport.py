@@ -13,9 +13,13 @@ What it does, and no more:
   connections per origin: at most ``max_connections`` in use (the pool
   timeout bounds the wait for one), idle ones dropped after
   ``keepalive_expiry`` seconds and whenever the server closed them.
-- The response is read whole (``Content-Length``, chunked, or until close) by
-  httptools, the C parser uvicorn uses, with the headers capped at
-  ``max_header_bytes``; bodies are small JSON here.
+- The response is read whole (``Content-Length``, chunked, or until a clean
+  close) by httptools, the C parser uvicorn uses, with the headers capped at
+  ``max_header_bytes``; bodies are small JSON here. Interim 1xx replies are
+  skipped; bytes after a whole reply make its connection unusable (closed,
+  the reply kept). The read timeout bounds the whole reply, not each read.
+  The client's ``verify``/``cert`` do not reach this transport: give it an
+  ``ssl_context``.
 - Every failure is httpx's exception, chained to its cause: ``ConnectError``,
   ``ConnectTimeout`` (with a ``TimeoutError`` cause), ``WriteError``,
   ``ReadTimeout`` (with a ``TimeoutError`` cause), ``RemoteProtocolError`` for
@@ -53,6 +57,7 @@ class _Connection(asyncio.Protocol):
         self._header_bytes = 0
         self._headers_done = False
         self._delimited = False
+        self._complete = False
         self._body: list[bytes] = []
         self._keep_alive = True
 
@@ -70,6 +75,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("serving asked to switch protocols"))
         except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _BytesAfterReply):  # the reply was whole; the connection is not
+                self.close()
+                return
             cause = exc.__context__ if isinstance(exc.__context__, _HeadersTooLarge) else exc
             self._fail(httpx.RemoteProtocolError(f"serving's reply is not readable HTTP/1.1: {cause}"), cause)
 
@@ -77,7 +85,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._waiter is None or self._waiter.done():
             return
-        if self._headers_done and not self._delimited:  # a body that ends with the connection: it is whole
+        if exc is None and self._headers_done and not self._delimited:  # a body ending with the connection
             self._keep_alive = False
             self._waiter.set_result(None)
             return
@@ -86,12 +94,17 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self._complete:  # more after the whole reply: it cannot be the next request's
+            raise _BytesAfterReply()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.max_header_bytes:
             raise _HeadersTooLarge(f"its headers exceed {self.max_header_bytes} bytes")
         self._headers.append((name, value))
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        lowered = name.lower()
+        if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
             self._delimited = True
 
     def on_headers_complete(self) -> None:
@@ -103,6 +116,11 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if 100 <= self._status < 200:  # an interim reply (100 Continue, 103 Early Hints): the real one follows
+            self._status, self._headers, self._header_bytes, self._body = 0, [], 0, []
+            self._headers_done = self._delimited = False
+            return
+        self._complete = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -129,9 +147,12 @@ class _Connection(asyncio.Protocol):
 
     async def exchange(self, head: bytes, body: bytes, read_timeout: float | None) -> tuple[int, list[Any], bytes]:
         """Send one request and read its whole reply; on any failure (or cancellation) the connection is closed."""
+        if not self.usable:  # closed by the server between connecting and now
+            self.close()
+            raise httpx.RemoteProtocolError("serving closed the connection before the request was sent")
         assert self.transport is not None
         self._status, self._headers, self._header_bytes, self._body = 0, [], 0, []
-        self._headers_done, self._delimited, self._keep_alive = False, False, True
+        self._headers_done, self._delimited, self._complete, self._keep_alive = False, False, False, True
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
         timer = None if read_timeout is None else loop.call_later(read_timeout, self._time_out)
@@ -160,6 +181,10 @@ class _HeadersTooLarge(Exception):
     pass
 
 
+class _BytesAfterReply(Exception):
+    pass
+
+
 class KeepAliveTransport(httpx.AsyncBaseTransport):
     """httpx's transport interface over pooled keep-alive HTTP/1.1 connections (see the module docstring)."""
 
@@ -184,8 +209,10 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
             raise RuntimeError("the transport is closed")
         url = request.url
         scheme = url.raw_scheme
-        if scheme not in (b"http", b"https") or request.method == "HEAD":
-            raise httpx.UnsupportedProtocol(f"the bridge's transport sends http(s) requests with a body, not {url}")
+        if scheme not in (b"http", b"https"):
+            raise httpx.UnsupportedProtocol(f"the bridge's transport speaks http and https, not {url.scheme!r}")
+        if request.method == "HEAD":  # a reply to HEAD has no body whatever its headers say: not handled here
+            raise httpx.LocalProtocolError("the bridge's transport does not send HEAD requests")
         timeouts = request.extensions.get("timeout", {})
         origin: Origin = (scheme, url.host, url.port or (443 if scheme == b"https" else 80))
         body = await request.aread()
@@ -193,9 +220,10 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_connections)
         slots = self._slots
-        if slots.locked():  # wait_for costs a task: only when there is something to wait for
+        if slots.locked():
             try:
-                await asyncio.wait_for(slots.acquire(), timeouts.get("pool"))
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await slots.acquire()
             except TimeoutError as exc:
                 raise httpx.PoolTimeout(f"no connection free among {self.max_connections}") from exc
         else:
@@ -203,7 +231,7 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         try:
             connection = self._idle_connection(origin) or await self._connect(origin, timeouts.get("connect"))
             status, headers, content = await connection.exchange(head, body, timeouts.get("read"))
-            if connection.usable:
+            if connection.usable and not self._closed:
                 connection.idle_since = time.monotonic()
                 self._idle.setdefault(origin, collections.deque()).append(connection)
         finally:
@@ -224,7 +252,11 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
 
     async def _connect(self, origin: Origin, connect_timeout: float | None) -> _Connection:
         scheme, host, port = origin
-        context = (self._ssl_context or ssl.create_default_context()) if scheme == b"https" else None
+        context = None
+        if scheme == b"https":
+            if self._ssl_context is None:  # loading the CA store is slow: once per transport
+                self._ssl_context = ssl.create_default_context()
+            context = self._ssl_context
         loop = asyncio.get_running_loop()
         try:
             _, connection = await asyncio.wait_for(
@@ -245,10 +277,18 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
+_FORBIDDEN = (b"\r", b"\n", b"\0")
+
+
 def _head(request: httpx.Request, length: int) -> bytes:
-    """The request line and headers; the body's length is set here, whatever the request said."""
+    """The request line and headers; the body's length is set here, whatever the request said.
+
+    ``LocalProtocolError`` for a header that would split the request (CR, LF or NUL; a colon in a name).
+    """
     lines = [b"%s %s HTTP/1.1" % (request.method.encode("ascii"), request.url.raw_path)]
     for name, value in request.headers.raw:
+        if b":" in name or any(c in name or c in value for c in _FORBIDDEN):
+            raise httpx.LocalProtocolError(f"header {name!r} is not a valid HTTP/1.1 header")
         if name.lower() not in (b"content-length", b"transfer-encoding"):
             lines.append(name + b": " + value)
     if length or request.method != "GET":

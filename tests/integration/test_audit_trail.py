@@ -93,6 +93,9 @@ def test_events_with_and_without_side_writes_chain_in_one_append(
     mixed = [Entry("t", "s", {}, 5.0, "", side), Entry("t", "s", {}, 6.0, "", SideWrite("test:side", ("c",), ("3",)))]
     with pytest.raises(ValueError, match="differ in their fields"):
         trail.append_many(mixed)
+    for empty in (SideWrite("", names, ("1", "x")), SideWrite("test:side", (), ())):
+        with pytest.raises(ValueError, match="needs a stream and at least one field"):
+            trail.append_many([Entry("t", "s", {}, 7.0, "", empty)])
     assert client.xlen(STREAM) == 4 and client.xlen("test:side") == 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -179,3 +180,91 @@ async def test_a_scheme_other_than_http_is_refused() -> None:
     async with client() as http:
         with pytest.raises(httpx.UnsupportedProtocol):
             await http.post("ftp://127.0.0.1/", content=b"x")
+
+
+@contextlib.asynccontextmanager
+async def scripted(*writes: bytes, reset: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server that answers the first request on each connection with ``writes``, one TCP write each, then
+    waits for another request; with ``reset``, it aborts the connection (RST) after the writes."""
+    counts: list[int] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        counts.append(0)
+        mine = len(counts) - 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-len")
+                )
+                await reader.readexactly(length)
+                counts[mine] += 1
+                for chunk in writes if counts[mine] == 1 else (reply(b"again"),):
+                    writer.write(chunk)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                if reset:
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
+
+    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}/", counts
+    finally:
+        for writer in writers:
+            writer.close()
+        listening.close()
+        await listening.wait_closed()
+
+
+async def test_a_reply_split_across_many_writes_is_read_whole_and_the_connection_reused() -> None:
+    whole = reply(b'{"prediction":0.5}')
+    async with scripted(*(whole[i : i + 7] for i in range(0, len(whole), 7))) as (url, counts), client() as http:
+        assert (await http.post(url, content=b"x")).json() == {"prediction": 0.5}
+        assert (await http.post(url, content=b"x")).content == b"again"
+    assert counts == [2]
+
+
+async def test_bytes_after_a_whole_reply_keep_the_reply_and_retire_the_connection() -> None:
+    async with scripted(reply(b"first") + b"HTTP/1.1 500 X\r\nx: y\r\n") as (url, counts), client() as http:
+        response = await http.post(url, content=b"x")
+        assert (response.status_code, response.content) == (200, b"first")
+        assert (await http.post(url, content=b"x")).content == b"first"  # a new connection's first reply
+    assert counts == [1, 1]
+
+
+async def test_an_interim_reply_is_skipped_for_the_final_one() -> None:
+    async with scripted(b"HTTP/1.1 100 Continue\r\n\r\n", reply(b"final")) as (url, _), client() as http:
+        response = await http.post(url, content=b"x")
+    assert (response.status_code, response.content) == (200, b"final")
+
+
+async def test_a_body_cut_by_a_reset_is_an_error_not_a_reply() -> None:
+    async with scripted(b'HTTP/1.1 200 OK\r\n\r\n{"a"', reset=True) as (url, _), client() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, content=b"x")
+
+
+async def test_a_free_connection_serves_again_after_a_pool_timeout() -> None:
+    answers: list[bytes | None] = [None, reply(b"ok")]
+    async with server(lambda body: answers.pop(0)) as (url, _), client(max_connections=1) as http:
+        first = asyncio.create_task(http.post(url, content=b"x"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(httpx.PoolTimeout):
+            await http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=0.1))
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        assert (await http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=1.0))).content == b"ok"
+
+
+@pytest.mark.parametrize("headers", [{"x-a": "1\r\nInjected: 1"}, {"x-a": "1\nx"}, {"x-a": "a\0b"}])
+async def test_a_header_that_would_split_the_request_is_refused_before_sending(headers: dict[str, str]) -> None:
+    async with server(lambda body: reply(b"{}")) as (url, counts), client() as http:
+        with pytest.raises(httpx.LocalProtocolError):
+            await http.post(url, content=b"x", headers=headers)
+    assert counts == []
