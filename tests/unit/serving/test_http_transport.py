@@ -13,8 +13,9 @@ import pytest
 
 from examlops.serving.http_transport import KeepAliveTransport
 
-Answer = Callable[[bytes], bytes | None]
-"""What the server writes for one request's body; None: write nothing (and keep the connection)."""
+Answer = Callable[[bytes], bytes | tuple[bytes, ...] | None]
+"""What the server writes for one request's body: bytes, or a tuple of separate writes 10 ms apart; None:
+nothing (and the connection is kept)."""
 
 
 def reply(body: bytes, *, extra: bytes = b"") -> bytes:
@@ -26,8 +27,13 @@ def reply(body: bytes, *, extra: bytes = b"") -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def server(answer: Answer, *, close_after: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
-    """A loopback server answering each request with ``answer(body)``; yields its URL and per-connection counts."""
+async def server(
+    answer: Answer, *, close_after: bool = False, reset: bool = False
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server answering each request with ``answer(body)``; yields its URL and per-connection counts.
+
+    ``close_after``: close each connection after its first answer; ``reset``: abort it (RST) instead.
+    """
     counts: list[int] = []
     writers: list[asyncio.StreamWriter] = []
 
@@ -43,9 +49,16 @@ async def server(answer: Answer, *, close_after: bool = False) -> AsyncIterator[
                 body = await reader.readexactly(length)
                 counts[mine] += 1
                 out = answer(body)
-                if out is not None:
-                    writer.write(out)
+                for chunk in (out,) if isinstance(out, bytes) else out or ():
+                    writer.write(chunk)
                     await writer.drain()
+                    if not isinstance(out, bytes):
+                        await asyncio.sleep(0.01)
+                if reset:
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
                 if close_after:
                     writer.close()
                     return
@@ -182,55 +195,17 @@ async def test_a_scheme_other_than_http_is_refused() -> None:
             await http.post("ftp://127.0.0.1/", content=b"x")
 
 
-@contextlib.asynccontextmanager
-async def scripted(*writes: bytes, reset: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
-    """A server that answers the first request on each connection with ``writes``, one TCP write each, then
-    waits for another request; with ``reset``, it aborts the connection (RST) after the writes."""
-    counts: list[int] = []
-    writers: list[asyncio.StreamWriter] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        counts.append(0)
-        mine = len(counts) - 1
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-len")
-                )
-                await reader.readexactly(length)
-                counts[mine] += 1
-                for chunk in writes if counts[mine] == 1 else (reply(b"again"),):
-                    writer.write(chunk)
-                    await writer.drain()
-                    await asyncio.sleep(0.01)
-                if reset:
-                    sock = writer.get_extra_info("socket")
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
-                    return
-
-    listening = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}/", counts
-    finally:
-        for writer in writers:
-            writer.close()
-        listening.close()
-        await listening.wait_closed()
-
-
 async def test_a_reply_split_across_many_writes_is_read_whole_and_the_connection_reused() -> None:
     whole = reply(b'{"prediction":0.5}')
-    async with scripted(*(whole[i : i + 7] for i in range(0, len(whole), 7))) as (url, counts), client() as http:
+    answers = [tuple(whole[i : i + 7] for i in range(0, len(whole), 7)), reply(b"again")]
+    async with server(lambda body: answers.pop(0)) as (url, counts), client() as http:
         assert (await http.post(url, content=b"x")).json() == {"prediction": 0.5}
         assert (await http.post(url, content=b"x")).content == b"again"
     assert counts == [2]
 
 
 async def test_bytes_after_a_whole_reply_keep_the_reply_and_retire_the_connection() -> None:
-    async with scripted(reply(b"first") + b"HTTP/1.1 500 X\r\nx: y\r\n") as (url, counts), client() as http:
+    async with server(lambda body: reply(b"first") + b"HTTP/1.1 500 X\r\nx: y\r\n") as (url, counts), client() as http:
         response = await http.post(url, content=b"x")
         assert (response.status_code, response.content) == (200, b"first")
         assert (await http.post(url, content=b"x")).content == b"first"  # a new connection's first reply
@@ -238,13 +213,14 @@ async def test_bytes_after_a_whole_reply_keep_the_reply_and_retire_the_connectio
 
 
 async def test_an_interim_reply_is_skipped_for_the_final_one() -> None:
-    async with scripted(b"HTTP/1.1 100 Continue\r\n\r\n", reply(b"final")) as (url, _), client() as http:
+    interim_then_final = (b"HTTP/1.1 100 Continue\r\n\r\n", reply(b"final"))
+    async with server(lambda body: interim_then_final) as (url, _), client() as http:
         response = await http.post(url, content=b"x")
     assert (response.status_code, response.content) == (200, b"final")
 
 
 async def test_a_body_cut_by_a_reset_is_an_error_not_a_reply() -> None:
-    async with scripted(b'HTTP/1.1 200 OK\r\n\r\n{"a"', reset=True) as (url, _), client() as http:
+    async with server(lambda body: b'HTTP/1.1 200 OK\r\n\r\n{"a"', reset=True) as (url, _), client() as http:
         with pytest.raises(httpx.RemoteProtocolError):
             await http.post(url, content=b"x")
 
