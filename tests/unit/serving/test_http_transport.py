@@ -178,17 +178,6 @@ async def test_a_cancelled_request_closes_its_connection_and_the_next_one_works(
     assert counts == [1, 1]
 
 
-async def test_waiting_for_a_free_connection_is_bounded_by_the_pool_timeout() -> None:
-    async with server(lambda body: None) as (url, _), client(max_connections=1) as http:
-        first = asyncio.create_task(http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=5.0)))
-        await asyncio.sleep(0.05)
-        with pytest.raises(httpx.PoolTimeout):
-            await http.post(url, content=b"x", timeout=httpx.Timeout(5.0, pool=0.1))
-        first.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await first
-
-
 async def test_a_scheme_other_than_http_is_refused() -> None:
     async with client() as http:
         with pytest.raises(httpx.UnsupportedProtocol):
@@ -225,7 +214,7 @@ async def test_a_body_cut_by_a_reset_is_an_error_not_a_reply() -> None:
             await http.post(url, content=b"x")
 
 
-async def test_a_free_connection_serves_again_after_a_pool_timeout() -> None:
+async def test_waiting_for_a_connection_is_bounded_by_the_pool_timeout_and_the_pool_recovers() -> None:
     answers: list[bytes | None] = [None, reply(b"ok")]
     async with server(lambda body: answers.pop(0)) as (url, _), client(max_connections=1) as http:
         first = asyncio.create_task(http.post(url, content=b"x"))
