@@ -14,7 +14,11 @@ spent per job (the bridge with its recorder thread, serving with its pool
 workers, Redis, the client) shows where recording's cost lands. This machine's
 speed drifts by tens of percent over minutes, so jobs/s of one turn against the
 next is noisy; the CPU per job of all processes together, on against off, is
-the steadier figure of the same cost (the load saturates the cores).
+the steadier figure of the same cost (the load saturates the cores). Rounds
+alternate their order (off-on, on-off, ...) so that a drift of the machine's
+speed within a round does not always land on the same side, and each round's
+own on/off figures are printed as a pair: their median and spread say how far
+the overall figure can be trusted.
 
 Printed per turn: jobs/s, p50 and p99 of the round trip; with recording on,
 the recorder's backlog while the load runs. The bridge exposes no metrics
@@ -73,6 +77,7 @@ def free_port() -> int:
 @dataclass
 class Turn:
     record: bool
+    round_no: int = 0
     jobs: int = 0
     errors: int = 0
     seconds: float = 0.0
@@ -156,7 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=4, help="Turns of off-then-on (2: off, on, off, on).")
+    parser.add_argument("--rounds", type=int, default=4, help="Rounds of one turn off and one on (order alternating).")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -190,8 +195,8 @@ def main() -> None:
     try:
         wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, "serving")
         for round_no in range(args.rounds):
-            for record in (False, True):
-                turn = Turn(record)
+            for record in (False, True) if round_no % 2 == 0 else (True, False):
+                turn = Turn(record, round_no)
                 snaps, events = snapshots(client), served_events(client)
                 log = home / f"bridge-{'on' if record else 'off'}-{round_no}.log"
                 argv = [*exa, "bridge", "start", "--concurrency", str(args.concurrency)]
@@ -253,6 +258,16 @@ def report(turns: list[Turn], args: argparse.Namespace) -> None:
     all_on = statistics.median(sum(t.cpu_ms.values()) for t in on)
     share = 100 * (all_on - all_off) / all_on
     print(f"cpu ms per job, all processes: off {all_off:.3f}, on {all_on:.3f}: recording takes {share:.1f} % of it")
+    pairs = [(t_off, t_on) for t_off in off for t_on in on if t_off.round_no == t_on.round_no]
+    if len(pairs) > 1:
+        by_rps = sorted(100 * (1 - t_on.rps / t_off.rps) for t_off, t_on in pairs)
+        by_cpu = sorted(100 * (1 - sum(t_off.cpu_ms.values()) / sum(t_on.cpu_ms.values())) for t_off, t_on in pairs)
+        for name, costs in (("throughput", by_rps), ("cpu share", by_cpu)):
+            quartiles = statistics.quantiles(costs, n=4) if len(costs) >= 4 else [costs[0], 0.0, costs[-1]]
+            print(
+                f"per round, {name} cost: median {statistics.median(costs):.1f} %, "
+                f"quartiles {quartiles[0]:.1f} / {quartiles[2]:.1f} %, range {costs[0]:.1f} to {costs[-1]:.1f} %"
+            )
     p50_off = statistics.median([v for t in off for v in t.latencies_ms])
     p50_on = statistics.median([v for t in on for v in t.latencies_ms])
     print(f"p50: off {p50_off:.2f} ms, on {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")

@@ -34,6 +34,19 @@ def test_the_stats_of_numpy_floats_are_plain_floats() -> None:
     assert all(type(value) is float for value in stats)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_stats_match_the_two_pass_definition_to_nine_digits(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    for center, spread in ((0.0, 0.05), (0.3, 1.0), (-2.0, 0.001), (50.0, 0.1)):
+        embedding = [rng.gauss(center, spread) for _ in range(384)]
+        norm, mean, std = embedding_stats(embedding)
+        assert norm == pytest.approx(math.sqrt(math.fsum(x * x for x in embedding)), rel=1e-12)
+        assert mean == pytest.approx(statistics.fmean(embedding), rel=1e-12, abs=1e-15)
+        assert std == pytest.approx(statistics.pstdev(embedding), rel=1e-9)
+
+
 def test_a_large_mean_does_not_cancel_the_spread_away() -> None:
     embedding = [1e6 + 0.001 * i for i in range(384)]
     assert embedding_stats(embedding)[2] == pytest.approx(statistics.pstdev(embedding), rel=1e-6)
