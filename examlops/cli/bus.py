@@ -116,6 +116,25 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+def tune_garbage_collection() -> None:
+    """Keep the garbage collector off a bridge's hot path: freeze what start-up built, collect young objects rarely.
+
+    A bridge under bus load allocates a few dozen containers per job that reference counting frees; the
+    collector's sweeps over them were pure overhead. Measured with gc callbacks in a bridge taking 3,000
+    jobs at c=32: the youngest generation was collected ~150 times per 3,000 jobs (~17 us of CPU per job,
+    ~34 with recording on, whose queue holds more live objects), and each full collection walked the
+    ~100,000 objects of the imports (40-75 ms). Frozen (``gc.freeze``), start-up objects are skipped by
+    every collection; collected every 20,000 net allocations instead of 700, the youngest generation
+    cost ~1 us per job. Reference cycles still get collected, only later (httpx's per-response cycle,
+    the one that was made per job, is cut in ``bridge_handler``).
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
+
+
 @bridge_app.command("start")
 def start(
     concurrency: Annotated[int, typer.Option(help="Jobs served at once by this bridge.", min=1)] = 64,
@@ -159,6 +178,7 @@ def start(
                     bridge = Bridge(
                         settings, catalog(settings), redis, http, on_served=recorder, max_concurrency=concurrency
                     )
+                    tune_garbage_collection()
                     await bridge.run(stop)
         finally:
             await redis.aclose()

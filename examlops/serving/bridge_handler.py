@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 INFER_PATH = "/infer-pipeline/infer"
 JSON_HEADERS = {"content-type": "application/json"}
 _NUMBERS = frozenset((int, float))
+_READ = httpx.ByteStream(b"")
 
 
 def http_client(http: HttpSettings, max_connections: int = 64) -> httpx.AsyncClient:
@@ -154,6 +155,9 @@ class ModelHandler:
             response = await self.http.post(self._url, content=content, headers=JSON_HEADERS, timeout=timeout)
         except (httpx.TransportError, TimeoutError) as exc:
             return self._transport_error(exc, job)
+        # httpx binds a response's stream back to the response, a reference cycle of ~15 objects that only
+        # the garbage collector frees; the body is read, so cut it: the response goes by reference counting.
+        response.stream = _READ
         return self._reply(job, response)
 
     def _transport_error(self, exc: Exception, job: Job) -> Outcome:

@@ -48,19 +48,21 @@ async def serving(reply: bytes | None, *, raw: bytes | None = None) -> AsyncIter
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writers.append(writer)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-        received.append(await reader.readexactly(length))
-        if raw is not None:
-            writer.write(raw)
-            await writer.drain()
-            writer.close()
-        elif reply is not None:
-            writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(reply)
-            )
-            writer.write(reply)
-            await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:  # keep-alive: every request on the connection
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.split(b"\r\n")
+                length = next(int(h.split(b":")[1]) for h in lines if h.lower().startswith(b"content-length"))
+                received.append(await reader.readexactly(length))
+                if raw is not None:
+                    writer.write(raw)
+                    await writer.drain()
+                    writer.close()
+                    return
+                if reply is not None:
+                    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                    writer.write(head % len(reply) + reply)
+                    await writer.drain()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     try:
@@ -151,3 +153,23 @@ async def test_a_non_finite_number_is_refused_before_anything_is_sent(spec: Mode
             outcome = await one.handle(job(spec, embedding=[bad] + [0.0] * (spec.embedding_dim - 1)))
     assert outcome.body["code"] == "invalid_input" and outcome.body["field"] == "embedding"
     assert received == []
+
+
+async def test_a_handled_reply_is_freed_by_reference_counting_not_left_to_the_collector(spec: ModelSpec) -> None:
+    import gc
+
+    async with serving(REPLY) as (url, _):
+        one = handler(spec, url, HttpSettings())
+        async with one.http:
+            await one.handle(job(spec))
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for _ in range(5):
+                    assert (await one.handle(job(spec))).status == 200
+                gc.collect()
+                cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, httpx.Response | httpx.Request)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+    assert cyclic == []
