@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -64,6 +65,7 @@ from examlops.registry.demo import seed_demo
 from examlops.serving.bus_client import BusClient
 
 MODEL = "JPCP"
+RECORDER_CPU = re.compile(r"recorder: .* of CPU writing \(([0-9.]+) us per record\)")
 WARM_UP = 200
 
 
@@ -89,6 +91,8 @@ class Turn:
     new_events: int = 0
     answered: int = 0
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    recorder_us: float | None = None
+    """The recorder thread's CPU per record, from the bridge's closing log line."""
 
     @property
     def rps(self) -> float:
@@ -211,6 +215,8 @@ def main() -> None:
                     turn.cpu_ms["client"] = (client_after - client_before) * 1000 / max(1, turn.answered)
                 finally:
                     stop(bridge)  # recording on: the recorder flushes on SIGTERM
+                found = RECORDER_CPU.search(log.read_text(errors="replace"))
+                turn.recorder_us = float(found.group(1)) if found else None
                 turn.new_snapshots = snapshots(client) - snaps
                 turn.new_events = served_events(client) - events
                 turns.append(turn)
@@ -268,6 +274,15 @@ def report(turns: list[Turn], args: argparse.Namespace) -> None:
                 f"per round, {name} cost: median {statistics.median(costs):.1f} %, "
                 f"quartiles {quartiles[0]:.1f} / {quartiles[2]:.1f} %, range {costs[0]:.1f} to {costs[-1]:.1f} %"
             )
+    recorder_us = [t.recorder_us for t in on if t.recorder_us is not None]
+    if recorder_us:
+        # The recorder thread's own CPU, timed in the bridge: the part of recording's cost that the machine's
+        # drift barely moves (Redis's part is in the redis line above).
+        median_us = statistics.median(recorder_us)
+        print(
+            f"recorder thread, CPU per record: median {median_us:.1f} us (range {min(recorder_us):.1f} to "
+            f"{max(recorder_us):.1f}), {100 * median_us / 1000 / all_on:.1f} % of a job's CPU in all processes"
+        )
     p50_off = statistics.median([v for t in off for v in t.latencies_ms])
     p50_on = statistics.median([v for t in on for v in t.latencies_ms])
     print(f"p50: off {p50_off:.2f} ms, on {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")

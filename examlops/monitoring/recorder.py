@@ -16,7 +16,8 @@ Contract:
 - While Redis is unavailable the thread retries with backoff (0.1 s doubling to 2 s) and the queue
   holds what arrives meanwhile; nothing is lost while the bound holds (``retried`` counts the retries).
 - ``close(timeout)`` flushes the queue and writes a final audit checkpoint; it returns False (and logs
-  how many records were left) when the queue could not be flushed in time.
+  how many records were left) when the queue could not be flushed in time. It logs what the recorder did,
+  with the CPU its thread spent writing (``cpu_s``, also a counter): the bridge's own cost of recording.
 
 Monitoring does not import serving: ``Served`` is the shape of ``serving.bus.ServedInference``.
 """
@@ -27,6 +28,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -81,6 +83,8 @@ class RecorderStats:
     retried: int
     dropped: int
     queue_depth: int
+    cpu_s: float = 0.0
+    """CPU time the recorder's thread spent preparing and writing records (not waiting)."""
 
 
 class Recorder:
@@ -110,12 +114,14 @@ class Recorder:
         self._drop_lock = threading.Lock()
         self._down = False
         self.recorded = self.duplicates = self.retried = self.dropped = 0
+        self.cpu_s = 0.0
         registry = registry if registry is not None else CollectorRegistry()
         name = "examlops_recorder"
         self._m_recorded = Counter(f"{name}_recorded", "Jobs recorded (snapshot + audit event)", registry=registry)
         self._m_duplicates = Counter(f"{name}_duplicates", "Jobs already recorded, skipped", registry=registry)
         self._m_retried = Counter(f"{name}_retried", "Writes retried while Redis was unavailable", registry=registry)
         self._m_dropped = Counter(f"{name}_dropped", "Records dropped: queue full or unrecordable", registry=registry)
+        self._m_cpu = Counter(f"{name}_cpu_seconds", "CPU the recorder's thread spent writing", registry=registry)
         depth = Gauge(f"{name}_queue_depth", "Records waiting in the recorder's queue", registry=registry)
         depth.set_function(self._queue.qsize)
 
@@ -151,7 +157,9 @@ class Recorder:
             log.error("record dropped: %s", why)
 
     def stats(self) -> RecorderStats:
-        return RecorderStats(self.recorded, self.duplicates, self.retried, self.dropped, self._queue.qsize())
+        return RecorderStats(
+            self.recorded, self.duplicates, self.retried, self.dropped, self._queue.qsize(), self.cpu_s
+        )
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush what is queued and stop; False when that took longer than ``timeout``.
@@ -163,6 +171,7 @@ class Recorder:
             return self._queue.empty()
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            self._log_totals()
             return True
         self._abandon.set()
         self._thread.join(self.max_backoff_s + 1)
@@ -175,7 +184,20 @@ class Recorder:
             left += 1
         self._drop(left)
         log.error("recorder closed after %.0f s with %d queued records unwritten (Redis unavailable?)", timeout, left)
+        self._log_totals()
         return False
+
+    def _log_totals(self) -> None:
+        per_job = 1e6 * self.cpu_s / self.recorded if self.recorded else 0.0
+        log.info(
+            "recorder: %d recorded, %d duplicates, %d retries, %d dropped; %.3f s of CPU writing (%.1f us per record)",
+            self.recorded,
+            self.duplicates,
+            self.retried,
+            self.dropped,
+            self.cpu_s,
+            per_job,
+        )
 
     # The thread.
 
@@ -194,7 +216,11 @@ class Recorder:
                 # wake this thread, one GIL switch per job.
                 self._closing.wait(self.linger_s)
                 self._fill(batch)
+            began = time.thread_time()
             self._guarded(functools.partial(self._write, batch))
+            spent = time.thread_time() - began
+            self.cpu_s += spent
+            self._m_cpu.inc(spent)
             if self._abandon.is_set():
                 return
         self._guarded(self.trail.checkpoint_now)

@@ -153,10 +153,14 @@ def test_past_its_bound_the_queue_drops_counts_and_logs_never_silently(
     assert registry.get_sample_value("examlops_recorder_queue_depth") == 5
     assert len([r for r in caplog.records if "queue full" in r.message]) == 1, "one log line per burst"
     recorder.start()
-    assert recorder.close(10)
+    with caplog.at_level(logging.INFO, logger="examlops.monitoring.recorder"):
+        assert recorder.close(10)
     assert recorder.stats().recorded == 5
     assert registry.get_sample_value("examlops_recorder_recorded_total") == 5
     assert len(served_events(client)) == 5
+    cpu = recorder.stats().cpu_s
+    assert cpu > 0 and registry.get_sample_value("examlops_recorder_cpu_seconds_total") == cpu
+    assert any("5 recorded, 0 duplicates, 0 retries, 3 dropped" in r.message for r in caplog.records)
 
 
 def test_redis_restarted_mid_stream_loses_no_record(tmp_path: Path) -> None:
