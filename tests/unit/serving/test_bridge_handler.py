@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +16,7 @@ from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec, load_catalog
 from examlops.serving import bus
 from examlops.serving.bridge_handler import ModelHandler, http_client
+from tests.unit.serving.loopback import reply, server
 
 CATALOG = Path(__file__).resolve().parents[3] / "examlops" / "catalog"
 REPLY = b'{"model":"JPCP","alias":"Production","version":1,"run_id":"r","prediction":0.25,"job_id":"j-1"}'
@@ -37,46 +38,19 @@ def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | 
     )
 
 
-@contextlib.asynccontextmanager
-async def serving(reply: bytes | None, *, raw: bytes | None = None) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A loopback HTTP server that answers every request with ``reply``, or never answers when it is None.
+def serving(answer: bytes | None, *, raw: bytes | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
+    """A loopback server answering every request with ``answer`` as a 200 reply, or never when it is None.
 
     With ``raw``, it writes those bytes instead of an HTTP reply and closes the connection.
     """
-    received: list[bytes] = []
-    writers: list[asyncio.StreamWriter] = []
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:  # keep-alive: every request on the connection
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.split(b"\r\n")
-                length = next(int(h.split(b":")[1]) for h in lines if h.lower().startswith(b"content-length"))
-                received.append(await reader.readexactly(length))
-                if raw is not None:
-                    writer.write(raw)
-                    await writer.drain()
-                    writer.close()
-                    return
-                if reply is not None:
-                    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                    writer.write(head % len(reply) + reply)
-                    await writer.drain()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
-    finally:
-        for writer in writers:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    if raw is not None:
+        return server(lambda body: raw, close_after=True)
+    return server(lambda body: None if answer is None else reply(answer))
 
 
 @pytest.fixture
 async def silent() -> AsyncIterator[str]:
-    async with serving(None) as (url, _):
+    async with serving(None) as (url, _, _):
         yield url
 
 
@@ -85,7 +59,7 @@ def handler(spec: ModelSpec, url: str, timeouts: HttpSettings) -> ModelHandler:
 
 
 async def test_a_reply_from_serving_is_passed_on_with_the_job_sent_once(spec: ModelSpec) -> None:
-    async with serving(REPLY) as (url, received):
+    async with serving(REPLY) as (url, _, received):
         one = handler(spec, url, HttpSettings())
         async with one.http:
             outcome = await one.handle(job(spec))
@@ -137,7 +111,7 @@ async def test_a_deadline_passing_while_serving_works_is_refused_and_not_recorde
     ids=["closed", "garbage", "header-too-long"],
 )
 async def test_a_reply_that_is_not_http_is_an_unreachable_pipeline_answered_once(spec: ModelSpec, raw: bytes) -> None:
-    async with serving(None, raw=raw) as (url, received):
+    async with serving(None, raw=raw) as (url, _, received):
         one = handler(spec, url, HttpSettings())
         async with one.http:
             outcome = await one.handle(job(spec))
@@ -147,7 +121,7 @@ async def test_a_reply_that_is_not_http_is_an_unreachable_pipeline_answered_once
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 async def test_a_non_finite_number_is_refused_before_anything_is_sent(spec: ModelSpec, bad: float) -> None:
-    async with serving(REPLY) as (url, received):
+    async with serving(REPLY) as (url, _, received):
         one = handler(spec, url, HttpSettings())
         async with one.http:
             outcome = await one.handle(job(spec, embedding=[bad] + [0.0] * (spec.embedding_dim - 1)))
@@ -158,7 +132,7 @@ async def test_a_non_finite_number_is_refused_before_anything_is_sent(spec: Mode
 async def test_a_handled_reply_is_freed_by_reference_counting_not_left_to_the_collector(spec: ModelSpec) -> None:
     import gc
 
-    async with serving(REPLY) as (url, _):
+    async with serving(REPLY) as (url, _, _):
         one = handler(spec, url, HttpSettings())
         async with one.http:
             await one.handle(job(spec))
