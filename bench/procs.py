@@ -76,3 +76,14 @@ class CpuMeter:
                     continue
                 spent[name] += times.user + times.system
         return spent
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's main thread (``main``) and of all its other threads (``threads``)."""
+    spent = {"main": 0.0, "threads": 0.0}
+    try:
+        for thread in psutil.Process(pid).threads():
+            spent["main" if thread.id == pid else "threads"] += thread.user_time + thread.system_time
+    except psutil.Error:
+        pass
+    return spent

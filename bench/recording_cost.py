@@ -2,32 +2,42 @@
 
 Starts a real redis-server (``EmbeddedRedis`` on a free port), seeds the demo
 models and runs `exa serve start` on a free port, all in a fresh state folder
-(``.examlops/bench-recording`` by default). Then, in turns, one
-`exa bridge start --no-record` and one `exa bridge start` (recording on) take
-the same bounded load: a warm-up, then ``--jobs`` bus jobs to JPCP at
-``--concurrency`` through ``BusClient``. Only one bridge runs at a time.
+(``.examlops/bench-recording`` by default). Two bridges run side by side for
+the whole of a phase: `exa bridge start --no-record --model A` and
+`exa bridge start --model B` (recording on). The load alternates between them
+in short segments: ``--jobs`` bus jobs at ``--concurrency`` through
+``BusClient`` to model A (recording off), then to model B (recording on), or
+the other way round (rounds alternate the order: off-on, on-off, ...). A
+bridge whose model gets no jobs waits in its blocking read and costs nothing.
+Halfway the bridges are restarted with the models swapped, so a difference
+between the two models' own cost lands on both sides equally.
 
-    .venv/bin/python bench/recording_cost.py [--jobs 3000] [--concurrency 32] [--rounds 4]
+Why this shape: this machine's speed drifts by tens of percent over seconds to
+minutes. Restarting a bridge per turn made each turn ~10 s long and left one
+turn against the next ±10 % apart with the same code. Segments of ~1.5 s with
+both bridges already warm put an on/off pair within ~3 s of each other, and
+many pairs give the figure a spread that says how far it can be trusted: the
+mean of the pairs' costs is printed with twice its standard error.
 
-The client runs on uvloop, as the bridge does. Per turn, the CPU each process
-spent per job (the bridge with its recorder thread, serving with its pool
-workers, Redis, the client) shows where recording's cost lands. This machine's
-speed drifts by tens of percent over minutes, so jobs/s of one turn against the
-next is noisy; the CPU per job of all processes together, on against off, is
-the steadier figure of the same cost (the load saturates the cores). Rounds
-alternate their order (off-on, on-off, ...) so that a drift of the machine's
-speed within a round does not always land on the same side, and each round's
-own on/off figures are printed as a pair: their median and spread say how far
-the overall figure can be trusted.
+Per segment, the first ``--warm-up`` replies are not timed (the load ramps up,
+the recorder reaches its steady backlog), nor are the last ``--concurrency``
+(the load ramps down): jobs/s is the completions between those over the time
+between them. After a segment with recording on the bench waits until the
+recorder has written every snapshot, so no recording work spills into the next
+segment; the CPU each process spent (read from /proc after that wait) is
+divided by the segment's jobs, so it includes all of the recording's work.
 
-Printed per turn: jobs/s, p50 and p99 of the round trip; with recording on,
-the recorder's backlog while the load runs. The bridge exposes no metrics
-endpoint, so the backlog is measured from outside, honestly and without
-touching the bridge: jobs answered (replies the client received) minus drift
-snapshots written (XLEN of the model's snapshot stream), sampled every 0.2 s.
-That is the recorder's queue plus the batch it is writing (at most 64). At
-the end: snapshots == ``inference.served`` audit events == jobs answered,
-for recording on, and no new snapshot or event for recording off.
+``--control`` runs both bridges with recording off: the "cost" it prints is
+the bench's own bias and noise, and should be ~0.
+
+    .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--control]
+
+``--rounds`` is the number of on/off pairs per phase (two phases). The
+recorder's backlog while the load runs is measured from outside: jobs answered
+minus drift snapshots written (XLEN of the model's snapshot stream), sampled
+every 0.2 s; that is the recorder's queue plus the batch it is writing. At the
+end of each phase: new snapshots == new ``inference.served`` events == jobs
+answered by the recording bridge, and no snapshot for the other model.
 
 Figures only: nothing here asserts; the check is printed as OK or MISMATCH. Target: a cost of at most 5 %.
 """
@@ -36,11 +46,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import re
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,7 +65,7 @@ import redis
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import CpuMeter, quantile, start, stop, wait_until
+from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
 
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import INFERENCE_SERVED
@@ -64,9 +76,8 @@ from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.serving.bus_client import BusClient
 
-MODEL = "JPCP"
+MODELS = ("JPCP", "CRCP")
 RECORDER_CPU = re.compile(r"recorder: .* of CPU writing \(([0-9.]+) us per record\)")
-WARM_UP = 200
 
 
 def free_port() -> int:
@@ -77,26 +88,34 @@ def free_port() -> int:
 
 
 @dataclass
-class Turn:
+class Segment:
     record: bool
-    round_no: int = 0
+    model: str
+    round_no: int
     jobs: int = 0
     errors: int = 0
+    timed: int = 0
     seconds: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
     backlog: list[int] = field(default_factory=list)
-    backlog_at_end: int = 0
     drain_s: float = 0.0
-    new_snapshots: int = 0
-    new_events: int = 0
-    answered: int = 0
     cpu_ms: dict[str, float] = field(default_factory=dict)
-    recorder_us: float | None = None
-    """The recorder thread's CPU per record, from the bridge's closing log line."""
+    threads_ms: dict[str, float] = field(default_factory=dict)
+    """The loaded bridge's CPU per job: its event loop's thread (main) and its other threads."""
 
     @property
     def rps(self) -> float:
-        return self.jobs / self.seconds
+        return self.timed / self.seconds
+
+
+@dataclass
+class Phase:
+    recording_model: str
+    answered_on: int = 0
+    new_snapshots_on: int = 0
+    new_snapshots_off: int = 0
+    new_events: int = 0
+    recorder_us: float | None = None
 
 
 def served_events(client: redis.Redis) -> int:
@@ -110,62 +129,138 @@ def served_events(client: redis.Redis) -> int:
         start_id = "(" + page[-1][0]
 
 
-def snapshots(client: redis.Redis) -> int:
-    return int(client.xlen(stream_of(MODEL)))
+def snapshots(client: redis.Redis, model: str) -> int:
+    return int(client.xlen(stream_of(model)))
 
 
-async def run_turn(
-    settings: Settings, client: redis.Redis, address: str, bodies: list[dict[str, Any]], concurrency: int, turn: Turn
+async def run_segment(
+    bus: BusClient,
+    client: redis.Redis,
+    address: str,
+    bodies: list[dict[str, Any]],
+    args: argparse.Namespace,
+    segment: Segment,
 ) -> None:
-    answered = 0
-    first = snapshots(client)
-    async with BusClient.from_settings(settings, caller="bench-recording") as bus:
-        for body in bodies[:WARM_UP]:
-            await bus.request(address, body, 30)
-        answered += WARM_UP
-        if turn.record:  # start from a drained recorder, so the backlog below is the load's own
-            wait_until(lambda: snapshots(client) >= first + WARM_UP, "the warm-up's snapshots", 60)
-        before = snapshots(client)
-        queue = list(range(len(bodies)))
-        sampling = turn.record
+    """The load of one segment; returns once every reply is in (recording may still be writing)."""
+    before = snapshots(client, segment.model)
+    todo = list(range(args.warm_up + args.jobs))
+    done_at: list[float] = []
+    sampling = segment.record
 
-        async def sampler() -> None:
-            while sampling:
-                turn.backlog.append(answered - WARM_UP - (snapshots(client) - before))
-                await asyncio.sleep(0.2)
+    async def sampler() -> None:
+        while sampling:
+            segment.backlog.append(len(done_at) - (snapshots(client, segment.model) - before))
+            await asyncio.sleep(0.2)
 
-        async def worker() -> None:
-            nonlocal answered
-            while queue:
-                i = queue.pop()
-                began = time.perf_counter()
-                reply = await bus.request(address, bodies[i], 30)
-                turn.latencies_ms.append((time.perf_counter() - began) * 1000)
-                turn.errors += reply.get("error") is not None
-                answered += 1
+    async def worker() -> None:
+        while todo:
+            i = todo.pop()
+            began = time.perf_counter()
+            reply = await bus.request(address, bodies[i % len(bodies)], 30)
+            ended = time.perf_counter()
+            done_at.append(ended)
+            if len(done_at) > args.warm_up:
+                segment.latencies_ms.append((ended - began) * 1000)
+            segment.errors += reply.get("error") is not None
 
-        sampling_task = asyncio.create_task(sampler())
-        began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        turn.seconds = time.perf_counter() - began
-        sampling = False
-        await sampling_task
-    turn.jobs, turn.answered = len(bodies), answered
-    if turn.record:
-        turn.backlog_at_end = answered - WARM_UP - (snapshots(client) - before)
-        ended = time.perf_counter()
-        with_snapshots = before + len(bodies)
-        try:
-            wait_until(lambda: snapshots(client) >= with_snapshots, "the recorder's backlog to drain", 60)
-        finally:
-            turn.drain_s = time.perf_counter() - ended
+    sampling_task = asyncio.create_task(sampler())
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    sampling = False
+    await sampling_task
+    first, last = args.warm_up, len(done_at) - 1 - args.concurrency
+    segment.jobs = len(done_at)
+    segment.timed = last - first
+    segment.seconds = done_at[last] - done_at[first]
+
+
+def run_phase(
+    phase_no: int,
+    recording_model: str,
+    context: dict[str, Any],
+    args: argparse.Namespace,
+    segments: list[Segment],
+) -> Phase:
+    exa, env, home, client = context["exa"], context["env"], context["home"], context["client"]
+    catalog, bodies = context["catalog"], context["bodies"]
+    plain_model = next(m for m in MODELS if m != recording_model)
+    phase = Phase(recording_model)
+    base = [*exa, "bridge", "start", "--concurrency", str(args.concurrency)]
+    logs = {flag: home / f"bridge-{phase_no}-{flag}.log" for flag in ("off", "on")}
+    bridges: dict[str, subprocess.Popen[bytes]] = {}
+    snaps_on, snaps_off = snapshots(client, recording_model), snapshots(client, plain_model)
+    events = served_events(client)
+    try:
+        bridges["off"] = start([*base, "--no-record", "--model", plain_model], env, logs["off"])
+        on_argv = [*base, "--model", recording_model] + (["--no-record"] if args.control else [])
+        bridges["on"] = start(on_argv, env, logs["on"])
+        for flag, log in logs.items():
+            wait_until(lambda: " ready: " in log.read_text(errors="replace"), f"the {flag} bridge", proc=bridges[flag])  # noqa: B023
+        pids = {f"bridge-{flag}": proc.pid for flag, proc in bridges.items()}
+        meter = CpuMeter(pids | {"serving": context["serving_pid"], "redis": context["redis_pid"]})
+
+        async def load() -> None:
+            async with BusClient.from_settings(context["settings"], caller="bench-recording") as bus:
+                for round_no in range(args.rounds):
+                    for record in (False, True) if round_no % 2 == 0 else (True, False):
+                        model = recording_model if record else plain_model
+                        segment = Segment(record, model, round_no + phase_no * args.rounds)
+                        address = str(catalog.get(model).seanerbus_uuid)
+                        cpu_before, client_before = meter.read(), time.process_time()
+                        bridge_pid = bridges["on" if record else "off"].pid
+                        threads_before = thread_cpu(bridge_pid)
+                        snaps_before = snapshots(client, model)
+                        await run_segment(bus, client, address, bodies, args, segment)
+                        client_after = time.process_time()
+                        if record and not args.control:
+                            ended = time.perf_counter()
+                            target = snaps_before + segment.jobs
+                            while snapshots(client, model) < target:
+                                if time.perf_counter() - ended > 60:
+                                    raise SystemExit("the recorder's backlog did not drain in 60 s")
+                                await asyncio.sleep(0.01)
+                            segment.drain_s = time.perf_counter() - ended
+                        cpu_after = meter.read()
+                        threads_after = thread_cpu(bridge_pid)
+                        spent = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
+                        per_job = 1000 / segment.jobs
+                        segment.cpu_ms = {
+                            "bridges": (spent["bridge-off"] + spent["bridge-on"]) * per_job,
+                            "serving": spent["serving"] * per_job,
+                            "redis": spent["redis"] * per_job,
+                            "client": (client_after - client_before) * per_job,
+                        }
+                        segment.threads_ms = {
+                            k: (threads_after[k] - threads_before[k]) * per_job for k in threads_after
+                        }
+                        if record:
+                            phase.answered_on += segment.jobs
+                        segments.append(segment)
+                        print(
+                            f"round {segment.round_no + 1:>2} recording {'on ' if record else 'off'} ({model}): "
+                            f"{segment.rps:.0f} jobs/s, p50 {statistics.median(segment.latencies_ms):.2f} ms, "
+                            f"errors {segment.errors}",
+                            flush=True,
+                        )
+
+        uvloop.run(load())
+    finally:
+        for proc in bridges.values():
+            stop(proc)  # recording on: the recorder flushes on SIGTERM and logs its CPU
+    found = RECORDER_CPU.search(logs["on"].read_text(errors="replace"))
+    phase.recorder_us = float(found.group(1)) if found else None
+    phase.new_snapshots_on = snapshots(client, recording_model) - snaps_on
+    phase.new_snapshots_off = snapshots(client, plain_model) - snaps_off
+    phase.new_events = served_events(client) - events
+    return phase
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=3000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="Timed jobs per segment (plus the warm-up).")
+    parser.add_argument("--warm-up", type=int, default=200, help="Untimed jobs at the start of each segment.")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=4, help="Rounds of one turn off and one on (order alternating).")
+    parser.add_argument("--rounds", type=int, default=12, help="On/off pairs per phase (two phases).")
+    parser.add_argument("--control", action="store_true", help="Both bridges without recording: the bench's bias.")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -175,12 +270,12 @@ def main() -> None:
     base = Settings(home=home)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
-    spec = catalog.get(MODEL)
+    dims = {catalog.get(m).embedding_dim for m in MODELS}
+    if len(dims) != 1:
+        raise SystemExit(f"the models {MODELS} must take embeddings of one length, not {sorted(dims)}")
     rng = np.random.default_rng(11)
-    bodies: list[dict[str, Any]] = [
-        {"embedding": [float(v) for v in rng.normal(0, 0.05, spec.embedding_dim)], "node_count": 12}
-        for _ in range(args.jobs)
-    ]
+    dim = dims.pop()
+    bodies = [{"embedding": [float(v) for v in rng.normal(0, 0.05, dim)], "node_count": 12} for _ in range(1000)]
 
     redis_server = EmbeddedRedis(home / "redis", free_port())
     redis_server.start()
@@ -195,104 +290,107 @@ def main() -> None:
     serving = start([*exa, "serve", "start"], env, home / "serving.log")
     url = f"http://127.0.0.1:{serving_port}"
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    turns: list[Turn] = []
+    segments: list[Segment] = []
+    phases: list[Phase] = []
+    context = {
+        "exa": exa,
+        "env": env,
+        "home": home,
+        "client": client,
+        "catalog": catalog,
+        "bodies": bodies,
+        "settings": settings,
+        "serving_pid": serving.pid,
+        "redis_pid": redis_pid,
+    }
     try:
-        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, "serving")
-        for round_no in range(args.rounds):
-            for record in (False, True) if round_no % 2 == 0 else (True, False):
-                turn = Turn(record, round_no)
-                snaps, events = snapshots(client), served_events(client)
-                log = home / f"bridge-{'on' if record else 'off'}-{round_no}.log"
-                argv = [*exa, "bridge", "start", "--concurrency", str(args.concurrency)]
-                bridge = start(argv + ([] if record else ["--no-record"]), env, log)
-                try:
-                    wait_until(lambda: " ready: " in log.read_text(errors="replace"), "the bridge")  # noqa: B023
-                    meter = CpuMeter({"bridge": bridge.pid, "serving": serving.pid, "redis": redis_pid})
-                    before, client_before = meter.read(), time.process_time()
-                    uvloop.run(run_turn(settings, client, str(spec.seanerbus_uuid), bodies, args.concurrency, turn))
-                    after, client_after = meter.read(), time.process_time()
-                    turn.cpu_ms = {k: (after[k] - before[k]) * 1000 / max(1, turn.answered) for k in after}
-                    turn.cpu_ms["client"] = (client_after - client_before) * 1000 / max(1, turn.answered)
-                finally:
-                    stop(bridge)  # recording on: the recorder flushes on SIGTERM
-                found = RECORDER_CPU.search(log.read_text(errors="replace"))
-                turn.recorder_us = float(found.group(1)) if found else None
-                turn.new_snapshots = snapshots(client) - snaps
-                turn.new_events = served_events(client) - events
-                turns.append(turn)
-                print(
-                    f"round {round_no + 1} recording {'on ' if record else 'off'}: {turn.rps:.0f} jobs/s, "
-                    f"p50 {statistics.median(turn.latencies_ms):.2f} ms, errors {turn.errors}",
-                    flush=True,
-                )
+        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, "serving", proc=serving)
+        for phase_no, recording_model in enumerate(reversed(MODELS)):
+            phases.append(run_phase(phase_no, recording_model, context, args, segments))
     finally:
         client.close()
         stop(serving)
         redis_server.stop()
-    report(turns, args)
+    report(segments, phases, args)
 
 
-def report(turns: list[Turn], args: argparse.Namespace) -> None:
-    print(f"\n{args.jobs} bus jobs per turn to {MODEL} at c={args.concurrency} after {WARM_UP} warm-up jobs; ")
-    print(f"one serving process, one bridge at a time ({os.cpu_count()} cores)\n")
-    header = f"{'turn':<5} {'recording':<9} {'jobs/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-    print(header + f" {'backlog p50/max/end':>20} {'drain s':>7}  cpu ms per job")
-    for i, turn in enumerate(turns):
-        row = (
-            f"{i + 1:<5} {'on' if turn.record else 'off':<9} {turn.rps:>7.0f} "
-            f"{statistics.median(turn.latencies_ms):>8.2f} {quantile(turn.latencies_ms, 0.99):>8.2f} {turn.errors:>6}"
+def spread(costs: list[float]) -> str:
+    mean = statistics.fmean(costs)
+    se = statistics.stdev(costs) / math.sqrt(len(costs)) if len(costs) > 1 else float("nan")
+    quartiles = statistics.quantiles(costs, n=4) if len(costs) >= 4 else [min(costs), 0.0, max(costs)]
+    return (
+        f"mean {mean:.1f} % ± {2 * se:.1f} (2 SE), median {statistics.median(costs):.1f} %, "
+        f"quartiles {quartiles[0]:.1f} / {quartiles[2]:.1f} %, range {min(costs):.1f} to {max(costs):.1f} %"
+    )
+
+
+def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespace) -> None:
+    on_label = "off*" if args.control else "on"
+    print(
+        f"\n{args.jobs} timed bus jobs per segment at c={args.concurrency}, after {args.warm_up} untimed; "
+        f"{args.rounds} on/off pairs per phase, 2 phases (models swapped); {os.cpu_count()} cores"
+    )
+    if args.control:
+        print("CONTROL RUN: the 'on' bridge records nothing too (off*); any cost below is the bench's own bias")
+    print(f"\n{'seg':<4} {'rec':<4} {'model':<5} {'jobs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}", end="")
+    print(f" {'backlog p50/max':>16} {'drain s':>7}  cpu ms per job")
+    for i, seg in enumerate(segments):
+        backlog = f"{statistics.median(seg.backlog):.0f}/{max(seg.backlog)}" if seg.backlog else ""
+        drain = f"{seg.drain_s:.2f}" if seg.record and not args.control else ""
+        cpu = "  ".join(f"{k} {v:.2f}" for k, v in seg.cpu_ms.items())
+        print(
+            f"{i + 1:<4} {on_label if seg.record else 'off':<4} {seg.model:<5} {seg.rps:>7.0f} "
+            f"{statistics.median(seg.latencies_ms):>7.2f} {quantile(seg.latencies_ms, 0.99):>7.2f} {seg.errors:>4}"
+            f" {backlog:>16} {drain:>7}  {cpu}"
         )
-        backlog, drain = "", ""
-        if turn.record and turn.backlog:
-            backlog = f"{statistics.median(turn.backlog):.0f}/{max(turn.backlog)}/{turn.backlog_at_end}"
-            drain = f"{turn.drain_s:.2f}"
-        cpu = "  ".join(f"{k} {v:.2f}" for k, v in turn.cpu_ms.items())
-        print(f"{row} {backlog:>20} {drain:>7}  {cpu}")
-    off = [t for t in turns if not t.record]
-    on = [t for t in turns if t.record]
-    rps_off = sum(t.jobs for t in off) / sum(t.seconds for t in off)
-    rps_on = sum(t.jobs for t in on) / sum(t.seconds for t in on)
-    cost = 100 * (1 - rps_on / rps_off)
-    print(f"\nthroughput: off {rps_off:.0f} jobs/s, on {rps_on:.0f} jobs/s: recording costs {cost:.1f} %")
-    for name in turns[0].cpu_ms:
-        off_cpu = statistics.median(t.cpu_ms[name] for t in off)
-        on_cpu = statistics.median(t.cpu_ms[name] for t in on)
-        print(f"cpu ms per job, {name}: off {off_cpu:.3f}, on {on_cpu:.3f} ({on_cpu - off_cpu:+.3f})")
-    # Every process shares the cores and the load saturates them, so the CPU a job costs in all bounds
-    # jobs/s: this share is the throughput cost with the machine's changing speed divided out of it.
-    all_off = statistics.median(sum(t.cpu_ms.values()) for t in off)
-    all_on = statistics.median(sum(t.cpu_ms.values()) for t in on)
-    share = 100 * (all_on - all_off) / all_on
-    print(f"cpu ms per job, all processes: off {all_off:.3f}, on {all_on:.3f}: recording takes {share:.1f} % of it")
-    pairs = [(t_off, t_on) for t_off in off for t_on in on if t_off.round_no == t_on.round_no]
-    if len(pairs) > 1:
-        by_rps = sorted(100 * (1 - t_on.rps / t_off.rps) for t_off, t_on in pairs)
-        by_cpu = sorted(100 * (1 - sum(t_off.cpu_ms.values()) / sum(t_on.cpu_ms.values())) for t_off, t_on in pairs)
-        for name, costs in (("throughput", by_rps), ("cpu share", by_cpu)):
-            quartiles = statistics.quantiles(costs, n=4) if len(costs) >= 4 else [costs[0], 0.0, costs[-1]]
+    off = [s for s in segments if not s.record]
+    on = [s for s in segments if s.record]
+    rps_off = sum(s.timed for s in off) / sum(s.seconds for s in off)
+    rps_on = sum(s.timed for s in on) / sum(s.seconds for s in on)
+    print(
+        f"\nthroughput: off {rps_off:.0f} jobs/s, {on_label} {rps_on:.0f} jobs/s: {100 * (1 - rps_on / rps_off):.1f} %"
+    )
+    pairs = [(a, b) for a in off for b in on if a.round_no == b.round_no]
+    print(f"per pair, throughput cost: {spread([100 * (1 - b.rps / a.rps) for a, b in pairs])}")
+    for name in segments[0].cpu_ms:
+        off_cpu = statistics.median(s.cpu_ms[name] for s in off)
+        on_cpu = statistics.median(s.cpu_ms[name] for s in on)
+        print(f"cpu ms per job, {name}: off {off_cpu:.3f}, {on_label} {on_cpu:.3f} ({on_cpu - off_cpu:+.3f})")
+    for name in segments[0].threads_ms:
+        off_cpu = statistics.median(s.threads_ms[name] for s in off)
+        on_cpu = statistics.median(s.threads_ms[name] for s in on)
+        print(
+            f"cpu ms per job, loaded bridge's {name}: off {off_cpu:.3f}, {on_label} {on_cpu:.3f} "
+            f"({on_cpu - off_cpu:+.3f})"
+        )
+    # The load saturates the shared cores, so the CPU a job costs in all processes bounds jobs/s.
+    share = [100 * (1 - sum(a.cpu_ms.values()) / sum(b.cpu_ms.values())) for a, b in pairs]
+    print(f"per pair, share of a job's CPU (all processes) that recording takes: {spread(share)}")
+    p50_off = statistics.median([v for s in off for v in s.latencies_ms])
+    p50_on = statistics.median([v for s in on for v in s.latencies_ms])
+    print(f"p50: off {p50_off:.2f} ms, {on_label} {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")
+    waiting = [v for s in on for v in s.backlog]
+    if waiting and not args.control:
+        drains = [s.drain_s for s in on]
+        print(
+            f"recorder backlog while loaded: median {statistics.median(waiting):.0f}, max {max(waiting)}; "
+            f"drained {statistics.median(drains):.2f} s (median) after a segment's last reply"
+        )
+    all_on = statistics.median(sum(s.cpu_ms.values()) for s in on)
+    for phase in phases:
+        if phase.recorder_us is not None and phase.recorder_us > 0:
             print(
-                f"per round, {name} cost: median {statistics.median(costs):.1f} %, "
-                f"quartiles {quartiles[0]:.1f} / {quartiles[2]:.1f} %, range {costs[0]:.1f} to {costs[-1]:.1f} %"
+                f"recorder thread ({phase.recording_model}): {phase.recorder_us:.1f} us of CPU per record, "
+                f"{100 * phase.recorder_us / 1000 / all_on:.1f} % of a job's CPU in all processes"
             )
-    recorder_us = [t.recorder_us for t in on if t.recorder_us is not None]
-    if recorder_us:
-        # The recorder thread's own CPU, timed in the bridge: the part of recording's cost that the machine's
-        # drift barely moves (Redis's part is in the redis line above).
-        median_us = statistics.median(recorder_us)
+    print("\ncounts per phase (new snapshots == new inference.served events == jobs answered with recording on):")
+    for phase in phases:
+        expected = 0 if args.control else phase.answered_on
+        ok = phase.new_snapshots_on == phase.new_events == expected and phase.new_snapshots_off == 0
         print(
-            f"recorder thread, CPU per record: median {median_us:.1f} us (range {min(recorder_us):.1f} to "
-            f"{max(recorder_us):.1f}), {100 * median_us / 1000 / all_on:.1f} % of a job's CPU in all processes"
-        )
-    p50_off = statistics.median([v for t in off for v in t.latencies_ms])
-    p50_on = statistics.median([v for t in on for v in t.latencies_ms])
-    print(f"p50: off {p50_off:.2f} ms, on {p50_on:.2f} ms ({p50_on - p50_off:+.2f} ms)")
-    print("\ncounts per turn (snapshots == inference.served events == jobs answered incl. warm-up):")
-    for i, turn in enumerate(turns):
-        expected = turn.answered if turn.record else 0
-        ok = turn.new_snapshots == turn.new_events == expected
-        print(
-            f"  turn {i + 1} recording {'on ' if turn.record else 'off'}: snapshots {turn.new_snapshots}, "
-            f"events {turn.new_events}, expected {expected}: {'OK' if ok else 'MISMATCH'}"
+            f"  recording {phase.recording_model}: snapshots {phase.new_snapshots_on}, events {phase.new_events}, "
+            f"expected {expected}; the other model's snapshots {phase.new_snapshots_off}: "
+            f"{'OK' if ok else 'MISMATCH'}"
         )
 
 

@@ -147,6 +147,14 @@ def start(
             "measuring and debugging only: served jobs then leave no snapshot, no audit event and no failure count.",
         ),
     ] = True,
+    models: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="Serve only this catalog model (repeat for several; case-insensitive). By default the bridge "
+            "serves every catalog model. Jobs for a model no live bridge serves get a model_not_found reply.",
+        ),
+    ] = None,
 ) -> None:
     """Run one bridge in the foreground until SIGTERM or Ctrl-C: one handler per catalog model UUID."""
     import contextlib
@@ -160,6 +168,8 @@ def start(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = Settings()
+    with errors_as_exit():
+        served = catalog(settings) if models is None else catalog(settings).only(models)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -175,9 +185,7 @@ def start(
         try:
             with recording as recorder:
                 async with http_client(settings.http, concurrency) as http:
-                    bridge = Bridge(
-                        settings, catalog(settings), redis, http, on_served=recorder, max_concurrency=concurrency
-                    )
+                    bridge = Bridge(settings, served, redis, http, on_served=recorder, max_concurrency=concurrency)
                     tune_garbage_collection()
                     await bridge.run(stop)
         finally:

@@ -10,7 +10,7 @@ Names match case-insensitively everywhere (``jpcp`` is ``JPCP``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -101,6 +101,17 @@ class Catalog:
             if spec.name.lower() == lowered:
                 return spec
         raise ModelNotFound(f"model {name!r} is not in the catalog (known: {', '.join(self.names)})")
+
+    def only(self, names: Iterable[str]) -> Catalog:
+        """The catalog restricted to ``names`` (case-insensitive, in catalog order); ``ModelNotFound`` names
+        every unknown one. No names at all is an error too: a bridge serving nothing is a mistake."""
+        wanted = {name.lower(): name for name in names}
+        if not wanted:
+            raise ModelNotFound(f"no model named (known: {', '.join(self.names)})")
+        unknown = [name for lowered, name in wanted.items() if lowered not in {n.lower() for n in self.names}]
+        if unknown:
+            raise ModelNotFound(f"not in the catalog: {', '.join(map(repr, unknown))} (known: {', '.join(self.names)})")
+        return Catalog(tuple(m for m in self.models if m.name.lower() in wanted), self.source)
 
     def by_uuid(self, address: str | uuid.UUID) -> ModelSpec:
         try:

@@ -190,6 +190,30 @@ async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, red
     assert standin.seen == []
 
 
+async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_model_gets_an_error_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    for_jpcp, for_crcp = ListRecorder(), ListRecorder()
+    crcp, ac = CATALOG.get("CRCP"), CATALOG.get("AC")
+    async with (
+        running_bridge(settings, CATALOG.only(["JPCP"]), on_served=for_jpcp, sweep_s=0.2),
+        running_bridge(settings, CATALOG.only(["crcp"]), on_served=for_crcp, sweep_s=0.2),
+        BusClient.from_settings(settings, caller="t") as client,
+    ):
+        replies = await asyncio.gather(
+            *(client.request(ADDRESS, PAYLOAD, 10, job_id=f"j-{i}") for i in range(5)),
+            *(client.request(crcp.seanerbus_uuid, PAYLOAD, 10, job_id=f"c-{i}") for i in range(5)),
+        )
+        unserved = await client.request(ac.seanerbus_uuid, PAYLOAD, 10, job_id="a-0")
+    assert all(reply["error"] is None for reply in replies)
+    assert sorted(s.job_id for s in for_jpcp.served) == [f"j-{i}" for i in range(5)]
+    assert {s.model for s in for_jpcp.served} == {"JPCP"}
+    assert sorted(s.job_id for s in for_crcp.served) == [f"c-{i}" for i in range(5)]
+    assert {s.model for s in for_crcp.served} == {"CRCP"}
+    assert unserved["code"] == "model_not_found" and "a-0" not in standin.seen
+
+
 async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     recorder = ListRecorder()

@@ -68,3 +68,15 @@ def test_traffic_without_a_server_is_exit_3_never_a_traceback() -> None:
     result = runner.invoke(app, ["serve", "traffic", "NOPE", "--url", f"http://127.0.0.1:{free_port()}"])
     assert result.exit_code == 3
     assert "Traceback" not in result.output
+
+
+def test_a_bridge_for_a_model_not_in_the_catalog_is_refused_before_it_starts() -> None:
+    result = runner.invoke(app, ["bridge", "start", "--model", "JPCP", "--model", "nope"])
+    assert result.exit_code == 4
+    assert "'nope'" in result.output and "known: " in result.output
+
+
+def test_bridge_start_help_explains_model() -> None:
+    result = runner.invoke(app, ["bridge", "start", "--help"])
+    assert result.exit_code == 0
+    assert "--model" in result.output and "model_not_found" in result.output

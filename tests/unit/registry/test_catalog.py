@@ -99,3 +99,13 @@ def test_lookup_by_name_is_case_insensitive_and_unknown_name_raises(tmp_path: Pa
     assert catalog.get("jpcp").name == "JPCP"
     with pytest.raises(ModelNotFound):
         catalog.get("nope")
+
+
+def test_only_keeps_the_named_models_in_catalog_order_and_names_every_unknown_one() -> None:
+    catalog = load_catalog(Settings().catalog_path)
+    assert catalog.only(["jpcp", "AC"]).names == tuple(n for n in catalog.names if n in ("AC", "JPCP"))
+    with pytest.raises(ModelNotFound) as caught:
+        catalog.only(["JPCP", "nope", "other"])
+    assert "'nope', 'other'" in str(caught.value) and "known: " in str(caught.value)
+    with pytest.raises(ModelNotFound):
+        catalog.only([])
