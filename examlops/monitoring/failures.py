@@ -38,7 +38,7 @@ import redis
 
 from examlops.core import errors
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.audit import store_errors
+from examlops.monitoring.audit import run_script, store_errors
 from examlops.monitoring.retrain import LAST, OUTBOX, RetrainRequest, last_record
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class RedisFailureStore:
         for names, positions in groups.values():
             args += [len(names), *names, "".join("1" if outcomes[p][1] else "0" for p in positions)]
         with store_errors("updating failure windows"):
-            reply: Any = self._push_many(keys=keys, args=args)
+            reply: Any = run_script(self._push_many, keys, args)
         states: list[WindowState] = [WindowState(0, 0, capacity)] * len(outcomes)
         at = 0
         for _names, positions in groups.values():
@@ -273,9 +273,13 @@ class FailureTracker:
         states = iter(self.store.push_many(counted, self.settings.window) if counted else [])
         return [None if outcome is Outcome.IGNORED else next(states) for _model, outcome in outcomes]
 
+    def due(self, state: WindowState) -> bool:
+        """Whether this window state asks for a retrain (a full window at or above the threshold)."""
+        return state.full and state.rate >= self.settings.threshold
+
     def check(self, model: str, state: WindowState) -> RetrainRequest | None:
         """The request queued when this tracker took the cooldown, else None. ``StoreUnavailable``."""
-        if not state.full or state.rate < self.settings.threshold:
+        if not self.due(state):
             return None
         reason = (
             f"failure rate {state.failures}/{state.size} = {state.rate:.2f} >= {self.settings.threshold} "

@@ -6,7 +6,8 @@ Contract:
   bounded ``queue.Queue``. Past the bound the item is dropped, counted (``dropped``) and logged once per
   burst, never silently.
 - The thread takes up to ``batch_size`` items at a time (when fewer are waiting it lingers ``linger_s``
-  for more, so that under load it writes batches instead of waking and calling Redis once per job),
+  for more, so that under load it writes batches instead of waking and calling Redis once per job: a
+  batch costs ~0.3 ms of CPU here whatever its size, ~4 us per job at ~80 jobs a batch and ~35 at 8),
   computes the embedding's norm, mean and standard deviation, and writes, per job, one drift snapshot
   and one ``inference.served`` audit event in one atomic script keyed by ``examlops:recorded:{job_id}``:
   a job recorded twice (redelivered, or by two bridges) is written once and counted as a duplicate.
@@ -38,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from examlops.core.errors import StoreUnavailable
 from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Entry, SideWrite
 from examlops.monitoring.failures import FailureTracker, classify
-from examlops.monitoring.snapshots import FIELDS, MODELS, embedding_stats, number, stream_of
+from examlops.monitoring.snapshots import MODELS, PACKED, embedding_stats, number, packed, stream_of
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,11 @@ class Recorder:
         tracker: FailureTracker | None = None,
         *,
         maxsize: int = 10_000,
-        batch_size: int = 64,
+        batch_size: int = 256,
         registry: CollectorRegistry | None = None,
         idle_s: float = 1.0,
         max_backoff_s: float = 2.0,
-        linger_s: float = 0.05,
+        linger_s: float = 0.1,
     ) -> None:
         self.trail = trail
         self.tracker = tracker
@@ -265,7 +266,7 @@ class Recorder:
         if states is None:
             return
         for (model, _), state in zip(outcomes, states, strict=True):
-            if state is not None:
+            if state is not None and tracker.due(state):
                 self._until_done(functools.partial(tracker.check, model, state))
 
     def _until_done(self, work: Callable[[], T]) -> T | None:
@@ -293,7 +294,7 @@ class Recorder:
 def _entry(served: Served) -> Entry:
     """The audit entry of one served job, with its snapshot as the side write (computed off the event loop).
 
-    Builds the snapshot's stored values directly (what ``snapshot_of(...).side_write()`` gives, without the
+    Builds the snapshot's stored row directly (what ``snapshot_of(...).side_write()`` gives, without the
     intermediate objects): this runs once per bus job.
     """
     reply = served.reply
@@ -304,9 +305,9 @@ def _entry(served: Served) -> Entry:
     prediction = number(reply.get("prediction"))
     norm, mean, std = embedding_stats(served.embedding)
     model, job_id, user_id, ts, status = served.model, served.job_id, served.caller, served.served_at, served.status
-    values = (
-        model, alias, version, run_id, repr(prediction), repr(norm), repr(mean), repr(std),
-        str(served.node_count), job_id, user_id, repr(float(ts)), str(status), code,
+    row = (
+        model, alias, version, run_id, prediction, norm, mean, std, served.node_count, job_id, user_id, float(ts),
+        status, code,
     )  # fmt: skip
     data = {
         "job_id": job_id,
@@ -324,7 +325,7 @@ def _entry(served: Served) -> Entry:
         data,
         ts,
         once_key=recorded_key(job_id),
-        side=SideWrite(stream_of(model), FIELDS, values, MODELS, model.lower()),
+        side=SideWrite(stream_of(model), PACKED, (packed(row),), MODELS, model.lower()),
         # A copy of the job delivered past its deadline is refused, never recorded: the key may go then.
         once_ttl_s=None if served.deadline is None else max(0.0, served.deadline - ts) + ONCE_MARGIN_S,
     )

@@ -99,6 +99,21 @@ def test_events_with_and_without_side_writes_chain_in_one_append(
     assert client.xlen(STREAM) == 4 and client.xlen("test:side") == 2
 
 
+def test_appends_survive_a_flushed_script_cache_and_a_killed_connection(
+    redis_server: str, client: redis.Redis, trail: AuditTrail
+) -> None:
+    """The append runs its script on a pooled connection of its own (``run_script``): NOSCRIPT loads the script
+    again, and a connection the server closed is replaced before the script is sent."""
+    fill(trail, 2)
+    client.script_flush()
+    fill(trail, 1, start=2)
+    with redis.Redis.from_url(redis_server) as other:
+        assert other.client_kill_filter(_type="normal", skipme=True) >= 1  # the trail's idle pooled connection
+    fill(trail, 1, start=3)
+    assert [int(fields["seq"]) for _id, fields in stored(client)] == [1, 2, 3, 4]
+    assert verify(client, SECRET, None).ok
+
+
 def test_eight_concurrent_writers_leave_one_unforked_chain(
     redis_server: str, client: redis.Redis, checkpoints: SqlCheckpointStore
 ) -> None:

@@ -63,6 +63,37 @@ def test_a_served_reply_becomes_a_snapshot_that_reads_back_from_its_fields() -> 
     assert back == dataclasses.replace(snapshot, entry_id="1-0")
     side = snapshot.side_write()
     assert side.stream == stream_of("jpcp") == "examlops:snapshots:jpcp" and side.member == "jpcp"
+    assert side.names == ("s",) and json.loads(side.values[0]) == [
+        "JPCP", "Canary", "2", "abc", 0.75, snapshot.norm, snapshot.mean, snapshot.std, 7, "j1", "u", 5.5, 200, "",
+    ]  # fmt: skip
+    assert Snapshot.from_fields("1-0", side.fields) == back
+
+
+def test_a_snapshot_written_one_field_per_value_still_reads_back() -> None:
+    legacy = {
+        "model": "JPCP", "alias": "Production", "version": "3", "run_id": "r", "prediction": "0.5", "norm": "2.0",
+        "mean": "0.1", "std": "0.3", "node_count": "12", "job_id": "j", "user_id": "u", "ts": "1700000000.5",
+        "status": "200", "code": "",
+    }  # fmt: skip
+    snapshot = Snapshot.from_fields("7-0", legacy)
+    assert (snapshot.prediction, snapshot.node_count, snapshot.ts, snapshot.entry_id) == (0.5, 12, 1700000000.5, "7-0")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "not json",
+        "[1, 2]",
+        '{"model": "JPCP"}',
+        '["JPCP", "P", "3", "r", "0.5", 2.0, 0.1, 0.3, 12, "j", "u", 1.0, 200, ""]',  # a number as text
+        '["JPCP", "P", "3", "r", 0.5, 2.0, 0.1, 0.3, 12.5, "j", "u", 1.0, 200, ""]',  # a fractional count
+        '["JPCP", "P", 3, "r", 0.5, 2.0, 0.1, 0.3, 12, "j", "u", 1.0, 200, ""]',  # a version as a number
+        '["JPCP", "P", "3", "r", null, 2.0, 0.1, 0.3, 12, "j", "u", 1.0, 200, ""]',
+    ],
+)
+def test_an_entry_that_is_not_a_snapshot_is_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        Snapshot.from_fields("1-0", {"s": value})
 
 
 def test_an_error_reply_is_marked_with_its_code() -> None:
@@ -93,12 +124,12 @@ def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: 
         user_id="u", ts=1732900000.25,
     ).side_write()  # fmt: skip
     assert entry.side == expected
-    assert Snapshot.from_fields("1-0", entry.side.fields).alias == str(reply.get("alias") or "")
+    stored = Snapshot.from_fields("1-0", entry.side.fields)
+    assert stored.alias == str(reply.get("alias") or "")
     data = json.loads(entry.encoded)
     assert data == {
-        "job_id": "j1", "user_id": "u", "alias": expected.fields["alias"], "version": expected.fields["version"],
-        "run_id": expected.fields["run_id"], "prediction": float(expected.fields["prediction"]), "status": status,
-        "code": expected.fields["code"],
+        "job_id": "j1", "user_id": "u", "alias": stored.alias, "version": stored.version, "run_id": stored.run_id,
+        "prediction": stored.prediction, "status": status, "code": stored.code,
     }  # fmt: skip
     assert (entry.type, entry.subject, entry.once_key) == ("inference.served", "JPCP", "examlops:recorded:j1")
     assert entry.once_ttl_s == 630.0
