@@ -97,6 +97,12 @@ class Bridge:
 
         Raises ``StoreUnavailable`` when Redis cannot be reached at start-up; later outages are waited out.
         """
+        try:
+            await self._run(stop)
+        finally:
+            await self.store.aclose()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self._warn_without_persistence()
         await self.store.ensure_groups(self.streams)
         await self.store.note_existing_streams()

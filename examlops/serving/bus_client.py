@@ -152,6 +152,7 @@ class BusClient:
                 await asyncio.wait_for(asyncio.shield(self._reader), BLOCK_MS / 1000 + 5)
             self._reader.cancel()
         self._fail_waiting(StoreUnavailable("the bus client was closed"))
+        await self.store.aclose()
         if self._owns_redis:
             await self._redis.aclose()
 

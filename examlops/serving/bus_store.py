@@ -2,9 +2,9 @@
 
 redis-py's errors are translated here: an unreachable or restarting Redis is
 ``StoreUnavailable`` (after the client's own retries with exponential backoff,
-a few seconds in all), so the loops above handle one error of ours. The reply
-script is loaded with EVALSHA and reloaded by redis-py when a restarted Redis
-has forgotten it.
+a few seconds in all), so the loops above handle one error of ours. The scripts
+are run with EVALSHA and loaded again when a restarted Redis has forgotten them.
+The per-job commands take the lean path of ``redis_pipe`` (same errors).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -25,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from examlops.core.errors import StoreUnavailable
 from examlops.core.jsoncodec import canonical
 from examlops.serving import bus
+from examlops.serving.redis_pipe import PipelinedRedis
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +82,25 @@ class Outage:
 
 
 class BusStore:
+    """The bus's commands. The per-job ones (submit, the done check, the reply) go through a ``PipelinedRedis``
+    to the same server when its URL is plain TCP (see ``redis_pipe``); call ``aclose`` to close it."""
+
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
+        self.pipe = PipelinedRedis.from_client(redis)
         self._finish = redis.register_script(bus.REPLY_SCRIPT)
         self._submit = redis.register_script(bus.SUBMIT_SCRIPT)
         self._prune = redis.register_script(bus.PRUNE_SCRIPT)
+
+    async def aclose(self) -> None:
+        """Close the pipelined connection (the redis-py client is its owner's to close)."""
+        if self.pipe is not None:
+            await self.pipe.aclose()
+
+    async def _script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        if self.pipe is None:
+            return await script(keys=keys, args=args)
+        return await self.pipe.evalsha(str(script.script), script.sha, keys, args)
 
     # The client's side.
 
@@ -93,7 +109,7 @@ class BusStore:
         for name, value in fields.items():
             args += [name, value]
         async with _translated("submitting a job"):
-            entry: Any = await self._submit(keys=[bus.jobs_stream(address), bus.ADDRESSES_KEY], args=args)
+            entry: Any = await self._script(self._submit, [bus.jobs_stream(address), bus.ADDRESSES_KEY], args)
         return str(entry)
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
@@ -125,7 +141,8 @@ class BusStore:
         if not job_ids:
             return set()
         async with _translated("checking jobs"):
-            found: Any = await self.redis.mget([bus.done_key(job_id) for job_id in job_ids])
+            keys = [bus.done_key(job_id) for job_id in job_ids]
+            found: Any = await (self.redis.mget(keys) if self.pipe is None else self.pipe.execute("MGET", *keys))
         return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
 
     async def finish(
@@ -146,7 +163,7 @@ class BusStore:
         for name, value in reply.items():
             args += [name, value]
         async with _translated("writing a reply"):
-            return bool(await self._finish(keys=keys, args=args))
+            return bool(await self._script(self._finish, keys, args))
 
     async def autoclaim(self, stream: str, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
         """Claim jobs idle for ``min_idle_ms`` (a dead bridge's); each claim counts one more delivery."""

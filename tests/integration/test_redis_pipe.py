@@ -1,0 +1,141 @@
+"""The bus's lean pipelined Redis connection against a real redis-server: replies in order, errors, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from examlops.platform.redis_server import EmbeddedRedis
+from examlops.serving.bus_store import connect
+from examlops.serving.redis_pipe import PipelinedRedis, script_sha
+from tests.integration.conftest import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def url(client: redis.Redis, redis_server: str) -> Iterator[str]:
+    client.flushall()
+    yield redis_server
+
+
+@contextlib.asynccontextmanager
+async def pipe_to(url: str) -> AsyncIterator[PipelinedRedis]:
+    client = connect(url)
+    pipe = PipelinedRedis.from_client(client)
+    assert pipe is not None
+    try:
+        yield pipe
+    finally:
+        await pipe.aclose()
+        await client.aclose()
+
+
+async def test_concurrent_commands_share_one_connection_and_each_gets_its_own_reply(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        counts = await asyncio.gather(*(pipe.execute("INCR", "n") for _ in range(300)))
+        assert sorted(counts) == list(range(1, 301))
+        await pipe.execute("SET", "a", "x")
+        assert await pipe.execute("MGET", "a", "missing", "n") == ["x", None, "300"]
+        clients = await pipe.execute("CLIENT", "LIST")
+    assert clients.count("cmd=client") == 1  # the 300 INCRs and the rest went over this one connection
+
+
+async def test_an_error_reply_raises_and_the_connection_stays_usable(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        await pipe.execute("SET", "text", "abc")
+        results = await asyncio.gather(
+            pipe.execute("INCR", "text"), pipe.execute("GET", "text"), return_exceptions=True
+        )
+        assert isinstance(results[0], ResponseError) and "not an integer" in str(results[0])
+        assert results[1] == "abc"
+
+
+async def test_a_script_the_server_forgot_is_loaded_and_run(url: str, client: redis.Redis) -> None:
+    script = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+    async with pipe_to(url) as pipe:
+        assert await pipe.evalsha(script, script_sha(script), ["k"], [5]) == 5
+        client.script_flush()
+        assert await pipe.evalsha(script, script_sha(script), ["k"], [2]) == 7
+
+
+async def test_the_clients_database_is_selected(redis_server: str, client: redis.Redis) -> None:
+    client.flushall()
+    async with pipe_to(redis_server.rstrip("/0") + "/3") as pipe:
+        await pipe.execute("SET", "in-three", "1")
+    with redis.Redis.from_url(redis_server.rstrip("/0") + "/3") as three:
+        assert three.get("in-three") == b"1"
+    assert client.get("in-three") is None
+
+
+async def test_a_slow_reply_times_out_closes_the_connection_and_the_next_command_reconnects(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        pipe.timeout_s = 0.2
+        slow = asyncio.ensure_future(pipe.execute("DEBUG", "SLEEP", "0.6"))
+        await asyncio.sleep(0.05)
+        behind = asyncio.ensure_future(pipe.execute("PING"))
+        with pytest.raises(RedisTimeoutError):
+            await slow
+        with pytest.raises(RedisConnectionError):
+            await behind  # its reply would have come on a connection whose order can't be trusted any more
+        await asyncio.sleep(0.6)
+        assert await pipe.execute("PING") == "PONG"
+
+
+async def test_redis_down_is_a_connection_error_after_retries_and_a_restart_is_reconnected(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", free_port())
+    server.start()
+    try:
+        async with pipe_to(server.url) as pipe:
+            pipe.retries = 2
+            await pipe.execute("SET", "kept", "1")
+            server.stop()
+            with pytest.raises(RedisConnectionError):
+                await pipe.execute("GET", "kept")
+            server.start()
+            assert await pipe.execute("GET", "kept") == "1"  # the AOF kept it; the connection is a new one
+    finally:
+        server.stop()
+
+
+async def test_a_server_that_speaks_garbage_fails_the_command_with_a_connection_error() -> None:
+    handled = asyncio.Event()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.read(100)
+            writer.write(b"?this is not RESP\r\n")
+            await writer.drain()
+            await reader.read(100)  # until the client hangs up
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            handled.set()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipe = PipelinedRedis("127.0.0.1", port, timeout_s=5)
+    try:
+        with pytest.raises(RedisConnectionError, match="not RESP"):
+            await pipe.execute("PING")
+    finally:
+        await pipe.aclose()
+        await asyncio.wait_for(handled.wait(), 5)
+        server.close()
+        await server.wait_closed()
+
+
+def test_only_plain_tcp_urls_take_the_lean_path() -> None:
+    assert PipelinedRedis.from_client(aioredis.Redis.from_url("redis://127.0.0.1:1/0")) is not None
+    assert PipelinedRedis.from_client(aioredis.Redis.from_url("unix:///tmp/nowhere.sock")) is None
+    assert PipelinedRedis.from_client(aioredis.Redis.from_url("rediss://127.0.0.1:1/0")) is None
