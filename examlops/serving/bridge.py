@@ -199,7 +199,7 @@ class Bridge:
         ]
         if orphans:
             await self.store.ensure_groups(orphans)
-            for entry in await self.store.read(self.consumer, orphans, 100, 0):
+            for entry in await self.store.read(self.consumer, orphans, 100, None):  # BLOCK 0 would wait forever
                 self._spawn(entry, delivered=1)
 
     def _check_done(self, entries: list[Entry]) -> asyncio.Task[set[str]]:

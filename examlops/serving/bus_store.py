@@ -4,7 +4,8 @@ redis-py's errors are translated here: an unreachable or restarting Redis is
 ``StoreUnavailable`` (after the client's own retries with exponential backoff,
 a few seconds in all), so the loops above handle one error of ours. The scripts
 are run with EVALSHA and loaded again when a restarted Redis has forgotten them.
-The per-job commands take the lean path of ``redis_pipe`` (same errors).
+The per-job commands and the blocking reads take the lean path of ``redis_pipe``
+(same errors).
 """
 
 from __future__ import annotations
@@ -82,20 +83,24 @@ class Outage:
 
 
 class BusStore:
-    """The bus's commands. The per-job ones (submit, the done check, the reply) go through a ``PipelinedRedis``
-    to the same server when its URL is plain TCP (see ``redis_pipe``); call ``aclose`` to close it."""
+    """The bus's commands. The per-job ones (submit, the done check, the reply) and the reads of jobs and replies
+    go through ``PipelinedRedis`` connections to the same server when its URL is plain TCP (see ``redis_pipe``);
+    call ``aclose`` to close them."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
         self.pipe = PipelinedRedis.from_client(redis)
+        self.waits = PipelinedRedis.from_client(redis)
+        """A connection of its own for the blocking reads: a BLOCK holds up every command behind it."""
         self._finish = redis.register_script(bus.REPLY_SCRIPT)
         self._submit = redis.register_script(bus.SUBMIT_SCRIPT)
         self._prune = redis.register_script(bus.PRUNE_SCRIPT)
 
     async def aclose(self) -> None:
-        """Close the pipelined connection (the redis-py client is its owner's to close)."""
-        if self.pipe is not None:
-            await self.pipe.aclose()
+        """Close the pipelined connections (the redis-py client is its owner's to close)."""
+        for pipe in (self.pipe, self.waits):
+            if pipe is not None:
+                await pipe.aclose()
 
     async def _script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         if self.pipe is None:
@@ -114,8 +119,11 @@ class BusStore:
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
         async with _translated("reading replies"):
-            found: Any = await self.redis.xread({stream: after}, count=256, block=block_ms)
-        return [(entry_id, fields) for _name, entries in found or [] for entry_id, fields in entries]
+            if self.waits is None:
+                found: Any = await self.redis.xread({stream: after}, count=256, block=block_ms)
+                return [(entry_id, fields) for _name, entries in found or [] for entry_id, fields in entries]
+            raw = await self.waits.execute("XREAD", "COUNT", 256, "BLOCK", block_ms, "STREAMS", stream, after)
+        return [(entry_id, fields) for _name, entry_id, fields in _entries(raw)]
 
     # The bridge's side.
 
@@ -129,12 +137,21 @@ class BusStore:
                     if "BUSYGROUP" not in str(exc):
                         raise
 
-    async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int) -> list[Entry]:
+    async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Entry]:
+        """New jobs for ``consumer``; waits up to ``block_ms`` for one (None: returns at once)."""
         async with _translated("reading jobs"):
-            found: Any = await self.redis.xreadgroup(
-                bus.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
-            )
-        return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
+            pipe = self.pipe if block_ms is None else self.waits
+            if pipe is None:
+                found: Any = await self.redis.xreadgroup(
+                    bus.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+                )
+                return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
+            wait: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
+            raw = await pipe.execute(
+                "XREADGROUP", "GROUP", bus.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams,
+                *[">"] * len(streams),
+            )  # fmt: skip
+        return _entries(raw)
 
     async def done_among(self, job_ids: Sequence[str]) -> set[str]:
         """The ids among ``job_ids`` whose reply was already written: one MGET for a whole read, not one per job."""
@@ -228,3 +245,13 @@ class BusStore:
         address = bus.address_of(stream)
         async with _translated("pruning addresses"):
             return bool(await self._prune(keys=[stream, bus.ADDRESSES_KEY], args=[address]))
+
+
+def _entries(raw: Any) -> list[Entry]:
+    """XREAD / XREADGROUP's raw reply (nil, or [stream, [[id, [field, value, ...] or nil], ...]] per stream)."""
+    found: list[Entry] = []
+    for name, entries in raw or ():
+        for entry_id, flat in entries:
+            flat = flat or ()
+            found.append((name, entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
+    return found

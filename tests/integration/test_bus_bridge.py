@@ -333,6 +333,25 @@ async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_
     assert standin.seen == []
 
 
+async def test_an_unknown_address_whose_only_job_a_dead_bridge_holds_does_not_stall_the_sweeps(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    unknown = str(uuid.uuid4())
+    stream = bus.jobs_stream(unknown)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+        sync_redis.xadd(stream, signed_job(settings, "held", bus.replies_stream("c"), deadline_in=30, address=unknown))
+        sync_redis.xgroup_create(stream, bus.GROUP, id="0")
+        sync_redis.xreadgroup(bus.GROUP, "a-dead-bridge", {stream: ">"})  # pending, nothing new to read
+        sync_redis.sadd(bus.ADDRESSES_KEY, unknown)
+        async with running_bridge(settings, sweep_s=0.2):
+            await until(lambda: sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) is not None)
+            first = float(sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) or 0)
+            # The orphan sweep reads that stream without waiting (BLOCK 0 would wait forever) and the
+            # heartbeat goes on, so other bridges keep seeing this one's models as served.
+            await until(lambda: float(sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) or 0) > first + 1.5, 10)
+
+
 def start_bridge_process(
     home: Path, redis_url: str, port: int, concurrency: int
 ) -> tuple[subprocess.Popen[bytes], Path]:
