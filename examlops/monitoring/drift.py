@@ -327,16 +327,21 @@ class TrainingReference:
 
 _PROJECT_SCRIPT = """
 -- KEYS: snapshot stream. ARGV: start id (inclusive, or '(' id), count. One string per entry:
--- 'id version code prediction norm mean std ts' with '-' for an empty code. Only what the report reads
--- leaves Redis: parsing whole entries in redis-py cost 4-5 times more than this.
+-- 'id version code prediction norm mean std ts' with '-' for an empty code, or, for a snapshot stored as
+-- one field, 'id' newline and that field (the JSON array). Only what the report reads leaves Redis:
+-- parsing whole entries in redis-py cost 4-5 times more than this.
 local out = {}
 for _, e in ipairs(redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])) do
   local f, kv = {}, e[2]
   for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
-  local code = f.code
-  if code == nil then code = '?' elseif code == '' then code = '-' end
-  out[#out + 1] = table.concat({e[1], f.version or '?', code, f.prediction or 'nan', f.norm or 'nan',
-                                f.mean or 'nan', f.std or 'nan', f.ts or '0'}, ' ')
+  if f.s then
+    out[#out + 1] = e[1] .. '\\n' .. f.s
+  else
+    local code = f.code
+    if code == nil then code = '?' elseif code == '' then code = '-' end
+    out[#out + 1] = table.concat({e[1], f.version or '?', code, f.prediction or 'nan', f.norm or 'nan',
+                                  f.mean or 'nan', f.std or 'nan', f.ts or '0'}, ' ')
+  end
 end
 return out
 """
@@ -384,7 +389,11 @@ class ProjectedSnapshotReader:
             lines = self._script(keys=[self._stream_of(model)], args=["(" + after if after else "-", count])
         rows = []
         for line in lines:
-            entry_id, version, code, *numbers = (line.decode() if isinstance(line, bytes) else line).split(" ")
+            text = line.decode() if isinstance(line, bytes) else line
+            if "\n" in text:
+                rows.append(_packed_row(*text.split("\n", 1)))
+                continue
+            entry_id, version, code, *numbers = text.split(" ")
             try:
                 p, n, m, s, ts = (float(x) for x in numbers)
             except ValueError:
@@ -392,3 +401,14 @@ class ProjectedSnapshotReader:
                 continue
             rows.append(_Row(entry_id, version, code == "-", p, n, m, s, ts))
         return rows
+
+
+def _packed_row(entry_id: str, packed: str) -> _Row:
+    """The row of a snapshot stored as one field; not ``ok`` when it is not a snapshot."""
+    from examlops.monitoring.snapshots import PACKED, Snapshot
+
+    try:
+        snap = Snapshot.from_fields(entry_id, {PACKED[0]: packed})
+    except ValueError:
+        return _Row(entry_id, "?", False, 0.0, 0.0, 0.0, 0.0, 0.0)
+    return _Row(entry_id, snap.version, snap.ok, snap.prediction, snap.norm, snap.mean, snap.std, snap.ts)

@@ -100,12 +100,12 @@ class Snapshot:
             raise ValueError(f"snapshot {entry_id} is not an array of {len(FIELDS)} values")
         if not all(type(row[i]) is str for i in _TEXTS):
             raise ValueError(f"snapshot {entry_id}: a text field is not a string")
-        if not all(type(row[i]) in (int, float) for i in _FLOATS) or not all(type(row[i]) is int for i in _INTS):
-            raise ValueError(f"snapshot {entry_id}: a number field is not a number")
+        if not all(type(row[i]) is int for i in _INTS):
+            raise ValueError(f"snapshot {entry_id}: a count or status is not an integer")
         model, alias, version, run_id, prediction, norm, mean, std, nodes, job_id, user_id, ts, status, code = row
         return cls(
-            model, alias, version, run_id, float(prediction), float(norm), float(mean), float(std), nodes, job_id,
-            user_id, float(ts), status, code, entry_id,
+            model, alias, version, run_id, _float(prediction), _float(norm), _float(mean), _float(std), nodes, job_id,
+            user_id, _float(ts), status, code, entry_id,
         )  # fmt: skip
 
     @classmethod
@@ -121,8 +121,23 @@ class Snapshot:
 
 
 def packed(row: tuple[str | float | int, ...]) -> str:
-    """A snapshot's ``s`` field: its values as a JSON array (floats as their shortest repr, like ``repr``)."""
+    """A snapshot's ``s`` field: its values as a JSON array (floats as their shortest repr, like ``repr``).
+
+    JSON has no infinity or NaN (orjson would write null): such a float is stored as its repr, a string
+    (the statistics of an embedding of huge finite values can overflow to inf).
+    """
+    if not all(map(math.isfinite, [row[i] for i in _FLOATS])):  # type: ignore[arg-type]  # floats by position
+        row = tuple(repr(v) if i in _FLOATS and not math.isfinite(v) else v for i, v in enumerate(row))  # type: ignore[arg-type]
     return orjson.dumps(row).decode()
+
+
+def _float(value: Any) -> float:
+    """A stored float: a JSON number, or the repr of infinity or NaN; ``ValueError`` for anything else."""
+    if type(value) in (int, float):
+        return float(value)
+    if type(value) is str and value in ("inf", "-inf", "nan"):
+        return float(value)
+    raise ValueError(f"not a number: {value!r}")
 
 
 def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:

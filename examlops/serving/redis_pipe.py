@@ -19,12 +19,17 @@ Contract of ``PipelinedRedis``:
   reply raises ``ResponseError`` (``NoScriptError``, ``BusyLoadingError``...).
 - Connecting is retried with backoff (0.05 s doubling to 1 s, ``retries``
   times), and so is a command that a Redis still loading its data refused:
-  neither had run. A command in flight when the connection drops is not
-  retried (it may have run); the bus's own loops decide what to do.
+  neither had run. Callers that arrive while a connection is being opened
+  share that attempt. A connection idle for ``idle_check_s`` (30 s) must
+  answer a PING before a command goes on it, as redis-py's health check does.
+  A command in flight when the connection drops is not retried (it may have
+  run); the bus's own loops decide what to do. A refused AUTH or SELECT is
+  ``AuthenticationError``; after ``aclose`` every command is refused.
 - ``evalsha`` loads a script the server does not know (NOSCRIPT, after a
   restart) and runs it again.
-- ``from_client`` serves plain TCP only; for TLS or a Unix socket it returns
-  None and the bus stays on redis-py for these commands too.
+- ``from_client`` serves plain TCP with a password or none; for TLS, a Unix
+  socket or a credential provider it returns None and the bus stays on
+  redis-py for these commands too.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, cast
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
-from redis.exceptions import BusyLoadingError, NoScriptError, ResponseError
+from redis.exceptions import AuthenticationError, BusyLoadingError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -60,11 +65,14 @@ class _Protocol(asyncio.Protocol):
         self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.loop = asyncio.get_running_loop()
+        self.last_reply = self.loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
 
     def data_received(self, data: bytes) -> None:
+        self.last_reply = self.loop.time()
         self.reader.feed(data)
         while True:
             try:
@@ -116,16 +124,19 @@ class PipelinedRedis:
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
         self.retries = retries
+        self.idle_check_s = 30.0
+        """A connection idle for longer is PINGed before a command is sent on it (redis-py's health check)."""
         self._protocol: _Protocol | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._opening: asyncio.Future[_Protocol] | None = None
+        self._closed = False
 
     @classmethod
     def from_client(cls, client: aioredis.Redis) -> PipelinedRedis | None:
         """The same server, database, credentials and timeouts as ``client``'s pool; None unless plain TCP."""
         pool = client.connection_pool
-        if pool.connection_class is not Connection:
-            return None
         kwargs = pool.connection_kwargs
+        if pool.connection_class is not Connection or kwargs.get("credential_provider") is not None:
+            return None
         return cls(
             str(kwargs.get("host", "localhost")),
             int(kwargs.get("port", 6379)),
@@ -142,19 +153,31 @@ class PipelinedRedis:
         attempt = 0
         while True:
             try:
-                protocol = self._protocol
-                if protocol is None or protocol.closed:
-                    protocol = await self._connect()
+                protocol = await self._ready()
                 reply = await self._send(protocol, command)
                 if isinstance(reply, ResponseError):
                     raise _error(reply)
                 return reply
             except (BusyLoadingError, _NotConnected) as exc:
-                if attempt >= self.retries:
+                if attempt >= self.retries or self._closed:
                     cause = exc.__cause__ if isinstance(exc, _NotConnected) else exc
                     raise RedisConnectionError(f"Redis at {self.host}:{self.port}: {cause}") from cause
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
                 attempt += 1
+
+    async def _ready(self) -> _Protocol:
+        """An open connection; one that went quiet for ``idle_check_s`` must answer a PING first."""
+        if self._closed:
+            raise RedisConnectionError("this connection to Redis was closed")
+        protocol = self._protocol
+        if protocol is None or protocol.closed or protocol.transport is None or protocol.transport.is_closing():
+            return await self._connect()
+        if asyncio.get_running_loop().time() - protocol.last_reply > self.idle_check_s:
+            try:
+                await self._send(protocol, _PING)
+            except (RedisConnectionError, RedisTimeoutError):
+                return await self._connect()  # nothing of the caller's was sent on it
+        return protocol
 
     async def evalsha(self, script: str, sha: str, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
@@ -164,6 +187,8 @@ class PipelinedRedis:
             return await self.execute("EVALSHA", sha, len(keys), *keys, *args)
 
     async def aclose(self) -> None:
+        """Close the connection (commands in flight fail) and refuse new commands."""
+        self._closed = True
         protocol, self._protocol = self._protocol, None
         if protocol is not None and not protocol.closed:
             protocol.abort(RedisConnectionError("the connection was closed"))
@@ -181,33 +206,42 @@ class PipelinedRedis:
             expiry.cancel()
 
     async def _connect(self) -> _Protocol:
-        """A fresh connection, authenticated and on the right database; ``_NotConnected`` when that failed."""
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._protocol is not None and not self._protocol.closed:
-                return self._protocol  # another task connected meanwhile
-            loop = asyncio.get_running_loop()
-            try:
-                _transport, protocol = await asyncio.wait_for(
-                    loop.create_connection(_Protocol, self.host, self.port), self.connect_timeout_s
-                )
-            except (OSError, TimeoutError) as exc:
-                raise _NotConnected() from RedisConnectionError(f"cannot connect ({exc or type(exc).__name__})")
-            try:
-                if self.password:
-                    auth = (self.username, self.password) if self.username else (self.password,)
-                    await self._checked(protocol, "AUTH", *auth)
-                if self.db:
-                    await self._checked(protocol, "SELECT", self.db)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                protocol.abort(exc)
-                raise _NotConnected() from exc
-            except ResponseError:
-                protocol.abort(RedisConnectionError("closed after a refused AUTH or SELECT"))
-                raise
-            self._protocol = protocol
-            return protocol
+        """A fresh connection; ``_NotConnected`` when that failed. Callers that arrive while one is being opened
+        share that attempt (and its failure), so N callers against a dead server wait one timeout, not N."""
+        opening = self._opening
+        if opening is None or opening.done():
+            opening = self._opening = asyncio.ensure_future(self._open())
+            opening.add_done_callback(_retrieved)
+        return await asyncio.shield(opening)  # a caller's cancellation does not abandon a half-open connection
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, protocol = await asyncio.wait_for(
+                loop.create_connection(_Protocol, self.host, self.port), self.connect_timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _NotConnected() from RedisConnectionError(f"cannot connect ({exc or type(exc).__name__})")
+        try:
+            if self.password:
+                auth = (self.username, self.password) if self.username else (self.password,)
+                await self._checked(protocol, "AUTH", *auth)
+            if self.db:
+                await self._checked(protocol, "SELECT", self.db)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            protocol.abort(exc)
+            raise _NotConnected() from exc
+        except ResponseError as exc:  # a refused password, or no such database: redis-py's class for it
+            protocol.abort(RedisConnectionError("closed after a refused AUTH or SELECT"))
+            raise AuthenticationError(str(exc)) from exc
+        except BaseException:
+            transport.abort()
+            raise
+        if self._closed:
+            protocol.abort(RedisConnectionError("the connection was closed"))
+            raise RedisConnectionError("this connection to Redis was closed")
+        self._protocol = protocol
+        return protocol
 
     async def _checked(self, protocol: _Protocol, *args: Arg) -> Any:
         reply = await self._send(protocol, hiredis.pack_command(args))  # type: ignore[arg-type]
@@ -218,6 +252,15 @@ class PipelinedRedis:
 
 class _NotConnected(Exception):
     """Connecting failed (nothing was sent): ``execute`` retries it."""
+
+
+_PING = hiredis.pack_command(("PING",))
+
+
+def _retrieved(opening: asyncio.Future[_Protocol]) -> None:
+    """Mark a connect attempt's failure as seen even when every caller that waited for it was cancelled."""
+    if not opening.cancelled():
+        opening.exception()
 
 
 def _expire(protocol: _Protocol, waiter: asyncio.Future[Any], timeout_s: float) -> None:

@@ -258,3 +258,31 @@ def test_a_recorder_closed_while_redis_is_down_counts_what_it_could_not_write(tm
     finally:
         client.close()
         server.stop()
+
+
+def test_the_drift_flows_projected_reader_reads_one_field_and_legacy_snapshots(client: redis.Redis) -> None:
+    from examlops.monitoring.drift import ProjectedSnapshotReader
+    from examlops.monitoring.snapshots import snapshot_of, stream_of
+
+    reply = {"alias": "Production", "version": "4", "run_id": "r", "prediction": 0.625, "error": None}
+    packed = snapshot_of(
+        model="JPCP", reply=reply, status=200, embedding=[0.5, -0.25, 1.0], node_count=3, job_id="j1",
+        user_id="u", ts=1_700_000_000.5,
+    )  # fmt: skip
+    legacy = {
+        "model": "JPCP", "alias": "Production", "version": "3", "run_id": "r", "prediction": "0.5", "norm": "2.0",
+        "mean": "0.1", "std": "0.3", "node_count": "12", "job_id": "j0", "user_id": "u name", "ts": "1700000000.25",
+        "status": "200", "code": "",
+    }  # fmt: skip
+    stream = stream_of("JPCP")
+    client.delete(stream)
+    client.xadd(stream, legacy)  # type: ignore[arg-type]
+    client.xadd(stream, packed.fields())  # type: ignore[arg-type]
+    client.xadd(stream, {"s": '["not", "a snapshot"]'})
+    rows = ProjectedSnapshotReader(SnapshotStream(client)).read("JPCP")
+    assert [(r.version, r.ok, r.prediction, r.ts) for r in rows] == [
+        ("3", True, 0.5, 1_700_000_000.25),
+        ("4", True, 0.625, 1_700_000_000.5),
+        ("?", False, 0.0, 0.0),
+    ]
+    assert (rows[1].norm, rows[1].mean, rows[1].std) == (packed.norm, packed.mean, packed.std)

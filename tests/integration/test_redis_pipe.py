@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from examlops.platform.redis_server import EmbeddedRedis
+from examlops.serving import redis_pipe
 from examlops.serving.bus_store import connect
 from examlops.serving.redis_pipe import PipelinedRedis, script_sha
 from tests.integration.conftest import free_port
@@ -139,3 +140,42 @@ def test_only_plain_tcp_urls_take_the_lean_path() -> None:
     assert PipelinedRedis.from_client(aioredis.Redis.from_url("redis://127.0.0.1:1/0")) is not None
     assert PipelinedRedis.from_client(aioredis.Redis.from_url("unix:///tmp/nowhere.sock")) is None
     assert PipelinedRedis.from_client(aioredis.Redis.from_url("rediss://127.0.0.1:1/0")) is None
+
+
+async def test_callers_that_arrive_while_connecting_share_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    opened = 0
+
+    async def failing_open(self: PipelinedRedis) -> redis_pipe._Protocol:
+        nonlocal opened
+        opened += 1
+        await asyncio.sleep(0.1)
+        raise redis_pipe._NotConnected() from RedisConnectionError("refused")
+
+    monkeypatch.setattr(PipelinedRedis, "_open", failing_open)
+    pipe = PipelinedRedis("127.0.0.1", 1, retries=1)
+    results = await asyncio.gather(*(pipe.execute("PING") for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(r, RedisConnectionError) for r in results)
+    assert opened == 2  # one attempt and one retry, each shared by the ten callers
+
+
+async def test_a_connection_that_went_quiet_is_pinged_first_and_replaced_when_it_does_not_answer(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        assert await pipe.execute("SET", "k", "v") is not None
+        dead = pipe._protocol
+        assert dead is not None and dead.transport is not None
+        dead.transport.write = lambda data: None  # type: ignore[method-assign]  # the network eats every byte
+        pipe.timeout_s, pipe.idle_check_s = 0.3, 0.0
+        assert await pipe.execute("GET", "k") == "v"  # the PING timed out, nothing of ours was lost
+        assert pipe._protocol is not dead
+
+
+async def test_a_refused_password_is_an_authentication_error_and_a_closed_pipe_refuses_commands(url: str) -> None:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    pipe = PipelinedRedis(host, int(port), password="not-configured")
+    with pytest.raises(AuthenticationError):
+        await pipe.execute("PING")
+    async with pipe_to(url) as open_pipe:
+        assert await open_pipe.execute("PING") == "PONG"
+        await open_pipe.aclose()
+        with pytest.raises(RedisConnectionError, match="closed"):
+            await open_pipe.execute("PING")

@@ -133,3 +133,15 @@ def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: 
     }  # fmt: skip
     assert (entry.type, entry.subject, entry.once_key) == ("inference.served", "JPCP", "examlops:recorded:j1")
     assert entry.once_ttl_s == 630.0
+
+
+def test_statistics_that_overflow_to_infinity_are_stored_and_read_back() -> None:
+    snapshot = snapshot_of(
+        model="JPCP", reply={"prediction": 1.0, "error": None}, status=200, embedding=[1e308, 1e308], node_count=2,
+        job_id="j", user_id="u", ts=1.0,
+    )  # fmt: skip
+    assert math.isinf(snapshot.mean)
+    back = Snapshot.from_fields("1-0", snapshot.fields())
+    assert (back.norm, back.mean, back.std) == (snapshot.norm, snapshot.mean, snapshot.std)
+    with pytest.raises(ValueError):
+        Snapshot.from_fields("1-0", {"s": snapshot.fields()["s"].replace('"inf"', '"lots"', 1)})
