@@ -43,3 +43,21 @@ def dumps(data: Any, *, sort_keys: bool = False) -> bytes:
 def canonical(data: Any) -> str:
     """Sorted keys, no spaces, no NaN: one text for one value."""
     return dumps(data, sort_keys=True).decode()
+
+
+def ascii_array(items: list[str | int]) -> bytes:
+    """``json.dumps(items, separators=(",", ":"), ensure_ascii=True).encode()``, byte for byte, mostly by orjson.
+
+    For the messages that are hashed or signed (audit events, bus jobs), whose bytes are fixed by their
+    format: strings and integers only. For ASCII text orjson writes exactly what the standard library
+    does with ``ensure_ascii``, except DEL, which only the latter escapes; anything else (non-ASCII, DEL,
+    a lone surrogate) takes the standard library's way, about four times slower (a bus job's 8 KB
+    payload: ~40 us instead of ~3).
+    """
+    try:
+        message = orjson.dumps(items)
+    except orjson.JSONEncodeError:  # a lone surrogate: the standard library escapes it
+        message = b"\x80"
+    if not message.isascii() or b"\x7f" in message:
+        message = json.dumps(items, separators=(",", ":"), ensure_ascii=True).encode()
+    return message

@@ -43,7 +43,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import hiredis
-import orjson
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import Script
@@ -53,6 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from examlops.core.errors import Conflict, StoreUnavailable
+from examlops.core.jsoncodec import ascii_array
 from examlops.core.jsoncodec import canonical as canonical_json  # the event data as stored and hashed
 from examlops.monitoring.audit_store import CheckpointStore, new_checkpoint
 
@@ -131,16 +131,7 @@ def format_ts(ts: float) -> str:
 
 
 def event_hash(seq: int, ts: str, type: str, subject: str, data: str, prev: str) -> str:
-    fields = [FORMAT, seq, ts, type, subject, data, prev]
-    try:
-        message = orjson.dumps(fields)
-    except orjson.JSONEncodeError:  # a lone surrogate: the standard library escapes it
-        message = b"\x80"
-    # For ASCII text orjson writes what ``json.dumps(ensure_ascii=True)`` writes, except DEL, which only the
-    # latter escapes; anything else takes the standard library's (four times slower) way.
-    if not message.isascii() or b"\x7f" in message:
-        message = json.dumps(fields, separators=(",", ":"), ensure_ascii=True).encode()
-    return hashlib.sha256(message).hexdigest()
+    return hashlib.sha256(ascii_array([FORMAT, seq, ts, type, subject, data, prev])).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

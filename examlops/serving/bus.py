@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -43,7 +42,7 @@ from typing import Any, Protocol
 import orjson
 
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
-from examlops.core.jsoncodec import canonical
+from examlops.core.jsoncodec import ascii_array, canonical
 
 FORMAT = "1"
 PREFIX = "examlops:bus"
@@ -147,20 +146,12 @@ class Job:
 
 
 def _signature(secret: bytes, address: str, fields: Mapping[str, str]) -> str:
-    message = json.dumps(
-        [
-            "examlops.bus.v" + FORMAT,
-            fields["job_id"],
-            address,
-            fields["reply_to"],
-            fields["caller"],
-            fields["deadline"],
-            fields["payload"],
-        ],
-        separators=(",", ":"),
-        ensure_ascii=True,
+    """HMAC-SHA256 over the ASCII JSON array of the signed fields (``jsoncodec.ascii_array``)."""
+    f = fields
+    message = ascii_array(
+        ["examlops.bus.v" + FORMAT, f["job_id"], address, f["reply_to"], f["caller"], f["deadline"], f["payload"]]
     )
-    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def encode_job(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 
 import numpy as np
 import pytest
 
-from examlops.core.jsoncodec import canonical, dumps
+from examlops.core.jsoncodec import ascii_array, canonical, dumps
 
 
 def test_the_text_is_compact_and_canonical_with_sorted_keys() -> None:
@@ -35,3 +36,18 @@ def test_numpy_floats_are_written_as_floats_like_the_standard_library_does() -> 
 def test_what_is_not_plain_json_is_a_type_error(value: object) -> None:
     with pytest.raises(TypeError):
         dumps({"x": value})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "".join(map(chr, range(128))),  # every ASCII character, the control ones and DEL included
+        'quote " backslash \\ slash /',
+        "é, ✓ and 🚀",
+        "lone \ud800 surrogate",
+        '{"embedding":[0.1,-2.5e-07,3.0],"node_count":4}',
+    ],
+)
+def test_ascii_array_is_the_standard_librarys_ascii_json_byte_for_byte(text: str) -> None:
+    items: list[str | int] = ["v1", 7, text, "", -3, text[::-1]]
+    assert ascii_array(items) == json.dumps(items, separators=(",", ":"), ensure_ascii=True).encode()

@@ -176,3 +176,18 @@ def test_error_bodies_have_the_http_error_shape() -> None:
 def test_client_ids_are_checked_before_they_name_a_stream() -> None:
     with pytest.raises(ValueError):
         bus.replies_stream("a:b")
+
+
+def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
+    """The signed message's bytes are fixed by the format, whichever encoder wrote them (here: non-ASCII)."""
+    import hashlib
+    import hmac
+
+    fields = signed(payload={"node_count": 3, "embedding": [0.5], "alias": "canaré"})
+    message = json.dumps(
+        ["examlops.bus.v" + bus.FORMAT, fields["job_id"], ADDRESS, fields["reply_to"], fields["caller"],
+         fields["deadline"], fields["payload"]],
+        separators=(",", ":"), ensure_ascii=True,
+    )  # fmt: skip
+    fields["sig"] = hmac.new(SECRET, message.encode(), hashlib.sha256).hexdigest()
+    assert bus.decode_job(SECRET, ADDRESS, fields, NOW).payload["alias"] == "canaré"
