@@ -390,8 +390,9 @@ class ProjectedSnapshotReader:
         rows = []
         for line in lines:
             text = line.decode() if isinstance(line, bytes) else line
-            if "\n" in text:
-                rows.append(_packed_row(*text.split("\n", 1)))
+            entry_id, newline, packed = text.partition("\n")
+            if newline and " " not in entry_id:  # 'id' newline JSON; a legacy line has a space after its id
+                rows.append(_packed_row(entry_id, packed))
                 continue
             entry_id, version, code, *numbers = text.split(" ")
             try:

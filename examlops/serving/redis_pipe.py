@@ -80,6 +80,8 @@ class _Protocol(asyncio.Protocol):
             except hiredis.ProtocolError as exc:
                 self.abort(RedisConnectionError(f"Redis sent something that is not RESP: {exc}"))
                 return
+            except UnicodeDecodeError as exc:  # one reply that is not UTF-8: its caller's error, as in redis-py
+                reply = ResponseError(f"a reply that is not UTF-8 text: {exc}")
             if reply is False:
                 return
             if not self.waiting:
@@ -189,12 +191,15 @@ class PipelinedRedis:
     async def aclose(self) -> None:
         """Close the connection (commands in flight fail) and refuse new commands."""
         self._closed = True
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
         protocol, self._protocol = self._protocol, None
         if protocol is not None and not protocol.closed:
             protocol.abort(RedisConnectionError("the connection was closed"))
 
     async def _send(self, protocol: _Protocol, command: bytes) -> Any:
-        assert protocol.transport is not None
+        if protocol.closed or protocol.transport is None or protocol.transport.is_closing():
+            raise _NotConnected() from RedisConnectionError("the connection closed before the command was sent")
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Any] = loop.create_future()
         protocol.waiting.append(waiter)
@@ -208,6 +213,9 @@ class PipelinedRedis:
     async def _connect(self) -> _Protocol:
         """A fresh connection; ``_NotConnected`` when that failed. Callers that arrive while one is being opened
         share that attempt (and its failure), so N callers against a dead server wait one timeout, not N."""
+        current = self._protocol
+        if current is not None and not current.closed and current.transport and not current.transport.is_closing():
+            return current  # another caller's attempt opened one meanwhile
         opening = self._opening
         if opening is None or opening.done():
             opening = self._opening = asyncio.ensure_future(self._open())

@@ -179,3 +179,21 @@ async def test_a_refused_password_is_an_authentication_error_and_a_closed_pipe_r
         await open_pipe.aclose()
         with pytest.raises(RedisConnectionError, match="closed"):
             await open_pipe.execute("PING")
+
+
+async def test_a_reply_that_is_not_utf8_fails_its_own_caller_only(url: str, client: redis.Redis) -> None:
+    client.set("binary", b"\xff\xfe")
+    async with pipe_to(url) as pipe:
+        results = await asyncio.gather(pipe.execute("GET", "binary"), pipe.execute("PING"), return_exceptions=True)
+        assert isinstance(results[0], ResponseError) and "UTF-8" in str(results[0])
+        assert results[1] == "PONG"
+
+
+async def test_a_command_for_a_connection_that_closed_before_it_was_sent_goes_on_a_new_one(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        assert await pipe.execute("PING") == "PONG"
+        first = pipe._protocol
+        assert first is not None and first.transport is not None
+        first.transport.close()  # closing, but connection_lost has not run yet
+        assert await pipe.execute("PING") == "PONG"
+        assert pipe._protocol is not first

@@ -51,3 +51,8 @@ def test_what_is_not_plain_json_is_a_type_error(value: object) -> None:
 def test_ascii_array_is_the_standard_librarys_ascii_json_byte_for_byte(text: str) -> None:
     items: list[str | int] = ["v1", 7, text, "", -3, text[::-1]]
     assert ascii_array(items) == json.dumps(items, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def test_ascii_array_refuses_floats_whose_text_differs_between_the_encoders() -> None:
+    with pytest.raises(TypeError):
+        ascii_array(["v1", 1e-7])  # type: ignore[list-item]  # orjson writes 1e-7, the standard library 1e-07
