@@ -235,8 +235,9 @@ def run_phase(
                         if record:
                             phase.answered_on += segment.jobs
                         segments.append(segment)
+                        label = ("off*" if args.control else "on ") if record else "off"
                         print(
-                            f"round {segment.round_no + 1:>2} recording {'on ' if record else 'off'} ({model}): "
+                            f"round {segment.round_no + 1:>2} recording {label} ({model}): "
                             f"{segment.rps:.0f} jobs/s, p50 {statistics.median(segment.latencies_ms):.2f} ms, "
                             f"errors {segment.errors}",
                             flush=True,
