@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -276,8 +275,3 @@ def _expire(protocol: _Protocol, waiter: asyncio.Future[Any], timeout_s: float) 
     if not waiter.done():
         waiter.set_exception(RedisTimeoutError(f"no reply from Redis within {timeout_s:g} s"))
         protocol.abort(RedisConnectionError(f"closed: an earlier command got no reply within {timeout_s:g} s"))
-
-
-def script_sha(script: str) -> str:
-    """The SHA1 that EVALSHA names ``script`` by."""
-    return hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
