@@ -4,10 +4,9 @@ redis-py's errors are translated here: an unreachable or restarting Redis is
 ``StoreUnavailable`` (after connecting was retried with exponential backoff,
 a few seconds in all; a command whose connection dropped while it was in
 flight is not sent again, as it may have run), so the loops above handle one
-error of ours. The scripts
-are run with EVALSHA and loaded again when a restarted Redis has forgotten them.
-The per-job commands and the blocking reads take the lean path of ``redis_pipe``
-(same errors).
+error of ours. The scripts are run with EVALSHA and loaded again when a
+restarted Redis has forgotten them. The per-job commands and the blocking reads
+take the lean path of ``redis_pipe`` (same errors).
 """
 
 from __future__ import annotations
