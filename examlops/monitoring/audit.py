@@ -214,18 +214,21 @@ class Entry:
 
 
 APPEND_SCRIPT = """
--- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, side field
--- count k, the k side field names, index count p, p (index set, member) pairs, then per event: once key,
--- side stream ('' = none), the k side values when there is a side stream, ts, type, subject, data, hash.
--- The script numbers the events from the head and chains their prev; the client hashed them the same way.
--- All or nothing: 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key exists.
+-- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, call key
+-- ('' = none), side field count k, the k side field names, index count p, p (index set, member) pairs,
+-- then per event: once key, side stream ('' = none), the k side values when there is a side stream, ts,
+-- type, subject, data, hash. The script numbers the events from the head and chains their prev; the
+-- client hashed them the same way. All or nothing: 'done' + the head when the call key exists (this call
+-- was written before), 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key
+-- exists.
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
 local seq, prev = head[1], head[2]
 if not seq then seq, prev = '0', string.rep('0', 64) end
+if ARGV[5] ~= '' and redis.call('EXISTS', ARGV[5]) == 1 then return {'done', seq, prev} end
 if seq ~= ARGV[1] or prev ~= ARGV[2] then return {'stale', seq, prev} end
-local k = tonumber(ARGV[5])
-local p = tonumber(ARGV[6 + k])
-local starts, dups, i = {}, {}, 7 + k + 2 * p
+local k = tonumber(ARGV[6])
+local p = tonumber(ARGV[7 + k])
+local starts, dups, i = {}, {}, 8 + k + 2 * p
 for e = 1, tonumber(ARGV[4]) do
   starts[e] = i
   if ARGV[i] ~= '' and redis.call('EXISTS', ARGV[i]) == 1 then dups[#dups + 1] = tostring(e) end
@@ -234,7 +237,7 @@ for e = 1, tonumber(ARGV[4]) do
 end
 if #dups > 0 then return {'dup', unpack(dups)} end
 local side, n = {}, tonumber(seq)
-for j = 1, k do side[2 * j - 1] = ARGV[5 + j] end
+for j = 1, k do side[2 * j - 1] = ARGV[6 + j] end
 for _, a in ipairs(starts) do
   local once, stream = ARGV[a], ARGV[a + 1]
   if stream ~= '' then
@@ -248,7 +251,8 @@ for _, a in ipairs(starts) do
   prev = ARGV[a + 6]
   if once ~= '' then redis.call('SET', once, '1', 'PX', ARGV[3]) end
 end
-for j = 0, p - 1 do redis.call('SADD', ARGV[7 + k + 2 * j], ARGV[8 + k + 2 * j]) end
+for j = 0, p - 1 do redis.call('SADD', ARGV[8 + k + 2 * j], ARGV[9 + k + 2 * j]) end
+if ARGV[5] ~= '' then redis.call('SET', ARGV[5], '1', 'PX', ARGV[3]) end
 redis.call('HSET', KEYS[2], 'seq', tostring(n), 'hash', prev)
 return {'ok', tostring(n), prev}
 """
@@ -294,8 +298,14 @@ class AuditTrail:
         """Append one event now; None when ``once_key`` was already set (the event exists)."""
         return self.append_many([Entry(type, subject, data, self._clock(), once_key)])[0]
 
-    def append_many(self, entries: Sequence[Entry]) -> list[AuditEvent | None]:
-        """Append in order, one script call; the result lines up with ``entries`` (None for a duplicate)."""
+    def append_many(self, entries: Sequence[Entry], *, call_key: str = "") -> list[AuditEvent | None]:
+        """Append in order, one script call; the result lines up with ``entries`` (None for a duplicate).
+
+        ``call_key`` makes the whole call idempotent without a once key per entry: it is set (for the
+        trail's once TTL) by the script that writes the entries, and a call that finds it set writes
+        nothing and returns None for every entry. A caller retrying after an error whose outcome it cannot
+        know (the script ran, its reply was lost) passes the same key again.
+        """
         results: list[AuditEvent | None] = [None] * len(entries)
         seen: set[str] = set()
         todo: list[tuple[int, Entry]] = []
@@ -309,8 +319,11 @@ class AuditTrail:
                 if not todo:
                     return results
                 seq, head = self._head if self._head is not None else self._read_head()
-                events, args = self._encode(seq, head, [entry for _, entry in todo])
+                events, args = self._encode(seq, head, [entry for _, entry in todo], call_key)
                 reply: Any = run_script(self._script, [STREAM, HEAD], args)
+                if reply[0] == "done":  # an earlier try of this call: its events are the stored ones
+                    self._head = (int(reply[1]), str(reply[2]))
+                    return results
                 if reply[0] == "ok":
                     self._head = (int(reply[1]), str(reply[2]))
                     for (index, _), event in zip(todo, events, strict=True):
@@ -329,7 +342,9 @@ class AuditTrail:
         seq, head = self.redis.hmget(HEAD, ["seq", "hash"])
         return (int(seq), str(head)) if seq is not None else (0, GENESIS)
 
-    def _encode(self, seq: int, head: str, entries: Sequence[Entry]) -> tuple[list[AuditEvent], list[str]]:
+    def _encode(
+        self, seq: int, head: str, entries: Sequence[Entry], call_key: str = ""
+    ) -> tuple[list[AuditEvent], list[str]]:
         ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
         names: tuple[str, ...] = ()
         indexes: dict[tuple[str, str], None] = {}
@@ -356,7 +371,8 @@ class AuditTrail:
                     indexes[side.index, side.member] = None
                 body += [entry.once_key, side.stream, *side.values]
             body += [event.ts, event.type, event.subject, event.data, event.hash]
-        args = [str(seq - len(entries)), events[0].prev, str(max(1, ttl_ms)), str(len(entries)), str(len(names))]
+        args = [str(seq - len(entries)), events[0].prev, str(max(1, ttl_ms)), str(len(entries)), call_key]
+        args.append(str(len(names)))
         args += names
         args.append(str(len(indexes)))
         for pair in indexes:

@@ -9,11 +9,16 @@ Contract:
   for more, so that under load it writes batches instead of waking and calling Redis once per job: a
   batch costs ~0.3 ms of CPU here whatever its size, ~4 us per job at ~80 jobs a batch and ~35 at 8),
   computes the embedding's norm, mean and standard deviation, and writes, per job, one drift snapshot
-  and one ``inference.served`` audit event in one atomic script keyed by ``examlops:recorded:{job_id}``:
-  a job recorded twice (redelivered, or by two bridges) is written once and counted as a duplicate.
-- Then the batch's newly recorded replies are classified and fed to the failure tracker (shared windows
-  and cooldown in Redis) in one script per batch, in order; each window state is checked, which may queue
-  a retrain request.
+  and one ``inference.served`` audit event, the whole batch in one atomic script.
+- Exactly once per job: the bridge hands over only jobs whose reply it wrote first (its done key, one
+  atomic script, decides that; a redelivered job or one another bridge answered never reaches here), and
+  each batch's write is idempotent: a write retried after an error whose outcome was unknown (the script
+  ran, its reply was lost) finds the batch's key (``examlops:recorded:batch:{id}``) and writes nothing
+  twice. There is no key per job: at 2,000 jobs/s one per job would hold ~1.2 million keys (a job's
+  deadline plus 600 s) beside the bridge's done keys, and cost about a quarter of the write's Redis time.
+- Then the batch's replies are classified and fed to the failure tracker (shared windows and cooldown in
+  Redis) in one script per batch, in order; each window state is checked, which may queue a retrain
+  request.
 - While Redis is unavailable the thread retries with backoff (0.1 s doubling to 2 s) and the queue
   holds what arrives meanwhile; nothing is lost while the bound holds (``retried`` counts the retries).
 - ``close(timeout)`` flushes the queue and writes a final audit checkpoint; it returns False (and logs
@@ -30,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -46,12 +52,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-ONCE_MARGIN_S = 600.0
-"""A job's once key outlives its deadline by this much (``serving.bus.DONE_MARGIN_S``)."""
-
-
-def recorded_key(job_id: str) -> str:
-    return f"examlops:recorded:{job_id}"
+def batch_key() -> str:
+    """A new batch's idempotency key (``AuditTrail.append_many``'s ``call_key``)."""
+    return f"examlops:recorded:batch:{uuid.uuid4().hex}"
 
 
 class Served(Protocol):
@@ -73,14 +76,11 @@ class Served(Protocol):
     def status(self) -> int: ...
     @property
     def served_at(self) -> float: ...
-    @property
-    def deadline(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class RecorderStats:
     recorded: int
-    duplicates: int
     retried: int
     dropped: int
     queue_depth: int
@@ -114,12 +114,11 @@ class Recorder:
         self._dropping = 0
         self._drop_lock = threading.Lock()
         self._down = False
-        self.recorded = self.duplicates = self.retried = self.dropped = 0
+        self.recorded = self.retried = self.dropped = 0
         self.cpu_s = 0.0
         registry = registry if registry is not None else CollectorRegistry()
         name = "examlops_recorder"
         self._m_recorded = Counter(f"{name}_recorded", "Jobs recorded (snapshot + audit event)", registry=registry)
-        self._m_duplicates = Counter(f"{name}_duplicates", "Jobs already recorded, skipped", registry=registry)
         self._m_retried = Counter(f"{name}_retried", "Writes retried while Redis was unavailable", registry=registry)
         self._m_dropped = Counter(f"{name}_dropped", "Records dropped: queue full or unrecordable", registry=registry)
         self._m_cpu = Counter(f"{name}_cpu_seconds", "CPU the recorder's thread spent writing", registry=registry)
@@ -158,9 +157,7 @@ class Recorder:
             log.error("record dropped: %s", why)
 
     def stats(self) -> RecorderStats:
-        return RecorderStats(
-            self.recorded, self.duplicates, self.retried, self.dropped, self._queue.qsize(), self.cpu_s
-        )
+        return RecorderStats(self.recorded, self.retried, self.dropped, self._queue.qsize(), self.cpu_s)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush what is queued and stop; False when that took longer than ``timeout``.
@@ -191,9 +188,8 @@ class Recorder:
     def _log_totals(self) -> None:
         per_job = 1e6 * self.cpu_s / self.recorded if self.recorded else 0.0
         log.info(
-            "recorder: %d recorded, %d duplicates, %d retries, %d dropped; %.3f s of CPU writing (%.1f us per record)",
+            "recorder: %d recorded, %d retries, %d dropped; %.3f s of CPU writing (%.1f us per record)",
             self.recorded,
-            self.duplicates,
             self.retried,
             self.dropped,
             self.cpu_s,
@@ -246,18 +242,17 @@ class Recorder:
                 prepared.append((served, _entry(served)))
             except Exception as exc:
                 self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
+        if not prepared:
+            return
         entries = [entry for _, entry in prepared]
-        results = self._until_done(lambda: self.trail.append_many(entries))
-        if results is None:
+        key = batch_key()  # the same key on every retry of this batch
+        if self._until_done(lambda: self.trail.append_many(entries, call_key=key)) is None:
             self._drop(len(entries), f"{len(entries)} records abandoned at close")
             return
-        fresh = [served for (served, _), event in zip(prepared, results, strict=True) if event is not None]
-        self.recorded += len(fresh)
-        self._m_recorded.inc(len(fresh))
-        self.duplicates += len(results) - len(fresh)
-        self._m_duplicates.inc(len(results) - len(fresh))
-        if self.tracker is not None and fresh:
-            self._observe(self.tracker, fresh)
+        self.recorded += len(entries)
+        self._m_recorded.inc(len(entries))
+        if self.tracker is not None:
+            self._observe(self.tracker, [served for served, _ in prepared])
 
     def _observe(self, tracker: FailureTracker, fresh: Sequence[Served]) -> None:
         """One push for the batch (retried whole: the script is atomic), then a check per state, in order."""
@@ -324,8 +319,5 @@ def _entry(served: Served) -> Entry:
         model,
         data,
         ts,
-        once_key=recorded_key(job_id),
         side=SideWrite(stream_of(model), PACKED, (packed(row),), MODELS, model.lower()),
-        # A copy of the job delivered past its deadline is refused, never recorded: the key may go then.
-        once_ttl_s=None if served.deadline is None else max(0.0, served.deadline - ts) + ONCE_MARGIN_S,
     )

@@ -371,7 +371,6 @@ class Bridge:
             reply=outcome.body,
             status=outcome.status,
             served_at=self.clock(),
-            deadline=job.deadline,
         )
         try:
             self.on_served.record([served])

@@ -250,8 +250,6 @@ class ServedInference:
     reply: Mapping[str, Any]
     status: int
     served_at: float
-    deadline: float | None = None
-    """The job's deadline: its record's once key need not outlive it by more than ``DONE_MARGIN_S``."""
 
 
 class InferenceRecorder(Protocol):
