@@ -18,11 +18,11 @@ the hashes for the head it last saw; the script writes the events and moves
 the head only if the head is still that one, else it returns the current head
 and the client recomputes. Concurrent appenders therefore never fork the
 chain (two round trips, a read then a write, forked half the events of 8
-writers here). The same script gives exactly-once recording: an entry may
-carry a *once key* (``examlops:recorded:{job_id}``), checked and set inside the
-script together with the event and an optional side write (the drift
-snapshot), so a job delivered twice, or recorded by two bridges at once,
-leaves one snapshot and one event.
+writers here). The same script writes each event's optional side write (the
+drift snapshot) with it, and makes appends idempotent: an entry may carry a
+*once key* (a retrain request's), checked and set inside the script, and a
+whole call a *call key* (a recorder batch's), so that a retry after a lost
+reply writes nothing twice.
 
 Signed checkpoints (``audit_store``) are written every ``checkpoint_every``
 events (the seqs that are multiples of it) and every ``checkpoint_interval_s``.
@@ -212,6 +212,25 @@ class Entry:
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoded", canonical_json(dict(self.data)))
 
+    def row(self) -> Row:
+        """The entry as the append script takes it; ``ValueError`` for a side write with no stream or fields."""
+        side = self.side
+        if side is None:
+            return (self.once_key, "", (), "", "", format_ts(self.ts), self.type, self.subject, self.encoded)
+        if not side.stream or not side.names:
+            raise ValueError("a side write needs a stream and at least one field")
+        return (
+            self.once_key, side.stream, side.values, side.index, side.member, format_ts(self.ts), self.type,
+            self.subject, self.encoded,
+        )  # fmt: skip
+
+
+Row = tuple[str, str, Sequence[str], str, str, str, str, str, str]
+"""One event as ``AuditTrail.append_rows`` takes it: once key ('' = none), side stream ('' = none), the side
+write's values (in the call's field order), index set ('' = none), index member, ts (``format_ts``), type,
+subject, data (canonical JSON, ``jsoncodec.canonical``). The recorder builds these directly: one per bus job.
+"""
+
 
 APPEND_SCRIPT = """
 -- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, call key
@@ -306,90 +325,111 @@ class AuditTrail:
         nothing and returns None for every entry. A caller retrying after an error whose outcome it cannot
         know (the script ran, its reply was lost) passes the same key again.
         """
-        results: list[AuditEvent | None] = [None] * len(entries)
+        names: tuple[str, ...] = ()
+        for entry in entries:
+            if entry.side is not None:
+                if names and entry.side.names != names:
+                    raise ValueError(f"side writes of one append differ in their fields: {names} / {entry.side.names}")
+                names = names or entry.side.names
+        ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
+        rows = [entry.row() for entry in entries]
+        written = self._append(rows, names, ttl_ms, call_key)
+        return [
+            None if w is None else AuditEvent(w[0], row[5], row[6], row[7], row[8], w[1], w[2])
+            for row, w in zip(rows, written, strict=True)
+        ]
+
+    def append_rows(self, rows: Sequence[Row], names: tuple[str, ...], *, call_key: str = "") -> int:
+        """``append_many`` for entries already encoded (``Row``), whose side writes have the fields ``names``.
+
+        The recorder's path: no ``Entry``, ``SideWrite`` or ``AuditEvent`` object per job. Once keys and
+        ``call_key`` live for the trail's once TTL. Returns how many rows this call wrote (0 for duplicates,
+        and when an earlier try with the same ``call_key`` had written them).
+        """
+        return sum(written is not None for written in self._append(rows, names, self._once_ttl_ms, call_key))
+
+    def _append(
+        self, rows: Sequence[Row], names: tuple[str, ...], ttl_ms: int, call_key: str
+    ) -> list[tuple[int, str, str] | None]:
+        """The compare-and-set loop: (seq, prev, hash) of each row written, None for a duplicate."""
+        results: list[tuple[int, str, str] | None] = [None] * len(rows)
         seen: set[str] = set()
-        todo: list[tuple[int, Entry]] = []
-        for index, entry in enumerate(entries):
-            if entry.once_key and entry.once_key in seen:
-                continue
-            seen.add(entry.once_key)
-            todo.append((index, entry))
+        todo: list[int] = []
+        for index, row in enumerate(rows):
+            once = row[0]
+            if once:
+                if once in seen:
+                    continue
+                seen.add(once)
+            todo.append(index)
         with self._lock, store_errors("appending to the audit trail"):
             for _ in range(MAX_CAS_ATTEMPTS):
                 if not todo:
                     return results
                 seq, head = self._head if self._head is not None else self._read_head()
-                events, args = self._encode(seq, head, [entry for _, entry in todo], call_key)
+                hashes, args = self._encode(seq, head, [rows[i] for i in todo], names, ttl_ms, call_key)
                 reply: Any = run_script(self._script, [STREAM, HEAD], args)
-                if reply[0] == "done":  # an earlier try of this call: its events are the stored ones
+                if reply[0] == "done":  # an earlier try of this call was written: nothing is written twice
                     self._head = (int(reply[1]), str(reply[2]))
                     return results
                 if reply[0] == "ok":
                     self._head = (int(reply[1]), str(reply[2]))
-                    for (index, _), event in zip(todo, events, strict=True):
-                        results[index] = event
-                    self._written(events)
+                    prev = head
+                    for n, (index, hash) in enumerate(zip(todo, hashes, strict=True)):
+                        results[index] = (seq + 1 + n, prev, hash)
+                        prev = hash
+                    self._written(seq + 1, hashes)
                     return results
                 if reply[0] == "stale":
                     self.contended += 1
                     self._head = (int(reply[1]), str(reply[2]))
                     continue
                 dups = {int(position) - 1 for position in reply[1:]}
-                todo = [item for position, item in enumerate(todo) if position not in dups]
+                todo = [index for position, index in enumerate(todo) if position not in dups]
         raise Conflict(f"the audit head kept moving: gave up after {MAX_CAS_ATTEMPTS} attempts")
 
     def _read_head(self) -> tuple[int, str]:
         seq, head = self.redis.hmget(HEAD, ["seq", "hash"])
         return (int(seq), str(head)) if seq is not None else (0, GENESIS)
 
+    @staticmethod
     def _encode(
-        self, seq: int, head: str, entries: Sequence[Entry], call_key: str = ""
-    ) -> tuple[list[AuditEvent], list[str]]:
-        ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
-        names: tuple[str, ...] = ()
+        seq: int, head: str, rows: Sequence[Row], names: tuple[str, ...], ttl_ms: int, call_key: str
+    ) -> tuple[list[str], list[str]]:
+        """The rows' hashes, chained from (seq, head), and the append script's arguments."""
+        k = len(names)
+        args = [str(seq), head, str(max(1, ttl_ms)), str(len(rows)), call_key, str(k), *names]
         indexes: dict[tuple[str, str], None] = {}
         body: list[str] = []
-        events: list[AuditEvent] = []
-        for entry in entries:
+        hashes: list[str] = []
+        for once, stream, values, index, member, ts, type, subject, data in rows:
             seq += 1
-            event = AuditEvent.chained(seq, head, format_ts(entry.ts), entry.type, entry.subject, entry.encoded)
-            head = event.hash
-            events.append(event)
-            side = entry.side
-            if side is None:
-                body += [entry.once_key, ""]
+            head = event_hash(seq, ts, type, subject, data, head)
+            hashes.append(head)
+            if stream:
+                if not k or len(values) != k:
+                    raise ValueError(f"a side write has {len(values)} values for {k} fields")
+                if index:
+                    indexes[index, member] = None
+                body += (once, stream, *values, ts, type, subject, data, head)
             else:
-                if not side.stream or not side.names:
-                    raise ValueError("a side write needs a stream and at least one field")
-                if side.names is not names:
-                    if names and side.names != names:
-                        raise ValueError(f"side writes of one append differ in their fields: {names} / {side.names}")
-                    names = side.names
-                if len(side.values) != len(names):
-                    raise ValueError(f"a side write has {len(side.values)} values for {len(names)} fields")
-                if side.index:
-                    indexes[side.index, side.member] = None
-                body += [entry.once_key, side.stream, *side.values]
-            body += [event.ts, event.type, event.subject, event.data, event.hash]
-        args = [str(seq - len(entries)), events[0].prev, str(max(1, ttl_ms)), str(len(entries)), call_key]
-        args.append(str(len(names)))
-        args += names
+                body += (once, "", ts, type, subject, data, head)
         args.append(str(len(indexes)))
         for pair in indexes:
             args += pair
         args += body
-        return events, args
+        return hashes, args
 
     # Checkpoints.
 
-    def _written(self, events: Sequence[AuditEvent]) -> None:
-        for event in events:
-            if event.seq % self.checkpoint_every == 0:
-                self._due[event.seq] = event.hash
-        last = events[-1]
-        self._last_written = (last.seq, last.hash)
+    def _written(self, first: int, hashes: Sequence[str]) -> None:
+        """Note the events seq ``first`` onwards, hashed ``hashes``: every ``checkpoint_every``-th is due."""
+        every, last = self.checkpoint_every, first + len(hashes) - 1
+        for seq in range(-(-first // every) * every, last + 1, every):
+            self._due[seq] = hashes[seq - first]
+        self._last_written = (last, hashes[-1])
         if self._clock() - self._checkpointed_at >= self.checkpoint_interval_s:
-            self._due[last.seq] = last.hash
+            self._due[last] = hashes[-1]
         self._flush_checkpoints()
 
     def tick(self) -> None:

@@ -2,9 +2,9 @@
 
 Contract:
 
-- ``record`` runs on the bridge's event loop and never blocks: it puts each served inference on a
-  bounded ``queue.Queue``. Past the bound the item is dropped, counted (``dropped``) and logged once per
-  burst, never silently.
+- ``record`` runs on the bridge's event loop and never blocks: it appends each served inference to a
+  bounded queue (a deque; an event wakes the thread when it was empty). Past the bound the item is
+  dropped, counted (``dropped``) and logged once per burst, never silently.
 - The thread takes up to ``batch_size`` items at a time (when fewer are waiting it lingers ``linger_s``
   for more, so that under load it writes batches instead of waking and calling Redis once per job: a
   batch costs ~0.3 ms of CPU here whatever its size, ~4 us per job at ~80 jobs a batch and ~35 at 8),
@@ -30,9 +30,9 @@ Monitoring does not import serving: ``Served`` is the shape of ``serving.bus.Ser
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -43,7 +43,8 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from examlops.core.errors import StoreUnavailable
-from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Entry, SideWrite
+from examlops.core.jsoncodec import canonical
+from examlops.monitoring.audit import INFERENCE_SERVED, AuditTrail, Row, format_ts
 from examlops.monitoring.failures import FailureTracker, classify
 from examlops.monitoring.snapshots import MODELS, PACKED, embedding_stats, number, packed, stream_of
 
@@ -107,7 +108,11 @@ class Recorder:
         self.idle_s = idle_s
         self.linger_s = linger_s
         self.max_backoff_s = max_backoff_s
-        self._queue: queue.Queue[Served] = queue.Queue(maxsize)
+        # A deque and an event rather than a queue.Queue: a put and a get cost ~0.05 us instead of ~1 us (the
+        # queue's lock and condition), and the put runs on the bridge's event loop once per job.
+        self.maxsize = maxsize
+        self._queue: collections.deque[Served] = collections.deque()
+        self._arrived = threading.Event()
         self._closing = threading.Event()
         self._abandon = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,7 +128,7 @@ class Recorder:
         self._m_dropped = Counter(f"{name}_dropped", "Records dropped: queue full or unrecordable", registry=registry)
         self._m_cpu = Counter(f"{name}_cpu_seconds", "CPU the recorder's thread spent writing", registry=registry)
         depth = Gauge(f"{name}_queue_depth", "Records waiting in the recorder's queue", registry=registry)
-        depth.set_function(self._queue.qsize)
+        depth.set_function(lambda: len(self._queue))
 
     def start(self) -> Recorder:
         self._thread = threading.Thread(target=self._run, name="examlops-recorder", daemon=True)
@@ -137,14 +142,15 @@ class Recorder:
             if self._closing.is_set():
                 self._drop(1, f"job {item.job_id} arrived after the recorder was closed")
                 continue
-            try:
-                self._queue.put_nowait(item)
-            except queue.Full:
+            if len(self._queue) >= self.maxsize:
                 if not self._dropping:
-                    log.error("recorder queue full (%d): dropping records until it drains", self._queue.maxsize)
+                    log.error("recorder queue full (%d): dropping records until it drains", self.maxsize)
                 self._dropping += 1
                 self._drop(1)
                 continue
+            self._queue.append(item)
+            if len(self._queue) == 1:  # it was empty: the thread may be waiting
+                self._arrived.set()
             if self._dropping:
                 log.warning("recorder queue has room again; %d records were dropped", self._dropping)
                 self._dropping = 0
@@ -157,7 +163,7 @@ class Recorder:
             log.error("record dropped: %s", why)
 
     def stats(self) -> RecorderStats:
-        return RecorderStats(self.recorded, self.retried, self.dropped, self._queue.qsize(), self.cpu_s)
+        return RecorderStats(self.recorded, self.retried, self.dropped, len(self._queue), self.cpu_s)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush what is queued and stop; False when that took longer than ``timeout``.
@@ -165,21 +171,17 @@ class Recorder:
         Records still unwritten then are counted as dropped (and logged): the bridge is stopping.
         """
         self._closing.set()
+        self._arrived.set()
         if self._thread is None:
-            return self._queue.empty()
+            return not self._queue
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._log_totals()
             return True
         self._abandon.set()
         self._thread.join(self.max_backoff_s + 1)
-        left = 0
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-            left += 1
+        left = len(self._queue)
+        self._queue.clear()
         self._drop(left)
         log.error("recorder closed after %.0f s with %d queued records unwritten (Redis unavailable?)", timeout, left)
         self._log_totals()
@@ -200,13 +202,15 @@ class Recorder:
 
     def _run(self) -> None:
         while True:
-            try:
-                batch = [self._queue.get(timeout=self.idle_s)]
-            except queue.Empty:
+            # Clear, then look: a record that arrives after the look finds the queue empty and sets the event.
+            self._arrived.clear()
+            if not self._queue:
                 if self._closing.is_set():
                     break
-                self._guarded(self.trail.tick)
+                if not self._arrived.wait(self.idle_s):
+                    self._guarded(self.trail.tick)
                 continue
+            batch: list[Served] = []
             self._fill(batch)
             if len(batch) < self.batch_size and self.linger_s > 0 and not self._closing.is_set():
                 # Sleep rather than wait on the queue: a waiting getter makes every put from the event loop
@@ -223,11 +227,9 @@ class Recorder:
         self._guarded(self.trail.checkpoint_now)
 
     def _fill(self, batch: list[Served]) -> None:
-        while len(batch) < self.batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                return
+        take = self._queue.popleft
+        for _ in range(min(self.batch_size - len(batch), len(self._queue))):
+            batch.append(take())
 
     def _guarded(self, work: Callable[[], object]) -> None:
         try:
@@ -236,23 +238,25 @@ class Recorder:
             log.exception("the recorder failed a step")
 
     def _write(self, batch: Sequence[Served]) -> None:
-        prepared: list[tuple[Served, Entry]] = []
+        rows: list[Row] = []
+        kept: list[Served] = []
         for served in batch:
             try:
-                prepared.append((served, _entry(served)))
+                rows.append(_row(served))
             except Exception as exc:
                 self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
-        if not prepared:
+            else:
+                kept.append(served)
+        if not rows:
             return
-        entries = [entry for _, entry in prepared]
         key = batch_key()  # the same key on every retry of this batch
-        if self._until_done(lambda: self.trail.append_many(entries, call_key=key)) is None:
-            self._drop(len(entries), f"{len(entries)} records abandoned at close")
+        if self._until_done(lambda: self.trail.append_rows(rows, PACKED, call_key=key)) is None:
+            self._drop(len(rows), f"{len(rows)} records abandoned at close")
             return
-        self.recorded += len(entries)
-        self._m_recorded.inc(len(entries))
+        self.recorded += len(rows)
+        self._m_recorded.inc(len(rows))
         if self.tracker is not None:
-            self._observe(self.tracker, [served for served, _ in prepared])
+            self._observe(self.tracker, kept)
 
     def _observe(self, tracker: FailureTracker, fresh: Sequence[Served]) -> None:
         """One push for the batch (retried whole: the script is atomic), then a check per state, in order."""
@@ -280,17 +284,17 @@ class Recorder:
                 self._abandon.wait(min(self.max_backoff_s, 0.1 * 2 ** (attempts - 1)))
                 continue
             if self._down:
-                log.warning("recorder: Redis reachable again; %d records queued", self._queue.qsize())
+                log.warning("recorder: Redis reachable again; %d records queued", len(self._queue))
             self._down = False
             return result
         return None
 
 
-def _entry(served: Served) -> Entry:
-    """The audit entry of one served job, with its snapshot as the side write (computed off the event loop).
+def _row(served: Served) -> Row:
+    """The audit event of one served job, with its snapshot as the side write (computed off the event loop).
 
-    Builds the snapshot's stored row directly (what ``snapshot_of(...).side_write()`` gives, without the
-    intermediate objects): this runs once per bus job.
+    Builds what ``Entry(..., side=snapshot_of(...).side_write()).row()`` gives without the intermediate
+    objects: this runs once per bus job.
     """
     reply = served.reply
     code = "" if reply.get("error") is None else str(reply.get("code") or "error")
@@ -314,10 +318,5 @@ def _entry(served: Served) -> Entry:
         "status": status,
         "code": code,
     }
-    return Entry(
-        INFERENCE_SERVED,
-        model,
-        data,
-        ts,
-        side=SideWrite(stream_of(model), PACKED, (packed(row),), MODELS, model.lower()),
-    )
+    return ("", stream_of(model), (packed(row),), MODELS, model.lower(), format_ts(ts), INFERENCE_SERVED, model,
+            canonical(data))  # fmt: skip

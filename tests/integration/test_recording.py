@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditEvent, AuditTrail, Entry, connect
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, connect
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
@@ -64,8 +64,8 @@ class LosingReplies(AuditTrail):
 
     writes = 0
 
-    def append_many(self, entries: Sequence[Entry], *, call_key: str = "") -> list[AuditEvent | None]:
-        result = super().append_many(entries, call_key=call_key)
+    def append_rows(self, rows: Sequence[Row], names: tuple[str, ...], *, call_key: str = "") -> int:
+        result = super().append_rows(rows, names, call_key=call_key)
         self.writes += 1
         if self.writes % 3 == 1:
             raise StoreUnavailable("connection reset after the script ran")

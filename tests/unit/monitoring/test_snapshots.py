@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from examlops.monitoring.recorder import _entry
-from examlops.monitoring.snapshots import Snapshot, embedding_stats, snapshot_of, stream_of
+from examlops.monitoring.audit import Entry
+from examlops.monitoring.recorder import _row
+from examlops.monitoring.snapshots import PACKED, Snapshot, embedding_stats, snapshot_of, stream_of
 
 
 def test_embedding_stats_are_l2_norm_mean_and_population_std() -> None:
@@ -118,20 +119,21 @@ def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: 
         job_id="j1", model="JPCP", caller="u", embedding=(1.0, 2.0, -0.5), node_count=7, reply=reply,
         status=status, served_at=1732900000.25,
     )  # fmt: skip
-    entry = _entry(served)
-    expected = snapshot_of(
+    row = _row(served)
+    snapshot = snapshot_of(
         model="JPCP", reply=reply, status=status, embedding=[1.0, 2.0, -0.5], node_count=7, job_id="j1",
         user_id="u", ts=1732900000.25,
-    ).side_write()  # fmt: skip
-    assert entry.side == expected
-    stored = Snapshot.from_fields("1-0", entry.side.fields)
+    )  # fmt: skip
+    stored = Snapshot.from_fields("1-0", dict(zip(PACKED, row[2], strict=True)))
     assert stored.alias == str(reply.get("alias") or "")
-    data = json.loads(entry.encoded)
-    assert data == {
+    data = {
         "job_id": "j1", "user_id": "u", "alias": stored.alias, "version": stored.version, "run_id": stored.run_id,
         "prediction": stored.prediction, "status": status, "code": stored.code,
     }  # fmt: skip
-    assert (entry.type, entry.subject, entry.once_key) == ("inference.served", "JPCP", ""), "no key per job"
+    assert json.loads(row[8]) == data
+    # Exactly what the generic path (an Entry with the snapshot as its side write) hands the append script.
+    assert row == Entry("inference.served", "JPCP", data, 1732900000.25, side=snapshot.side_write()).row()
+    assert row[0] == "", "no once key per job"
 
 
 def test_statistics_that_overflow_to_infinity_are_stored_and_read_back() -> None:
