@@ -27,6 +27,12 @@ recorder has written every snapshot, so no recording work spills into the next
 segment; the CPU each process spent (read from /proc after that wait) is
 divided by the segment's jobs, so it includes all of the recording's work.
 
+Redis rewrites its AOF every few seconds under this load (the bus writes each
+job's ~8 KB payload to it, recording adds ~0.8 KB a job), and a rewrite's child
+takes a core for a large part of a segment. Each segment counts the rewrites
+that ran during it; the cost is printed over all pairs and over the pairs with
+no rewrite in either segment.
+
 ``--control`` runs both bridges with recording off: the "cost" it prints is
 the bench's own bias and noise, and should be ~0.
 
@@ -102,6 +108,8 @@ class Segment:
     cpu_ms: dict[str, float] = field(default_factory=dict)
     threads_ms: dict[str, float] = field(default_factory=dict)
     """The loaded bridge's CPU per job: its event loop's thread (main) and its other threads."""
+    rewrites: int = 0
+    """AOF rewrites that ran during the segment: each forks Redis, and its child takes a core for ~0.1-1 s."""
 
     @property
     def rps(self) -> float:
@@ -127,6 +135,13 @@ def served_events(client: redis.Redis) -> int:
         if len(page) < 2000:
             return count
         start_id = "(" + page[-1][0]
+
+
+def aof_forks(client: redis.Redis) -> tuple[int, int]:
+    """Redis's forks so far (AOF rewrites: the bench's Redis saves no RDB) and 1 while one is running."""
+    stats: Any = client.info("stats")
+    persistence: Any = client.info("persistence")
+    return int(stats["total_forks"]), int(persistence["aof_rewrite_in_progress"])
 
 
 def snapshots(client: redis.Redis, model: str) -> int:
@@ -209,6 +224,7 @@ def run_phase(
                         bridge_pid = bridges["on" if record else "off"].pid
                         threads_before = thread_cpu(bridge_pid)
                         snaps_before = snapshots(client, model)
+                        forks_before, rewriting = aof_forks(client)
                         await run_segment(bus, client, address, bodies, args, segment)
                         client_after = time.process_time()
                         if record and not args.control:
@@ -220,6 +236,7 @@ def run_phase(
                                 await asyncio.sleep(0.01)
                             segment.drain_s = time.perf_counter() - ended
                         cpu_after = meter.read()
+                        segment.rewrites = aof_forks(client)[0] - forks_before + rewriting
                         threads_after = thread_cpu(bridge_pid)
                         spent = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
                         per_job = 1000 / segment.jobs
@@ -239,7 +256,8 @@ def run_phase(
                         print(
                             f"round {segment.round_no + 1:>2} recording {label} ({model}): "
                             f"{segment.rps:.0f} jobs/s, p50 {statistics.median(segment.latencies_ms):.2f} ms, "
-                            f"errors {segment.errors}",
+                            f"errors {segment.errors}"
+                            + (f", AOF rewrites {segment.rewrites}" if segment.rewrites else ""),
                             flush=True,
                         )
 
@@ -353,6 +371,15 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     )
     pairs = [(a, b) for a in off for b in on if a.round_no == b.round_no]
     print(f"per pair, throughput cost: {spread([100 * (1 - b.rps / a.rps) for a, b in pairs])}")
+    # Under this load the bus's own writes (each job's ~8 KB payload) grow the AOF fast enough that Redis
+    # rewrites it every few seconds (31 times in a 40-round run); a rewrite's child takes a core for a large
+    # part of a segment, whichever path that segment runs.
+    calm = [(a, b) for a, b in pairs if not a.rewrites and not b.rewrites]
+    print(
+        f"AOF rewrites during segments: off {sum(s.rewrites for s in off)}, {on_label} {sum(s.rewrites for s in on)}; "
+        f"per pair with none in either ({len(calm)} pairs), throughput cost: "
+        f"{spread([100 * (1 - b.rps / a.rps) for a, b in calm]) if len(calm) > 1 else 'too few'}"
+    )
     for name in segments[0].cpu_ms:
         off_cpu = statistics.median(s.cpu_ms[name] for s in off)
         on_cpu = statistics.median(s.cpu_ms[name] for s in on)
