@@ -237,13 +237,14 @@ APPEND_SCRIPT = """
 -- ('' = none), side field count k, the k side field names, index count p, p (index set, member) pairs,
 -- then per event: once key, side stream ('' = none), the k side values when there is a side stream, ts,
 -- type, subject, data, hash. The script numbers the events from the head and chains their prev; the
--- client hashed them the same way. All or nothing: 'done' + the head when the call key exists (this call
--- was written before), 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key
--- exists.
+-- client hashed them the same way. All or nothing: 'done' + the head + the call key's value ('<seq before
+-- the call>:<hash of its last event>') when the call key exists (this call was written before), 'stale' +
+-- the head when it moved, 'dup' + the 1-based positions whose once key exists.
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
 local seq, prev = head[1], head[2]
 if not seq then seq, prev = '0', string.rep('0', 64) end
-if ARGV[5] ~= '' and redis.call('EXISTS', ARGV[5]) == 1 then return {'done', seq, prev} end
+local done = ARGV[5] ~= '' and redis.call('GET', ARGV[5])
+if done then return {'done', seq, prev, done} end
 if seq ~= ARGV[1] or prev ~= ARGV[2] then return {'stale', seq, prev} end
 local k = tonumber(ARGV[6])
 local p = tonumber(ARGV[7 + k])
@@ -271,7 +272,7 @@ for _, a in ipairs(starts) do
   if once ~= '' then redis.call('SET', once, '1', 'PX', ARGV[3]) end
 end
 for j = 0, p - 1 do redis.call('SADD', ARGV[8 + k + 2 * j], ARGV[9 + k + 2 * j]) end
-if ARGV[5] ~= '' then redis.call('SET', ARGV[5], '1', 'PX', ARGV[3]) end
+if ARGV[5] ~= '' then redis.call('SET', ARGV[5], ARGV[1] .. ':' .. prev, 'PX', ARGV[3]) end
 redis.call('HSET', KEYS[2], 'seq', tostring(n), 'hash', prev)
 return {'ok', tostring(n), prev}
 """
@@ -320,11 +321,13 @@ class AuditTrail:
     def append_many(self, entries: Sequence[Entry], *, call_key: str = "") -> list[AuditEvent | None]:
         """Append in order, one script call; the result lines up with ``entries`` (None for a duplicate).
 
-        ``call_key`` makes the whole call idempotent without a once key per entry: it is set (for the
-        trail's once TTL) by the script that writes the entries, and a call that finds it set writes
+        ``call_key`` makes the whole call idempotent without a once key per entry: it is set (for at least
+        the trail's once TTL) by the script that writes the entries, and a call that finds it set writes
         nothing and returns None for every entry. A caller retrying after an error whose outcome it cannot
         know (the script ran, its reply was lost) passes the same key again.
         """
+        if not entries:
+            return []
         names: tuple[str, ...] = ()
         for entry in entries:
             if entry.side is not None:
@@ -332,6 +335,8 @@ class AuditTrail:
                     raise ValueError(f"side writes of one append differ in their fields: {names} / {entry.side.names}")
                 names = names or entry.side.names
         ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
+        if call_key:  # the call key must outlive any retry, whatever the entries' own once TTLs
+            ttl_ms = max(ttl_ms, self._once_ttl_ms)
         rows = [entry.row() for entry in entries]
         written = self._append(rows, names, ttl_ms, call_key)
         return [
@@ -366,11 +371,15 @@ class AuditTrail:
             for _ in range(MAX_CAS_ATTEMPTS):
                 if not todo:
                     return results
-                seq, head = self._head if self._head is not None else self._read_head()
+                if self._head is None:  # kept: a retry after a lost answer hashes against the same head
+                    self._head = self._read_head()
+                seq, head = self._head
                 hashes, args = self._encode(seq, head, [rows[i] for i in todo], names, ttl_ms, call_key)
                 reply: Any = run_script(self._script, [STREAM, HEAD], args)
                 if reply[0] == "done":  # an earlier try of this call was written: nothing is written twice
                     self._head = (int(reply[1]), str(reply[2]))
+                    if reply[3] == f"{seq}:{hashes[-1]}":  # these very events: their checkpoints are due
+                        self._written(seq + 1, hashes)
                     return results
                 if reply[0] == "ok":
                     self._head = (int(reply[1]), str(reply[2]))

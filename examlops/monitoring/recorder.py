@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 
 def batch_key() -> str:
-    """A new batch's idempotency key (``AuditTrail.append_many``'s ``call_key``)."""
+    """A new batch's idempotency key (``AuditTrail.append_rows``'s ``call_key``)."""
     return f"examlops:recorded:batch:{uuid.uuid4().hex}"
 
 
@@ -110,6 +110,8 @@ class Recorder:
         self.max_backoff_s = max_backoff_s
         # A deque and an event rather than a queue.Queue: a put and a get cost ~0.05 us instead of ~1 us (the
         # queue's lock and condition), and the put runs on the bridge's event loop once per job.
+        if maxsize < 1:
+            raise ValueError(f"the recorder's queue needs a bound of at least 1, not {maxsize}")
         self.maxsize = maxsize
         self._queue: collections.deque[Served] = collections.deque()
         self._arrived = threading.Event()
@@ -138,6 +140,10 @@ class Recorder:
     # The bridge's side (its event loop): never blocks.
 
     def record(self, served: Sequence[Served]) -> None:
+        """Queue ``served`` for the thread; called from one thread only (the bridge's event loop).
+
+        One producer is what makes the deque's bound check and the wake-up on an empty queue race-free.
+        """
         for item in served:
             if self._closing.is_set():
                 self._drop(1, f"job {item.job_id} arrived after the recorder was closed")

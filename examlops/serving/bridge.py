@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -80,6 +81,7 @@ class Bridge:
         self.store = BusStore(redis)
         self.on_served = on_served or bus.NoRecorder()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._finishes = itertools.count()
         self.max_concurrency = max_concurrency
         self.sweep_s = sweep_s
         self.clock = clock
@@ -333,6 +335,7 @@ class Bridge:
     ) -> bool:
         """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
         give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
+        token = f"{self.consumer}:{next(self._finishes)}"  # this finish's, kept across its retries
         outage: Outage | None = None  # built on the first failure only: this runs once per job
         fields = bus.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
         while True:
@@ -345,6 +348,7 @@ class Bridge:
                     reply=fields,
                     dead=dead,
                     done_ttl_s=bus.done_ttl(job.deadline if job else None, self.clock()),
+                    token=token,
                 )
                 if outage is not None:
                     outage.back()

@@ -265,23 +265,26 @@ class NoRecorder:
 
 REPLY_SCRIPT = """
 -- KEYS: job stream, done key, reply stream ('' when unreadable), dead stream
--- ARGV: group, entry id, done ttl, reply maxlen, reply ttl, dead maxlen, dead json ('' = none), reply k/v...
--- Writes the reply only when the done key is new, XACKs and XDELs the job either way. The check comes
--- before the writes, and the done key is set last: a failed XADD leaves the job pending, never half-done.
-local first = redis.call('EXISTS', KEYS[2]) == 0
+-- ARGV: group, entry id, done ttl, reply maxlen, reply ttl, dead maxlen, dead json ('' = none), token,
+-- reply k/v... Writes the reply only when the done key is new, XACKs and XDELs the job either way. The check
+-- comes before the writes, and the done key is set last: a failed XADD leaves the job pending, never
+-- half-done. The done key holds the caller's token (one per finish, kept across its retries): 1 = this call
+-- wrote the reply, 2 = an earlier try of this same call did (its answer was lost), 0 = someone else did.
+local held = redis.call('GET', KEYS[2])
+local first = not held
 if first then
   if ARGV[7] ~= '' then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'entry', ARGV[2], 'job', ARGV[7])
   end
   if KEYS[3] ~= '' then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 8))
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 9))
     redis.call('EXPIRE', KEYS[3], ARGV[5])
   end
-  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  redis.call('SET', KEYS[2], ARGV[8], 'EX', ARGV[3])
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
-if first then return 1 else return 0 end
+if first then return 1 elseif held == ARGV[8] then return 2 else return 0 end
 """
 """One reply per job id, however often the job was delivered. Acked entries are deleted at once: Redis 6.2
 has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops a pending job."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
@@ -173,11 +174,17 @@ class BusStore:
         reply: Mapping[str, str],
         dead: Mapping[str, Any] | None = None,
         done_ttl_s: int = bus.DONE_TTL_S,
+        token: str = "",
     ) -> bool:
-        """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first."""
+        """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first.
+
+        ``token`` names this finish (unique, the same on each of its retries): a retry after an answer that was
+        lost on the way back (the script ran) is still told True. Without one, every retry is told False.
+        """
+        token = token or secrets.token_hex(8)
         keys = [stream, bus.done_key(done_id), reply_to or "", bus.DEAD_STREAM]
         args: list[str | int] = [bus.GROUP, entry_id, done_ttl_s, bus.REPLY_STREAM_MAXLEN]
-        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead)]
+        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
         for name, value in reply.items():
             args += [name, value]
         async with _translated("writing a reply"):

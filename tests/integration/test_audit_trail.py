@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from typer.testing import CliRunner
 
 from examlops.bootstrap import sql_engine
 from examlops.cli.audit import audit_app
+from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import DEV_SECRET, Settings
+from examlops.monitoring import audit
 from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entry, SideWrite, connect
 from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
 from examlops.monitoring.audit_verify import tail, verify
@@ -112,6 +115,32 @@ def test_appends_survive_a_flushed_script_cache_and_a_killed_connection(
     fill(trail, 1, start=3)
     assert [int(fields["seq"]) for _id, fields in stored(client)] == [1, 2, 3, 4]
     assert verify(client, SECRET, None).ok
+
+
+def test_a_call_retried_after_its_answer_was_lost_is_written_once_and_keeps_its_checkpoints(
+    client: redis.Redis, checkpoints: SqlCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trail = AuditTrail(client, SECRET, checkpoints, checkpoint_every=5, once_ttl_s=600)
+    real = audit.run_script
+    lost: list[bool] = []
+
+    def losing_the_first_answer(*args: Any) -> Any:
+        answer = real(*args)  # the script ran: the events are written
+        if not lost:
+            lost.append(True)
+            raise RedisConnectionError("connection reset while reading the answer")
+        return answer
+
+    monkeypatch.setattr(audit, "run_script", losing_the_first_answer)
+    entries = [Entry("t", "s", {"i": i}, float(i), once_ttl_s=0.001) for i in range(7)]
+    with pytest.raises(StoreUnavailable):
+        trail.append_many(entries, call_key="test:call:1")
+    assert trail.append_many(entries, call_key="test:call:1") == [None] * 7, "written by the first try"
+    assert [fields["seq"] for _id, fields in stored(client)] == [str(seq) for seq in range(1, 8)]
+    assert [cp.seq for cp in checkpoints.all()] == [5], "the lost try's checkpoint is still written"
+    assert 590 < client.ttl("test:call:1") <= 600, "the call key outlives the entries' own once TTL"
+    assert trail.append_many([]) == []
+    assert verify(client, SECRET, checkpoints).ok
 
 
 def test_eight_concurrent_writers_leave_one_unforked_chain(

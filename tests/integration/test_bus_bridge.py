@@ -29,7 +29,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from examlops.core.errors import DeadlineExceeded
+from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
@@ -37,7 +37,7 @@ from examlops.serving import bus
 from examlops.serving.bridge import Bridge
 from examlops.serving.bridge_handler import http_client
 from examlops.serving.bus_client import BusClient, SyncBusClient
-from examlops.serving.bus_store import connect
+from examlops.serving.bus_store import BusStore, connect
 from tests.integration.servers import examlops_env, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -299,6 +299,48 @@ async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
     assert standin.seen == ["again"]
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"again": 1})
     assert [served.job_id for served in recorder.served] == ["again"]
+
+
+async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answered_and_recorded_once(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    standin.delay = 0.3  # both copies pass the check for a done key before either is answered
+    recorder = ListRecorder()
+    reply_stream = bus.replies_stream("copies")
+    job = signed_job(settings, "copied", reply_stream, deadline_in=10)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
+        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
+        async with running_bridge(settings, on_served=recorder):
+            await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 0)
+    assert standin.seen == ["copied", "copied"]
+    assert replies_per_job(redis_url, reply_stream) == Counter({"copied": 1})
+    assert [served.job_id for served in recorder.served] == ["copied"]
+
+
+async def test_a_reply_whose_answer_was_lost_is_retried_and_the_job_still_recorded_once(
+    tmp_path: Path, redis_url: str, standin: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    finish = BusStore.finish
+    lost: list[str] = []
+
+    async def losing_the_first_answer(self: BusStore, stream: str, entry_id: str, **options: Any) -> bool:
+        first = await finish(self, stream, entry_id, **options)  # the script ran: reply written, job acked
+        if options["done_id"] == "lossy" and not lost:
+            lost.append(entry_id)
+            raise StoreUnavailable("connection reset while reading the script's answer")
+        return first
+
+    monkeypatch.setattr(BusStore, "finish", losing_the_first_answer)
+    recorder = ListRecorder()
+    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="fine"))["error"] is None
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="lossy"))["error"] is None
+    assert lost and standin.seen == ["fine", "lossy"]
+    assert replies_per_job(redis_url, client.reply_stream) == Counter({"fine": 1, "lossy": 1})
+    assert [served.job_id for served in recorder.served] == ["fine", "lossy"]
 
 
 async def test_a_copy_of_a_job_older_than_its_done_key_gets_no_second_reply(
