@@ -98,8 +98,14 @@ class WindowState:
 class FailureStore(Protocol):
     def push(self, model: str, failed: bool, capacity: int) -> WindowState: ...
 
-    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
-        """``push`` for each (model, failed) in order, atomically; the state after each push, lined up."""
+    def push_many(
+        self, outcomes: Sequence[tuple[str, bool]], capacity: int, *, call_key: str = ""
+    ) -> list[WindowState]:
+        """``push`` for each (model, failed) in order, atomically; the state after each push, lined up.
+
+        A call whose ``call_key`` was seen before pushes nothing and gives each outcome its window's
+        current state: retrying after a lost answer never counts an outcome twice.
+        """
         ...
 
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
@@ -128,10 +134,27 @@ return {redis.call('LLEN', KEYS[1]), failures}
 """
 
 PUSH_MANY_SCRIPT = """
--- KEYS: models set, then one window list per model. ARGV: capacity, then per window: name count k, the k
--- names pushed to it, its outcomes ('1'/'0' per push, in order). Same effect as PUSH_SCRIPT once per outcome;
--- returns {size, failures} after each push, flat, window by window. Each window is read once (no LRANGE per push).
-local cap, out, a = tonumber(ARGV[1]), {}, 2
+-- KEYS: models set, then one window list per model. ARGV: capacity, call key ('' = none), its TTL (ms), then
+-- per window: name count k, the k names pushed to it, its outcomes ('1'/'0' per push, in order). Same effect
+-- as PUSH_SCRIPT once per outcome; returns {size, failures} after each push, flat, window by window. Each
+-- window is read once (no LRANGE per push). A call key that exists (the call ran before, its answer was
+-- lost) pushes nothing: each outcome gets its window's current {size, failures}.
+local cap, out, a = tonumber(ARGV[1]), {}, 4
+if ARGV[2] ~= '' and redis.call('EXISTS', ARGV[2]) == 1 then
+  for m = 2, #KEYS do
+    local k = tonumber(ARGV[a])
+    local bits = ARGV[a + k + 1]
+    a = a + k + 2
+    local q = redis.call('LRANGE', KEYS[m], -cap, -1)
+    local failures = 0
+    for _, v in ipairs(q) do if v == '1' then failures = failures + 1 end end
+    for i = 1, #bits do
+      out[#out + 1] = #q
+      out[#out + 1] = failures
+    end
+  end
+  return out
+end
 for m = 2, #KEYS do
   local key, k = KEYS[m], tonumber(ARGV[a])
   redis.call('SADD', KEYS[1], unpack(ARGV, a + 1, a + k))
@@ -160,6 +183,7 @@ for m = 2, #KEYS do
   end
   redis.call('LTRIM', key, -cap, -1)
 end
+if ARGV[2] ~= '' then redis.call('SET', ARGV[2], '1', 'PX', ARGV[3]) end
 return out
 """
 
@@ -171,6 +195,10 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[5], ARGV[4])
 return 1
 """
+
+
+CALL_KEY_TTL_MS = 4_200_000
+"""How long a ``push_many`` call key is remembered: far longer than any retry of the call."""
 
 
 class RedisFailureStore:
@@ -189,7 +217,9 @@ class RedisFailureStore:
             )
         return WindowState(int(reply[0]), int(reply[1]), capacity)
 
-    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
+    def push_many(
+        self, outcomes: Sequence[tuple[str, bool]], capacity: int, *, call_key: str = ""
+    ) -> list[WindowState]:
         """One script for a whole batch: the outcomes grouped by window, each group in its order."""
         if not outcomes:
             return []
@@ -199,7 +229,7 @@ class RedisFailureStore:
             names[model] = None
             positions.append(position)
         keys = [MODELS, *groups]
-        args: list[str | int] = [capacity]
+        args: list[str | int] = [capacity, call_key, CALL_KEY_TTL_MS]
         for names, positions in groups.values():
             args += [len(names), *names, "".join("1" if outcomes[p][1] else "0" for p in positions)]
         with store_errors("updating failure windows"):
@@ -267,10 +297,13 @@ class FailureTracker:
             return None
         return self.store.push(model, outcome is Outcome.FAILURE, self.settings.window)
 
-    def push_many(self, outcomes: Sequence[tuple[str, Outcome]]) -> list[WindowState | None]:
-        """``push`` for each (model, outcome) in order, in one store call; None for the ignored ones."""
+    def push_many(self, outcomes: Sequence[tuple[str, Outcome]], *, call_key: str = "") -> list[WindowState | None]:
+        """``push`` for each (model, outcome) in order, in one store call; None for the ignored ones.
+
+        Retried after a lost answer with the same ``call_key``, it counts nothing twice.
+        """
         counted = [(model, outcome is Outcome.FAILURE) for model, outcome in outcomes if outcome is not Outcome.IGNORED]
-        states = iter(self.store.push_many(counted, self.settings.window) if counted else [])
+        states = iter(self.store.push_many(counted, self.settings.window, call_key=call_key) if counted else [])
         return [None if outcome is Outcome.IGNORED else next(states) for _model, outcome in outcomes]
 
     def due(self, state: WindowState) -> bool:

@@ -262,12 +262,12 @@ class Recorder:
         self.recorded += len(rows)
         self._m_recorded.inc(len(rows))
         if self.tracker is not None:
-            self._observe(self.tracker, kept)
+            self._observe(self.tracker, kept, f"{key}:failures")
 
-    def _observe(self, tracker: FailureTracker, fresh: Sequence[Served]) -> None:
-        """One push for the batch (retried whole: the script is atomic), then a check per state, in order."""
+    def _observe(self, tracker: FailureTracker, fresh: Sequence[Served], key: str) -> None:
+        """One push for the batch (retried whole, under one call key), then a check per state, in order."""
         outcomes = [(served.model, classify(served.status, served.reply)) for served in fresh]
-        states = self._until_done(functools.partial(tracker.push_many, outcomes))
+        states = self._until_done(functools.partial(tracker.push_many, outcomes, call_key=key))
         if states is None:
             return
         for (model, _), state in zip(outcomes, states, strict=True):

@@ -208,3 +208,16 @@ def test_a_batched_push_leaves_the_windows_and_states_of_one_push_per_outcome(cl
 
     assert run(batched=True) == run(batched=False)
     assert store.push_many([], 4) == []
+
+
+def test_a_batched_push_retried_with_its_call_key_counts_nothing_twice(client: redis.Redis) -> None:
+    store = RedisFailureStore(client)
+    outcomes = [("JPCP", True), ("AC", False), ("JPCP", False), ("JPCP", True)]
+    first = store.push_many(outcomes, 50, call_key="test:push:1")
+    assert first == [WindowState(1, 1, 50), WindowState(1, 0, 50), WindowState(2, 1, 50), WindowState(3, 2, 50)]
+    # Retried after its answer was lost: nothing is pushed, each outcome gets its window as it stands.
+    again = store.push_many(outcomes, 50, call_key="test:push:1")
+    assert again == [WindowState(3, 2, 50), WindowState(1, 0, 50), WindowState(3, 2, 50), WindowState(3, 2, 50)]
+    assert client.llen("examlops:failures:window:jpcp") == 3 and client.llen("examlops:failures:window:ac") == 1
+    assert store.push_many(outcomes[:1], 50, call_key="test:push:2") == [WindowState(4, 3, 50)], "a new call"
+    assert 0 < client.pttl("test:push:1") <= 4_200_000

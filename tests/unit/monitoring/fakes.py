@@ -53,6 +53,7 @@ class InMemoryFailureStore:
     outbox: InMemoryOutbox = field(default_factory=InMemoryOutbox)
     windows: dict[str, list[bool]] = field(default_factory=dict)
     cooldown_until: dict[str, float] = field(default_factory=dict)
+    calls: set[str] = field(default_factory=set)
 
     def push(self, model: str, failed: bool, capacity: int) -> WindowState:
         window = self.windows.setdefault(model.lower(), [])
@@ -60,7 +61,13 @@ class InMemoryFailureStore:
         del window[:-capacity]
         return WindowState(len(window), sum(window), capacity)
 
-    def push_many(self, outcomes: Sequence[tuple[str, bool]], capacity: int) -> list[WindowState]:
+    def push_many(
+        self, outcomes: Sequence[tuple[str, bool]], capacity: int, *, call_key: str = ""
+    ) -> list[WindowState]:
+        if call_key and call_key in self.calls:
+            return [self.window(model, capacity) for model, _failed in outcomes]
+        if call_key:
+            self.calls.add(call_key)
         return [self.push(model, failed, capacity) for model, failed in outcomes]
 
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
