@@ -109,6 +109,8 @@ class Segment:
     threads_ms: dict[str, float] = field(default_factory=dict)
     """The loaded bridge's CPU per job: its event loop's thread (main) and its other threads."""
     rewrites: int = 0
+    aof_bytes: float | None = None
+    """Bytes appended to the AOF per job (None when a rewrite ran during the segment)."""
     """AOF rewrites that ran during the segment: each forks Redis, and its child takes a core for ~0.1-1 s."""
 
     @property
@@ -137,11 +139,13 @@ def served_events(client: redis.Redis) -> int:
         start_id = "(" + page[-1][0]
 
 
-def aof_forks(client: redis.Redis) -> tuple[int, int]:
-    """Redis's forks so far (AOF rewrites: the bench's Redis saves no RDB) and 1 while one is running."""
+def aof_forks(client: redis.Redis) -> tuple[int, int, int]:
+    """Redis's forks so far (AOF rewrites: the bench's Redis saves no RDB), 1 while one is running, and the
+    bytes written to the AOF since the last rewrite."""
     stats: Any = client.info("stats")
     persistence: Any = client.info("persistence")
-    return int(stats["total_forks"]), int(persistence["aof_rewrite_in_progress"])
+    written = int(persistence["aof_current_size"]) - int(persistence["aof_base_size"])
+    return int(stats["total_forks"]), int(persistence["aof_rewrite_in_progress"]), written
 
 
 def snapshots(client: redis.Redis, model: str) -> int:
@@ -224,7 +228,7 @@ def run_phase(
                         bridge_pid = bridges["on" if record else "off"].pid
                         threads_before = thread_cpu(bridge_pid)
                         snaps_before = snapshots(client, model)
-                        forks_before, rewriting = aof_forks(client)
+                        forks_before, rewriting, aof_before = aof_forks(client)
                         await run_segment(bus, client, address, bodies, args, segment)
                         client_after = time.process_time()
                         if record and not args.control:
@@ -236,7 +240,10 @@ def run_phase(
                                 await asyncio.sleep(0.01)
                             segment.drain_s = time.perf_counter() - ended
                         cpu_after = meter.read()
-                        segment.rewrites = aof_forks(client)[0] - forks_before + rewriting
+                        forks_after, _, aof_after = aof_forks(client)
+                        segment.rewrites = forks_after - forks_before + rewriting
+                        if forks_after == forks_before and not rewriting:  # else the AOF restarted meanwhile
+                            segment.aof_bytes = (aof_after - aof_before) / segment.jobs
                         threads_after = thread_cpu(bridge_pid)
                         spent = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
                         per_job = 1000 / segment.jobs
@@ -374,6 +381,13 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     # Under this load the bus's own writes (each job's ~8 KB payload) grow the AOF fast enough that Redis
     # rewrites it every few seconds (31 times in a 40-round run); a rewrite's child takes a core for a large
     # part of a segment, whichever path that segment runs.
+    aof_off = [s.aof_bytes for s in off if s.aof_bytes is not None]
+    aof_on = [s.aof_bytes for s in on if s.aof_bytes is not None]
+    if aof_off and aof_on:
+        print(
+            f"AOF bytes per job: off {statistics.median(aof_off):.0f}, {on_label} {statistics.median(aof_on):.0f} "
+            f"(medians over segments without a rewrite)"
+        )
     calm = [(a, b) for a, b in pairs if not a.rewrites and not b.rewrites]
     print(
         f"AOF rewrites during segments: off {sum(s.rewrites for s in off)}, {on_label} {sum(s.rewrites for s in on)}; "
