@@ -27,11 +27,11 @@ recorder has written every snapshot, so no recording work spills into the next
 segment; the CPU each process spent (read from /proc after that wait) is
 divided by the segment's jobs, so it includes all of the recording's work.
 
-Redis rewrites its AOF every few seconds under this load (the bus writes each
-job's ~8 KB payload to it, recording adds ~0.8 KB a job), and a rewrite's child
-takes a core for a large part of a segment. Each segment counts the rewrites
-that ran during it; the cost is printed over all pairs and over the pairs with
-no rewrite in either segment.
+Redis rewrites its AOF every few seconds under this load (the bus appends
+~9.6 KB a job to it, most of it the job's payload; recording adds ~0.9 KB), and
+a rewrite's child takes a core for a large part of a segment. Each segment
+counts the rewrites that ran during it and the AOF bytes it appended; the cost
+is printed over all pairs and over the pairs with no rewrite in either segment.
 
 ``--control`` runs both bridges with recording off: the "cost" it prints is
 the bench's own bias and noise, and should be ~0.
@@ -378,9 +378,9 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     )
     pairs = [(a, b) for a in off for b in on if a.round_no == b.round_no]
     print(f"per pair, throughput cost: {spread([100 * (1 - b.rps / a.rps) for a, b in pairs])}")
-    # Under this load the bus's own writes (each job's ~8 KB payload) grow the AOF fast enough that Redis
-    # rewrites it every few seconds (31 times in a 40-round run); a rewrite's child takes a core for a large
-    # part of a segment, whichever path that segment runs.
+    # Under this load the bus's own writes (each job's payload) grow the AOF fast enough that Redis rewrites
+    # it every few seconds (63 times in a 40-round run); a rewrite's child takes a core for a large part of a
+    # segment, whichever path that segment runs.
     aof_off = [s.aof_bytes for s in off if s.aof_bytes is not None]
     aof_on = [s.aof_bytes for s in on if s.aof_bytes is not None]
     if aof_off and aof_on:
