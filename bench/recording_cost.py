@@ -33,9 +33,10 @@ a rewrite's child takes a core for a large part of a segment. Each segment
 counts the rewrites that ran during it and the AOF bytes it appended; the cost
 is printed over all pairs and over the pairs with no rewrite in either segment.
 Rewrites come every fixed number of AOF bytes, so every so many segments: with
-the order strictly alternating (off-on, on-off, ...) they locked onto one side,
-121 of 171 rewrites in four runs landed in segments with recording on, for 52 %
-of the bytes. A coin per round breaks that period (28 of 49 in one run).
+the order strictly alternating (off-on, on-off, ...) they fell on one side far
+more often than its share of the bytes (121 of 171 rewrites in four runs landed
+in segments with recording on, which wrote 52 % of the bytes), likely that
+period meeting the order's. With a coin per round: 28 of 49 in one run.
 
 ``--control`` runs both bridges with recording off: the "cost" it prints is
 the bench's own bias and noise, and should be ~0.
