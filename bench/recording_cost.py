@@ -7,7 +7,7 @@ the whole of a phase: `exa bridge start --no-record --model A` and
 `exa bridge start --model B` (recording on). The load alternates between them
 in short segments: ``--jobs`` bus jobs at ``--concurrency`` through
 ``BusClient`` to model A (recording off), then to model B (recording on), or
-the other way round (a seeded coin picks each round's order). A
+the other way round (a seeded shuffle picks each round's order). A
 bridge whose model gets no jobs waits in its blocking read and costs nothing.
 Halfway the bridges are restarted with the models swapped, so a difference
 between the two models' own cost lands on both sides equally.
@@ -30,18 +30,19 @@ divided by the segment's jobs, so it includes all of the recording's work.
 Redis rewrites its AOF every few seconds under this load (the bus appends
 ~9.6 KB a job to it, most of it the job's payload; recording adds ~0.9 KB), and
 a rewrite's child takes a core for a large part of a segment. Each segment
-counts the rewrites that ran during it and the AOF bytes it appended; the cost
-is printed over all pairs and over the pairs with no rewrite in either segment.
-Rewrites come every fixed number of AOF bytes, so every so many segments: with
-the order strictly alternating (off-on, on-off, ...) they fell on one side far
-more often than its share of the bytes (121 of 171 rewrites in four runs landed
-in segments with recording on, which wrote 52 % of the bytes), likely that
-period meeting the order's. With a coin per round: 28 of 49 in one run.
+notes whether a rewrite ran during its load and the AOF bytes it appended; the
+cost is printed over all pairs and over the pairs with no rewrite in either
+segment. Redis starts a rewrite when the AOF passes 64 MB and has doubled since
+the last one, so every so many segments: with the order strictly alternating
+(off-on, on-off, ...) rewrites fell in segments with recording on more than
+twice as often as in those with it off, in each of four runs, though those
+wrote 52 % of the bytes, perhaps that period meeting the order's. Each phase
+now runs as many rounds of each order, shuffled (``--seed``).
 
 ``--control`` runs both bridges with recording off: the "cost" it prints is
 the bench's own bias and noise, and should be ~0.
 
-    .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--control]
+    .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--seed 1] [--control]
 
 ``--rounds`` is the number of on/off pairs per phase (two phases). The
 recorder's backlog while the load runs is measured from outside: jobs answered
@@ -114,10 +115,12 @@ class Segment:
     cpu_ms: dict[str, float] = field(default_factory=dict)
     threads_ms: dict[str, float] = field(default_factory=dict)
     """The loaded bridge's CPU per job: its event loop's thread (main) and its other threads."""
-    rewrites: int = 0
+    started: int = 0
+    """AOF rewrites that started during the segment's load: each forks Redis, and its child takes a core."""
+    touched: bool = False
+    """Whether a rewrite ran at any time during the segment's load (also one started before it)."""
     aof_bytes: float | None = None
     """Bytes appended to the AOF per job (None when a rewrite ran during the segment)."""
-    """AOF rewrites that ran during the segment: each forks Redis, and its child takes a core for ~0.1-1 s."""
 
     @property
     def rps(self) -> float:
@@ -143,6 +146,16 @@ def served_events(client: redis.Redis) -> int:
         if len(page) < 2000:
             return count
         start_id = "(" + page[-1][0]
+
+
+def round_orders(rounds: int, seed: int) -> list[tuple[bool, bool]]:
+    """Each round's order (recording off first or on first): as many of each, shuffled with ``seed``."""
+    orders = [(False, True), (True, False)] * (rounds // 2)
+    rng = random.Random(seed)
+    if rounds % 2:
+        orders.append(rng.choice([(False, True), (True, False)]))
+    rng.shuffle(orders)
+    return orders
 
 
 def aof_forks(client: redis.Redis) -> tuple[int, int, int]:
@@ -225,9 +238,8 @@ def run_phase(
 
         async def load() -> None:
             async with BusClient.from_settings(context["settings"], caller="bench-recording") as bus:
-                coin = random.Random(phase_no)  # each round's order: see the module's docstring
-                for round_no in range(args.rounds):
-                    for record in (False, True) if coin.random() < 0.5 else (True, False):
+                for round_no, order in enumerate(round_orders(args.rounds, args.seed + phase_no)):
+                    for record in order:
                         model = recording_model if record else plain_model
                         segment = Segment(record, model, round_no + phase_no * args.rounds)
                         address = str(catalog.get(model).seanerbus_uuid)
@@ -238,6 +250,9 @@ def run_phase(
                         forks_before, rewriting, aof_before = aof_forks(client)
                         await run_segment(bus, client, address, bodies, args, segment)
                         client_after = time.process_time()
+                        forks_loaded, rewriting_at_end, _ = aof_forks(client)
+                        segment.started = forks_loaded - forks_before
+                        segment.touched = bool(segment.started or rewriting or rewriting_at_end)
                         if record and not args.control:
                             ended = time.perf_counter()
                             target = snaps_before + segment.jobs
@@ -248,7 +263,6 @@ def run_phase(
                             segment.drain_s = time.perf_counter() - ended
                         cpu_after = meter.read()
                         forks_after, _, aof_after = aof_forks(client)
-                        segment.rewrites = forks_after - forks_before + rewriting
                         if forks_after == forks_before and not rewriting:  # else the AOF restarted meanwhile
                             segment.aof_bytes = (aof_after - aof_before) / segment.jobs
                         threads_after = thread_cpu(bridge_pid)
@@ -270,8 +284,7 @@ def run_phase(
                         print(
                             f"round {segment.round_no + 1:>2} recording {label} ({model}): "
                             f"{segment.rps:.0f} jobs/s, p50 {statistics.median(segment.latencies_ms):.2f} ms, "
-                            f"errors {segment.errors}"
-                            + (f", AOF rewrites {segment.rewrites}" if segment.rewrites else ""),
+                            f"errors {segment.errors}" + (", an AOF rewrite ran" if segment.touched else ""),
                             flush=True,
                         )
 
@@ -294,6 +307,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=12, help="On/off pairs per phase (two phases).")
     parser.add_argument("--control", action="store_true", help="Both bridges without recording: the bench's bias.")
+    parser.add_argument("--seed", type=int, default=1, help="Seeds the order of the rounds (printed).")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -361,7 +375,8 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     on_label = "off*" if args.control else "on"
     print(
         f"\n{args.jobs} timed bus jobs per segment at c={args.concurrency}, after {args.warm_up} untimed; "
-        f"{args.rounds} on/off pairs per phase, 2 phases (models swapped); {os.cpu_count()} cores"
+        f"{args.rounds} on/off pairs per phase, 2 phases (models swapped), order seed {args.seed}; "
+        f"{os.cpu_count()} cores"
     )
     if args.control:
         print("CONTROL RUN: the 'on' bridge records nothing too (off*); any cost below is the bench's own bias")
@@ -386,8 +401,8 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     pairs = [(a, b) for a in off for b in on if a.round_no == b.round_no]
     print(f"per pair, throughput cost: {spread([100 * (1 - b.rps / a.rps) for a, b in pairs])}")
     # Under this load the bus's own writes (each job's payload) grow the AOF fast enough that Redis rewrites
-    # it every few seconds (63 times in a 40-round run); a rewrite's child takes a core for a large part of a
-    # segment, whichever path that segment runs.
+    # it every few seconds; a rewrite's child takes a core for a large part of a segment, whichever path that
+    # segment runs.
     aof_off = [s.aof_bytes for s in off if s.aof_bytes is not None]
     aof_on = [s.aof_bytes for s in on if s.aof_bytes is not None]
     if aof_off and aof_on:
@@ -395,10 +410,14 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
             f"AOF bytes per job: off {statistics.median(aof_off):.0f}, {on_label} {statistics.median(aof_on):.0f} "
             f"(medians over segments without a rewrite)"
         )
-    calm = [(a, b) for a, b in pairs if not a.rewrites and not b.rewrites]
+    calm = [(a, b) for a, b in pairs if not a.touched and not b.touched]
     print(
-        f"AOF rewrites during segments: off {sum(s.rewrites for s in off)}, {on_label} {sum(s.rewrites for s in on)}; "
-        f"per pair with none in either ({len(calm)} pairs), throughput cost: "
+        f"AOF rewrites started while loaded: off {sum(s.started for s in off)}, {on_label} "
+        f"{sum(s.started for s in on)}; segments a rewrite ran in: off {sum(s.touched for s in off)}, "
+        f"{on_label} {sum(s.touched for s in on)}"
+    )
+    print(
+        f"per pair with no rewrite in either segment ({len(calm)} pairs), throughput cost: "
         f"{spread([100 * (1 - b.rps / a.rps) for a, b in calm]) if len(calm) > 1 else 'too few'}"
     )
     for name in segments[0].cpu_ms:

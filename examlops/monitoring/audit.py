@@ -234,21 +234,21 @@ subject, data (canonical JSON, ``jsoncodec.canonical``). The recorder builds the
 
 APPEND_SCRIPT = """
 -- KEYS: audit stream, head hash. ARGV: expected seq, expected hash, once ttl (ms), event count, call key
--- ('' = none), side field count k, the k side field names, index count p, p (index set, member) pairs,
--- then per event: once key, side stream ('' = none), the k side values when there is a side stream, ts,
--- type, subject, data, hash. The script numbers the events from the head and chains their prev; the
--- client hashed them the same way. All or nothing: 'done' + the head + the call key's value ('<seq before
--- the call>:<hash of its last event>') when the call key exists (this call was written before), 'stale' +
--- the head when it moved, 'dup' + the 1-based positions whose once key exists.
+-- ('' = none), call key ttl (ms), side field count k, the k side field names, index count p, p (index set,
+-- member) pairs, then per event: once key, side stream ('' = none), the k side values when there is a side
+-- stream, ts, type, subject, data, hash. The script numbers the events from the head and chains their prev;
+-- the client hashed them the same way. All or nothing: 'done' + the head + the call key's value ('<seq
+-- before the call>:<hash of its last event>') when the call key exists (this call was written before),
+-- 'stale' + the head when it moved, 'dup' + the 1-based positions whose once key exists.
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash')
 local seq, prev = head[1], head[2]
 if not seq then seq, prev = '0', string.rep('0', 64) end
 local done = ARGV[5] ~= '' and redis.call('GET', ARGV[5])
 if done then return {'done', seq, prev, done} end
 if seq ~= ARGV[1] or prev ~= ARGV[2] then return {'stale', seq, prev} end
-local k = tonumber(ARGV[6])
-local p = tonumber(ARGV[7 + k])
-local starts, dups, i = {}, {}, 8 + k + 2 * p
+local k = tonumber(ARGV[7])
+local p = tonumber(ARGV[8 + k])
+local starts, dups, i = {}, {}, 9 + k + 2 * p
 for e = 1, tonumber(ARGV[4]) do
   starts[e] = i
   if ARGV[i] ~= '' and redis.call('EXISTS', ARGV[i]) == 1 then dups[#dups + 1] = tostring(e) end
@@ -257,7 +257,7 @@ for e = 1, tonumber(ARGV[4]) do
 end
 if #dups > 0 then return {'dup', unpack(dups)} end
 local side, n = {}, tonumber(seq)
-for j = 1, k do side[2 * j - 1] = ARGV[6 + j] end
+for j = 1, k do side[2 * j - 1] = ARGV[7 + j] end
 for _, a in ipairs(starts) do
   local once, stream = ARGV[a], ARGV[a + 1]
   if stream ~= '' then
@@ -271,8 +271,8 @@ for _, a in ipairs(starts) do
   prev = ARGV[a + 6]
   if once ~= '' then redis.call('SET', once, '1', 'PX', ARGV[3]) end
 end
-for j = 0, p - 1 do redis.call('SADD', ARGV[8 + k + 2 * j], ARGV[9 + k + 2 * j]) end
-if ARGV[5] ~= '' then redis.call('SET', ARGV[5], ARGV[1] .. ':' .. prev, 'PX', ARGV[3]) end
+for j = 0, p - 1 do redis.call('SADD', ARGV[9 + k + 2 * j], ARGV[10 + k + 2 * j]) end
+if ARGV[5] ~= '' then redis.call('SET', ARGV[5], ARGV[1] .. ':' .. prev, 'PX', ARGV[6]) end
 redis.call('HSET', KEYS[2], 'seq', tostring(n), 'hash', prev)
 return {'ok', tostring(n), prev}
 """
@@ -304,6 +304,9 @@ class AuditTrail:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
         self._once_ttl_ms = int(once_ttl_s * 1000)
+        self._tries: dict[str, list[tuple[int, list[str]]]] = {}
+        """Per call key not yet answered 'ok' or 'done', the (seq, hashes) of each try: one of them may have
+        been written with its answer lost."""
         self._clock = clock
         self._lock = threading.Lock()
         self._head: tuple[int, str] | None = None
@@ -321,10 +324,10 @@ class AuditTrail:
     def append_many(self, entries: Sequence[Entry], *, call_key: str = "") -> list[AuditEvent | None]:
         """Append in order, one script call; the result lines up with ``entries`` (None for a duplicate).
 
-        ``call_key`` makes the whole call idempotent without a once key per entry: it is set (for at least
-        the trail's once TTL) by the script that writes the entries, and a call that finds it set writes
-        nothing and returns None for every entry. A caller retrying after an error whose outcome it cannot
-        know (the script ran, its reply was lost) passes the same key again.
+        ``call_key`` makes the whole call idempotent without a once key per entry: it is set (for the
+        trail's once TTL, whatever the entries' own) by the script that writes the entries, and a call
+        that finds it set writes nothing and returns None for every entry. A caller retrying after an
+        error whose outcome it cannot know (the script ran, its reply was lost) passes the same key again.
         """
         if not entries:
             return []
@@ -335,8 +338,6 @@ class AuditTrail:
                     raise ValueError(f"side writes of one append differ in their fields: {names} / {entry.side.names}")
                 names = names or entry.side.names
         ttl_ms = max(self._once_ttl_ms if e.once_ttl_s is None else int(e.once_ttl_s * 1000) for e in entries)
-        if call_key:  # the call key must outlive any retry, whatever the entries' own once TTLs
-            ttl_ms = max(ttl_ms, self._once_ttl_ms)
         rows = [entry.row() for entry in entries]
         written = self._append(rows, names, ttl_ms, call_key)
         return [
@@ -375,13 +376,19 @@ class AuditTrail:
                     self._head = self._read_head()
                 seq, head = self._head
                 hashes, args = self._encode(seq, head, [rows[i] for i in todo], names, ttl_ms, call_key)
+                if call_key:  # what this try writes, should its answer be lost (see 'done')
+                    self._tries.setdefault(call_key, []).append((seq, hashes))
                 reply: Any = run_script(self._script, [STREAM, HEAD], args)
                 if reply[0] == "done":  # an earlier try of this call was written: nothing is written twice
                     self._head = (int(reply[1]), str(reply[2]))
-                    if reply[3] == f"{seq}:{hashes[-1]}":  # these very events: their checkpoints are due
-                        self._written(seq + 1, hashes)
+                    # Every try was remembered before it ran; the key's value says which one wrote, and the
+                    # checkpoints its events made due are kept.
+                    for first, written in self._tries.pop(call_key, []):
+                        if reply[3] == f"{first}:{written[-1]}":
+                            self._written(first + 1, written)
                     return results
                 if reply[0] == "ok":
+                    self._tries.pop(call_key, None)
                     self._head = (int(reply[1]), str(reply[2]))
                     prev = head
                     for n, (index, hash) in enumerate(zip(todo, hashes, strict=True)):
@@ -401,13 +408,12 @@ class AuditTrail:
         seq, head = self.redis.hmget(HEAD, ["seq", "hash"])
         return (int(seq), str(head)) if seq is not None else (0, GENESIS)
 
-    @staticmethod
     def _encode(
-        seq: int, head: str, rows: Sequence[Row], names: tuple[str, ...], ttl_ms: int, call_key: str
+        self, seq: int, head: str, rows: Sequence[Row], names: tuple[str, ...], ttl_ms: int, call_key: str
     ) -> tuple[list[str], list[str]]:
         """The rows' hashes, chained from (seq, head), and the append script's arguments."""
         k = len(names)
-        args = [str(seq), head, str(max(1, ttl_ms)), str(len(rows)), call_key, str(k), *names]
+        args = [str(seq), head, str(max(1, ttl_ms)), str(len(rows)), call_key, str(self._once_ttl_ms), str(k), *names]
         indexes: dict[tuple[str, str], None] = {}
         body: list[str] = []
         hashes: list[str] = []

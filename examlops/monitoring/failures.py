@@ -103,8 +103,8 @@ class FailureStore(Protocol):
     ) -> list[WindowState]:
         """``push`` for each (model, failed) in order, atomically; the state after each push, lined up.
 
-        A call whose ``call_key`` was seen before pushes nothing and gives each outcome its window's
-        current state: retrying after a lost answer never counts an outcome twice.
+        A call whose ``call_key`` was seen before pushes nothing and gives the states that call gave:
+        retrying after a lost answer never counts an outcome twice, nor changes which states are due.
         """
         ...
 
@@ -137,23 +137,15 @@ PUSH_MANY_SCRIPT = """
 -- KEYS: models set, then one window list per model. ARGV: capacity, call key ('' = none), its TTL (ms), then
 -- per window: name count k, the k names pushed to it, its outcomes ('1'/'0' per push, in order). Same effect
 -- as PUSH_SCRIPT once per outcome; returns {size, failures} after each push, flat, window by window. Each
--- window is read once (no LRANGE per push). A call key that exists (the call ran before, its answer was
--- lost) pushes nothing: each outcome gets its window's current {size, failures}.
+-- window is read once (no LRANGE per push). The call key keeps that answer: a call that finds it (the call
+-- ran before, its answer was lost) pushes nothing and gets the same answer again.
 local cap, out, a = tonumber(ARGV[1]), {}, 4
-if ARGV[2] ~= '' and redis.call('EXISTS', ARGV[2]) == 1 then
-  for m = 2, #KEYS do
-    local k = tonumber(ARGV[a])
-    local bits = ARGV[a + k + 1]
-    a = a + k + 2
-    local q = redis.call('LRANGE', KEYS[m], -cap, -1)
-    local failures = 0
-    for _, v in ipairs(q) do if v == '1' then failures = failures + 1 end end
-    for i = 1, #bits do
-      out[#out + 1] = #q
-      out[#out + 1] = failures
-    end
+if ARGV[2] ~= '' then
+  local saved = redis.call('GET', ARGV[2])
+  if saved then
+    for v in string.gmatch(saved, '[^,]+') do out[#out + 1] = tonumber(v) end
+    return out
   end
-  return out
 end
 for m = 2, #KEYS do
   local key, k = KEYS[m], tonumber(ARGV[a])
@@ -183,7 +175,7 @@ for m = 2, #KEYS do
   end
   redis.call('LTRIM', key, -cap, -1)
 end
-if ARGV[2] ~= '' then redis.call('SET', ARGV[2], '1', 'PX', ARGV[3]) end
+if ARGV[2] ~= '' then redis.call('SET', ARGV[2], table.concat(out, ','), 'PX', ARGV[3]) end
 return out
 """
 

@@ -81,6 +81,9 @@ class Bridge:
         self.store = BusStore(redis)
         self.on_served = on_served or bus.NoRecorder()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        # Finish tokens: this instance's own prefix (a consumer name may be given, and reused after a
+        # restart) and a counter.
+        self._token_prefix = f"{self.consumer}:{secrets.token_hex(4)}:"
         self._finishes = itertools.count()
         self.max_concurrency = max_concurrency
         self.sweep_s = sweep_s
@@ -335,7 +338,7 @@ class Bridge:
     ) -> bool:
         """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
         give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
-        token = f"{self.consumer}:{next(self._finishes)}"  # this finish's, kept across its retries
+        token = f"{self._token_prefix}{next(self._finishes)}"  # this finish's, kept across its retries
         outage: Outage | None = None  # built on the first failure only: this runs once per job
         fields = bus.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
         while True:

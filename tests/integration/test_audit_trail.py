@@ -132,13 +132,16 @@ def test_a_call_retried_after_its_answer_was_lost_is_written_once_and_keeps_its_
         return answer
 
     monkeypatch.setattr(audit, "run_script", losing_the_first_answer)
-    entries = [Entry("t", "s", {"i": i}, float(i), once_ttl_s=0.001) for i in range(7)]
+    entries = [Entry("t", "s", {"i": i}, float(i), f"test:once:{i}" if i == 3 else "", once_ttl_s=5) for i in range(7)]
     with pytest.raises(StoreUnavailable):
         trail.append_many(entries, call_key="test:call:1")
+    # Before the retry, another writer of the same trail (the retrain outbox's thread) appends: the head moves.
+    assert trail.append("other", "s", {"x": 1}) is not None
     assert trail.append_many(entries, call_key="test:call:1") == [None] * 7, "written by the first try"
-    assert [fields["seq"] for _id, fields in stored(client)] == [str(seq) for seq in range(1, 8)]
+    assert [fields["seq"] for _id, fields in stored(client)] == [str(seq) for seq in range(1, 9)]
     assert [cp.seq for cp in checkpoints.all()] == [5], "the lost try's checkpoint is still written"
-    assert 590 < client.ttl("test:call:1") <= 600, "the call key outlives the entries' own once TTL"
+    assert 590 < client.ttl("test:call:1") <= 600, "the call key lives the trail's once TTL"
+    assert 0 < client.pttl("test:once:3") <= 5000, "an entry's once key keeps its own TTL"
     assert trail.append_many([]) == []
     assert verify(client, SECRET, checkpoints).ok
 

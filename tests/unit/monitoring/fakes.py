@@ -53,7 +53,7 @@ class InMemoryFailureStore:
     outbox: InMemoryOutbox = field(default_factory=InMemoryOutbox)
     windows: dict[str, list[bool]] = field(default_factory=dict)
     cooldown_until: dict[str, float] = field(default_factory=dict)
-    calls: set[str] = field(default_factory=set)
+    calls: dict[str, list[WindowState]] = field(default_factory=dict)
 
     def push(self, model: str, failed: bool, capacity: int) -> WindowState:
         window = self.windows.setdefault(model.lower(), [])
@@ -64,11 +64,12 @@ class InMemoryFailureStore:
     def push_many(
         self, outcomes: Sequence[tuple[str, bool]], capacity: int, *, call_key: str = ""
     ) -> list[WindowState]:
-        if call_key and call_key in self.calls:
-            return [self.window(model, capacity) for model, _failed in outcomes]
+        if call_key in self.calls:
+            return self.calls[call_key]
+        states = [self.push(model, failed, capacity) for model, failed in outcomes]
         if call_key:
-            self.calls.add(call_key)
-        return [self.push(model, failed, capacity) for model, failed in outcomes]
+            self.calls[call_key] = states
+        return states
 
     def claim(self, model: str, cooldown_s: float, request: RetrainRequest) -> bool:
         if self.cooldown_until.get(model.lower(), 0.0) > self.clock():
