@@ -17,7 +17,10 @@ spell of this shared machine does not land on one path only:
 Every client runs on uvloop, as the bridge does. Printed per path: p50 and p99
 over all rounds, the median round's req/s, and for the bus the CPU time each
 process spent per job (bridge, serving with its pool workers, Redis, the
-client), which is what bounds req/s when all of them share two cores.
+client), which is what bounds req/s when all of them share two cores, and
+serving's mean batch (requests per feature-transformer batch, from its
+``examlops_batch_size`` metric): a serving request costs less CPU in a larger
+batch.
 
     .venv/bin/python bench/bus_vs_http.py [--requests 1000] [--rounds 3] [--concurrency 1 32]
 
@@ -30,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -66,6 +70,15 @@ class Run:
     seconds: float
     errors: int
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    batch: float = 0.0
+    """Serving's mean batch size (requests per feature-transformer batch) over the round."""
+
+
+def batches(url: str) -> tuple[float, float]:
+    """Serving's ``examlops_batch_size`` histogram so far: (sum of sizes, number of batches)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    found = dict(re.findall(r"^examlops_batch_size_(sum|count) ([0-9.e+]+)$", text, re.MULTILINE))
+    return float(found.get("sum", 0.0)), float(found.get("count", 0.0))
 
 
 async def timed_workers(count: int, concurrency: int, call: Callable[[int], Coroutine[Any, Any, bool]]) -> Run:
@@ -135,6 +148,7 @@ def pooled(runs: list[Run]) -> dict[str, Any]:
     }
     if runs[0].cpu_ms:
         row["cpu_ms_per_job"] = {k: round(statistics.median(r.cpu_ms[k] for r in runs), 3) for k in runs[0].cpu_ms}
+    row["serving_batch"] = round(statistics.median(run.batch for run in runs), 2)
     return row
 
 
@@ -187,9 +201,11 @@ def main() -> None:
             runs: dict[str, list[Run]] = {path: [] for path in PATHS}
             for round_no in range(args.rounds):
                 for path in PATHS:
-                    before, cpu_before = meter.read(), time.process_time()
+                    before, cpu_before, batched = meter.read(), time.process_time(), batches(url)
                     run = uvloop.run(loads[path](concurrency))
                     after, cpu_after = meter.read(), time.process_time()
+                    sizes, count = (now - then for now, then in zip(batches(url), batched, strict=True))
+                    run.batch = sizes / count if count else 0.0
                     jobs = len(run.latencies) + 50  # with the warm-up
                     run.cpu_ms = {k: (after[k] - before[k]) * 1000 / jobs for k in after}
                     run.cpu_ms["client"] = (cpu_after - cpu_before) * 1000 / jobs
@@ -201,13 +217,15 @@ def main() -> None:
 
         print(f"\n{args.requests} requests per path and round, {args.rounds} interleaved rounds, JPCP,")
         print(f"one serving process, one bridge, all clients on uvloop ({os.cpu_count()} cores)\n")
-        print(f"{'c':>3} {'path':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6}  cpu ms per job")
+        print(
+            f"{'c':>3} {'path':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} {'batch':>6}  cpu ms per job"
+        )
         for concurrency, figures in table:
             for path, row in figures.items():
                 cpu = "  ".join(f"{k} {v:.2f}" for k, v in row["cpu_ms_per_job"].items())
                 print(
                     f"{concurrency:>3} {path:<9} {row['p50']:>8.2f} {row['p99']:>8.2f} "
-                    f"{row['rps']:>8.0f} {row['errors']:>6}  {cpu}"
+                    f"{row['rps']:>8.0f} {row['errors']:>6} {row['serving_batch']:>6.1f}  {cpu}"
                 )
             for baseline in ("raw http", "httpx"):
                 added = figures["bus"]["p50"] - figures[baseline]["p50"]
