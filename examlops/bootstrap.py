@@ -6,11 +6,12 @@ Heavy imports (mlflow) stay inside the functions so that the CLI starts fast.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.recorder import Recorder
+    from examlops.monitoring.recorder import Backlog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 
@@ -161,20 +162,44 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
         engine.dispose()
 
 
+def settings_json(settings: Settings) -> bytes:
+    """The settings as JSON that ``Settings.model_validate_json`` reads back whole, the secret included."""
+    import json
+
+    data = settings.model_dump(mode="json")
+    data["secret"] = settings.secret.get_secret_value()
+    return json.dumps(data).encode()
+
+
+def recording_process_argv() -> list[str]:
+    """`exa bridge recorder`, logging at the level of this process's root logger."""
+    import logging
+
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+    return [sys.executable, "-m", "examlops.cli.main", "bridge", "recorder", "--log-level", level]
+
+
 @contextmanager
-def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = None) -> Iterator[Recorder]:
+def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = None) -> Iterator[Backlog]:
     """What the bridge records through: snapshots, audit events, the failure windows and retrain requests.
 
-    The recorder writes from its own thread; retrain requests go through a Redis outbox delivered to the
-    Prefect deployment `retrain/retrain` by another thread. Both are flushed and stopped on exit.
+    The records are written by a child process at a low CPU priority (``settings.recording``; see
+    ``monitoring.recorder_process``), or by a thread of the bridge; retrain requests go through a Redis
+    outbox delivered to the Prefect deployment `retrain/retrain` by another thread. Both are flushed and
+    stopped on exit.
     """
     from examlops.monitoring.failures import FailureTracker, RedisFailureStore
     from examlops.monitoring.recorder import Recorder
+    from examlops.monitoring.recorder_process import RecorderProcess
     from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox
 
     with audit_trail(settings) as trail:
-        tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-        recorder = Recorder(trail, tracker, registry=metrics).start()
+        recorder: Backlog
+        if settings.recording.process:
+            recorder = RecorderProcess(recording_process_argv(), settings_json(settings), registry=metrics).start()
+        else:
+            tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
+            recorder = Recorder(trail, tracker, registry=metrics).start()
         delivery = OutboxDelivery(RedisOutbox(trail.redis), PrefectRetrainRequester(settings.prefect_api_url), trail)
         delivery.start()
         try:
@@ -182,3 +207,23 @@ def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = Non
         finally:
             recorder.close(10)
             delivery.close()
+
+
+def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
+    """The recording process (``exa bridge recorder``): the hello frame's settings, then ``serve`` until EOF.
+
+    Returns False when records were left unwritten.
+    """
+    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+    from examlops.monitoring.recorder import Recorder
+    from examlops.monitoring.recorder_process import ignore_stop_signals, lower_priority, read_frame, serve
+
+    ignore_stop_signals()
+    hello = read_frame(frames)
+    if hello is None:
+        return True  # the bridge went away before saying anything
+    settings = Settings.model_validate_json(hello)
+    lower_priority(settings.recording.nice)
+    with audit_trail(settings) as trail:
+        tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
+        return serve(Recorder(trail, tracker).start(), frames, reports)

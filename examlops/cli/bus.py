@@ -197,3 +197,25 @@ def start(
         except errors.StoreUnavailable as exc:
             hint = "start it with `exa up`" if settings.redis_owned else "check EXAMLOPS_REDIS__URL"
             fail(f"{exc}; {hint}", UNAVAILABLE)
+
+
+@bridge_app.command("recorder", hidden=True)
+def recorder(
+    log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
+) -> None:
+    """The recording process a bridge starts (`bridge start`): records from stdin, counters on stdout.
+
+    Not for use by hand: it speaks the frames of examlops.monitoring.recorder_process on its stdin and stdout.
+    """
+    import os
+    import sys
+
+    from examlops.bootstrap import run_recording_process
+
+    # The reports go to the bridge on the original stdout; anything else printed goes to stderr.
+    reports = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with reports:
+        flushed = run_recording_process(sys.stdin.buffer, reports)
+    raise typer.Exit(0 if flushed else 1)

@@ -95,6 +95,16 @@ class AuditSettings(_Section):
     """And at least this often, in seconds, while events arrive."""
 
 
+class RecordingSettings(_Section):
+    """How a bridge writes its records (seed 000, step 9)."""
+
+    process: bool = True
+    """Write them from a child process at a low CPU priority (else from a thread in the bridge): on cores the
+    bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
+    nice: int = Field(19, ge=0, le=19)
+    """The recording process's nice value (0 keeps the bridge's priority)."""
+
+
 class ServingSettings(_Section):
     """The serving process (FastAPI on uvicorn)."""
 
@@ -176,6 +186,7 @@ class Settings(BaseSettings):
     hotset: HotSetSettings = HotSetSettings()
     failure: FailureSettings = FailureSettings()
     audit: AuditSettings = AuditSettings()
+    recording: RecordingSettings = RecordingSettings()
     serving: ServingSettings = ServingSettings()
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()

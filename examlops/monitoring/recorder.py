@@ -89,11 +89,19 @@ class RecorderStats:
     """CPU time the recorder's thread spent preparing and writing records (not waiting)."""
 
 
-class Recorder:
+class Backlog:
+    """A bounded queue filled from the bridge's event loop and emptied in batches by one thread.
+
+    What a subclass writes a batch to is its own (``_write``): Redis (``Recorder``) or the recording
+    process (``recorder_process.RecorderProcess``). Counters and the queue depth are exported under
+    ``examlops_recorder_*``.
+    """
+
+    label = "recorder"
+    """How the totals logged at close name this queue."""
+
     def __init__(
         self,
-        trail: AuditTrail,
-        tracker: FailureTracker | None = None,
         *,
         maxsize: int = 10_000,
         batch_size: int = 256,
@@ -102,8 +110,6 @@ class Recorder:
         max_backoff_s: float = 2.0,
         linger_s: float = 0.1,
     ) -> None:
-        self.trail = trail
-        self.tracker = tracker
         self.batch_size = batch_size
         self.idle_s = idle_s
         self.linger_s = linger_s
@@ -120,7 +126,6 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._dropping = 0
         self._drop_lock = threading.Lock()
-        self._down = False
         self.recorded = self.retried = self.dropped = 0
         self.cpu_s = 0.0
         registry = registry if registry is not None else CollectorRegistry()
@@ -129,11 +134,11 @@ class Recorder:
         self._m_retried = Counter(f"{name}_retried", "Writes retried while Redis was unavailable", registry=registry)
         self._m_dropped = Counter(f"{name}_dropped", "Records dropped: queue full or unrecordable", registry=registry)
         self._m_cpu = Counter(f"{name}_cpu_seconds", "CPU the recorder's thread spent writing", registry=registry)
-        depth = Gauge(f"{name}_queue_depth", "Records waiting in the recorder's queue", registry=registry)
-        depth.set_function(lambda: len(self._queue))
+        depth = Gauge(f"{name}_queue_depth", "Records waiting to be written", registry=registry)
+        depth.set_function(self.depth)
 
-    def start(self) -> Recorder:
-        self._thread = threading.Thread(target=self._run, name="examlops-recorder", daemon=True)
+    def start(self) -> Backlog:
+        self._thread = threading.Thread(target=self._run, name=f"examlops-{self.label}", daemon=True)
         self._thread.start()
         return self
 
@@ -168,8 +173,12 @@ class Recorder:
         if why:
             log.error("record dropped: %s", why)
 
+    def depth(self) -> int:
+        """Records taken but not yet written."""
+        return len(self._queue)
+
     def stats(self) -> RecorderStats:
-        return RecorderStats(self.recorded, self.retried, self.dropped, len(self._queue), self.cpu_s)
+        return RecorderStats(self.recorded, self.retried, self.dropped, self.depth(), self.cpu_s)
 
     def close(self, timeout: float = 10.0) -> bool:
         """Flush what is queued and stop; False when that took longer than ``timeout``.
@@ -190,13 +199,15 @@ class Recorder:
         self._queue.clear()
         self._drop(left)
         log.error("recorder closed after %.0f s with %d queued records unwritten (Redis unavailable?)", timeout, left)
+        self._abandon_rest()
         self._log_totals()
         return False
 
     def _log_totals(self) -> None:
         per_job = 1e6 * self.cpu_s / self.recorded if self.recorded else 0.0
         log.info(
-            "recorder: %d recorded, %d retries, %d dropped; %.3f s of CPU writing (%.1f us per record)",
+            "%s: %d recorded, %d retries, %d dropped; %.3f s of CPU writing (%.1f us per record)",
+            self.label,
             self.recorded,
             self.retried,
             self.dropped,
@@ -214,7 +225,7 @@ class Recorder:
                 if self._closing.is_set():
                     break
                 if not self._arrived.wait(self.idle_s):
-                    self._guarded(self.trail.tick)
+                    self._guarded(self._idle)
                 continue
             batch: list[Served] = []
             self._fill(batch)
@@ -225,12 +236,14 @@ class Recorder:
                 self._fill(batch)
             began = time.thread_time()
             self._guarded(functools.partial(self._write, batch))
-            spent = time.thread_time() - began
-            self.cpu_s += spent
-            self._m_cpu.inc(spent)
+            self._spent(time.thread_time() - began)
             if self._abandon.is_set():
                 return
-        self._guarded(self.trail.checkpoint_now)
+        self._guarded(self._finish)
+
+    def _spent(self, seconds: float) -> None:
+        self.cpu_s += seconds
+        self._m_cpu.inc(seconds)
 
     def _fill(self, batch: list[Served]) -> None:
         take = self._queue.popleft
@@ -241,7 +254,57 @@ class Recorder:
         try:
             work()
         except Exception:
-            log.exception("the recorder failed a step")
+            log.exception("the %s failed a step", self.label)
+
+    def _write(self, batch: Sequence[Served]) -> None:
+        raise NotImplementedError
+
+    def _idle(self) -> None:
+        """Called by the thread after ``idle_s`` with nothing queued."""
+
+    def _finish(self) -> None:
+        """Called by the thread once the queue is flushed at close."""
+
+    def _abandon_rest(self) -> None:
+        """Called at a close that timed out, after the thread was told to give up."""
+
+
+class Recorder(Backlog):
+    """Writes each batch to Redis from its thread: snapshots, audit events, failure windows."""
+
+    def __init__(
+        self,
+        trail: AuditTrail,
+        tracker: FailureTracker | None = None,
+        *,
+        maxsize: int = 10_000,
+        batch_size: int = 256,
+        registry: CollectorRegistry | None = None,
+        idle_s: float = 1.0,
+        max_backoff_s: float = 2.0,
+        linger_s: float = 0.1,
+    ) -> None:
+        super().__init__(
+            maxsize=maxsize,
+            batch_size=batch_size,
+            registry=registry,
+            idle_s=idle_s,
+            max_backoff_s=max_backoff_s,
+            linger_s=linger_s,
+        )
+        self.trail = trail
+        self.tracker = tracker
+        self._down = False
+
+    def start(self) -> Recorder:
+        super().start()
+        return self
+
+    def _idle(self) -> None:
+        self.trail.tick()
+
+    def _finish(self) -> None:
+        self.trail.checkpoint_now()
 
     def _write(self, batch: Sequence[Served]) -> None:
         rows: list[Row] = []
@@ -308,7 +371,8 @@ def _row(served: Served) -> Row:
     version = str(reply.get("version") or "")
     run_id = str(reply.get("run_id") or "")
     prediction = number(reply.get("prediction"))
-    norm, mean, std = embedding_stats(served.embedding)
+    precomputed: tuple[float, float, float] | None = getattr(served, "embedding_stats", None)
+    norm, mean, std = precomputed or embedding_stats(served.embedding)
     model, job_id, user_id, ts, status = served.model, served.job_id, served.caller, served.served_at, served.status
     row = (
         model, alias, version, run_id, prediction, norm, mean, std, served.node_count, job_id, user_id, float(ts),
