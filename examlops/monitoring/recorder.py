@@ -199,7 +199,6 @@ class Backlog:
         self._queue.clear()
         self._drop(left)
         log.error("recorder closed after %.0f s with %d queued records unwritten (Redis unavailable?)", timeout, left)
-        self._abandon_rest()
         self._log_totals()
         return False
 
@@ -264,9 +263,6 @@ class Backlog:
 
     def _finish(self) -> None:
         """Called by the thread once the queue is flushed at close."""
-
-    def _abandon_rest(self) -> None:
-        """Called at a close that timed out, after the thread was told to give up."""
 
 
 class Recorder(Backlog):

@@ -49,7 +49,7 @@ from typing import IO, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
-from examlops.monitoring.recorder import Backlog, Recorder, RecorderStats, Served
+from examlops.monitoring.recorder import Backlog, RecorderStats, Served
 from examlops.monitoring.snapshots import embedding_stats
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class _Totals:
 
 
 def serve(
-    recorder: Recorder, frames: IO[bytes], reports: IO[bytes], *, report_every_s: float = 0.1, close_s: float = 10.0
+    recorder: Backlog, frames: IO[bytes], reports: IO[bytes], *, report_every_s: float = 0.1, close_s: float = 10.0
 ) -> bool:
     """The child's loop: each frame's records into ``recorder``, its counters out, until EOF; then close it.
 
@@ -236,6 +236,17 @@ class RecorderProcess(Backlog):
 
     # Counters.
 
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id."""
+        child = self._child
+        return child.pid if child is not None else None
+
+    def held(self) -> int:
+        """Records shipped to the running child and not yet reported written (or dropped) by it."""
+        with self._lock:
+            return max(0, self._shipped - self._last.recorded - self._last.dropped)
+
     def depth(self) -> int:
         with self._lock:
             return self._depth()
@@ -310,7 +321,7 @@ class RecorderProcess(Backlog):
             self._m_cpu.inc(max(0.0, now.cpu_s - last.cpu_s))
 
     def _reap(self, *, wait_s: float = 0.0) -> bool:
-        """True when there is no child, or it has exited (then its figures are settled); from the thread only."""
+        """True when there is no child, or it has exited (then its figures are settled, once)."""
         child = self._child
         if child is None:
             return True
@@ -320,15 +331,22 @@ class RecorderProcess(Backlog):
             return False
         if code is None:
             return False
-        if self._reader is not None:
-            self._reader.join(5)  # its last report is read before its stdout closes
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(5)  # its last report is read before its stdout closes
         with self._lock:
+            if self._child is not child:
+                return True  # settled by another thread
             lost = self._shipped - self._last.recorded - self._last.dropped
             self._past.recorded += self._last.recorded
             self._past.retried += self._last.retried
             self._past.dropped += self._last.dropped
             self._past.cpu_s += self._last.cpu_s
             self._child, self._shipped, self._last = None, 0, _Totals()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         if lost > 0:
             self._drop(lost, f"the recording process exited (code {code}) holding {lost} records")
         elif code != 0 or not self._closing.is_set():
@@ -383,8 +401,22 @@ class RecorderProcess(Backlog):
         self._ready()
 
     def close(self, timeout: float = 10.0) -> bool:
+        """Ship what is queued, close the child's stdin and wait for it to flush and exit.
+
+        False when that took longer than ``timeout``: the child is then stopped, and what it held is
+        counted as dropped.
+        """
         self._deadline = time.monotonic() + timeout
-        return super().close(timeout)
+        flushed = super().close(timeout)
+        child = self._child
+        if child is None:
+            return flushed
+        if child.poll() is None:
+            log.error("the recording process did not flush in %.0f s; stopping it", timeout)
+            child.kill()
+        self._reap(wait_s=5)
+        self._log_totals()
+        return False
 
     def _finish(self) -> None:
         """The queue is shipped: close the child's stdin and wait until it has flushed and exited."""
@@ -395,12 +427,3 @@ class RecorderProcess(Backlog):
         with contextlib.suppress(OSError):
             child.stdin.close()
         self._reap(wait_s=max(0.01, self._deadline - time.monotonic()))
-
-    def _abandon_rest(self) -> None:
-        child = self._child
-        if child is not None and child.poll() is None:
-            log.error("the recording process did not flush in time; stopping it")
-            child.kill()
-        if self._thread is not None and self._thread.is_alive():
-            return  # the thread settles the child's figures when it ends
-        self._reap(wait_s=5)
