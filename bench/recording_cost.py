@@ -26,6 +26,11 @@ between them. After a segment with recording on the bench waits until the
 recorder has written every snapshot, so no recording work spills into the next
 segment; the CPU each process spent (read from /proc after that wait) is
 divided by the segment's jobs, so it includes all of the recording's work.
+A bridge's CPU includes its children's: by default recording is written by a
+child process at nice 19 (``EXAMLOPS_RECORDING__PROCESS``), and the bridge's
+own threads only ship batches to it; the loaded bridge's figures are printed
+per thread (main: the event loop; threads: the shipping thread) and for its
+children (the recording process).
 
 Redis rewrites its AOF every few seconds under this load (the bus appends
 ~9.6 KB a job to it, most of it the job's payload; recording adds ~0.9 KB), and
@@ -114,7 +119,7 @@ class Segment:
     drain_s: float = 0.0
     cpu_ms: dict[str, float] = field(default_factory=dict)
     threads_ms: dict[str, float] = field(default_factory=dict)
-    """The loaded bridge's CPU per job: its event loop's thread (main) and its other threads."""
+    """The loaded bridge's CPU per job: its event loop's thread (main), its other threads, its children."""
     started: int = 0
     """AOF rewrites that started during the segment's load: each forks Redis, and its child takes a core."""
     touched: bool = False
@@ -277,6 +282,10 @@ def run_phase(
                         segment.threads_ms = {
                             k: (threads_after[k] - threads_before[k]) * per_job for k in threads_after
                         }
+                        # What the loaded bridge's children (its recording process) spent.
+                        own = sum(threads_after[k] - threads_before[k] for k in threads_after)
+                        loaded = spent["bridge-on" if record else "bridge-off"]
+                        segment.threads_ms["children"] = max(0.0, loaded - own) * per_job
                         if record:
                             phase.answered_on += segment.jobs
                         segments.append(segment)
@@ -448,7 +457,7 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     for phase in phases:
         if phase.recorder_us is not None and phase.recorder_us > 0:
             print(
-                f"recorder thread ({phase.recording_model}): {phase.recorder_us:.1f} us of CPU per record, "
+                f"recorder's writing ({phase.recording_model}): {phase.recorder_us:.1f} us of CPU per record, "
                 f"{100 * phase.recorder_us / 1000 / all_on:.1f} % of a job's CPU in all processes"
             )
     print("\ncounts per phase (new snapshots == new inference.served events == jobs answered with recording on):")
