@@ -162,13 +162,13 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
         engine.dispose()
 
 
-def settings_json(settings: Settings) -> bytes:
+def settings_json(settings: Settings) -> str:
     """The settings as JSON that ``Settings.model_validate_json`` reads back whole, the secret included."""
     import json
 
     data = settings.model_dump(mode="json")
     data["secret"] = settings.secret.get_secret_value()
-    return json.dumps(data).encode()
+    return json.dumps(data)
 
 
 def recording_process_argv() -> list[str]:
@@ -196,7 +196,13 @@ def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = Non
     with audit_trail(settings) as trail:
         recorder: Backlog
         if settings.recording.process:
-            recorder = RecorderProcess(recording_process_argv(), settings_json(settings), registry=metrics).start()
+            recorder = RecorderProcess(
+                recording_process_argv(),
+                settings_json(settings),
+                nice=settings.recording.nice,
+                tick=trail.tick,  # the bridge's own events (retrain requests) get checkpointed
+                registry=metrics,
+            ).start()
         else:
             tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
             recorder = Recorder(trail, tracker, registry=metrics).start()
@@ -216,14 +222,21 @@ def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
     """
     from examlops.monitoring.failures import FailureTracker, RedisFailureStore
     from examlops.monitoring.recorder import Recorder
-    from examlops.monitoring.recorder_process import ignore_stop_signals, lower_priority, read_frame, serve
+    from examlops.monitoring.recorder_process import ignore_stop_signals, read_hello, serve
 
     ignore_stop_signals()
-    hello = read_frame(frames)
+    hello = read_hello(frames)
     if hello is None:
         return True  # the bridge went away before saying anything
-    settings = Settings.model_validate_json(hello)
-    lower_priority(settings.recording.nice)
+    settings = Settings.model_validate_json(hello.config)
     with audit_trail(settings) as trail:
         tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-        return serve(Recorder(trail, tracker).start(), frames, reports)
+        recorder = Recorder(
+            trail,
+            tracker,
+            maxsize=hello.maxsize,
+            batch_size=hello.batch_size,
+            linger_s=hello.linger_s,
+            max_backoff_s=hello.max_backoff_s,
+        )
+        return serve(recorder.start(), frames, reports)

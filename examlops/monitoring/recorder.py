@@ -125,6 +125,8 @@ class Backlog:
         self._abandon = threading.Event()
         self._thread: threading.Thread | None = None
         self._dropping = 0
+        self._in_hand = 0
+        """Records the thread has taken from the queue and not yet written (or shipped)."""
         self._drop_lock = threading.Lock()
         self.recorded = self.retried = self.dropped = 0
         self.cpu_s = 0.0
@@ -166,6 +168,10 @@ class Backlog:
                 log.warning("recorder queue has room again; %d records were dropped", self._dropping)
                 self._dropping = 0
 
+    def discard(self, n: int, why: str) -> None:
+        """Count (and log) ``n`` records that could not even be queued, such as an unreadable batch."""
+        self._drop(n, why)
+
     def _drop(self, n: int, why: str | None = None) -> None:
         with self._drop_lock:  # the event loop and the thread both drop
             self.dropped += n
@@ -174,8 +180,8 @@ class Backlog:
             log.error("record dropped: %s", why)
 
     def depth(self) -> int:
-        """Records taken but not yet written."""
-        return len(self._queue)
+        """Records queued or taken and not yet written."""
+        return len(self._queue) + self._in_hand
 
     def stats(self) -> RecorderStats:
         return RecorderStats(self.recorded, self.retried, self.dropped, self.depth(), self.cpu_s)
@@ -233,9 +239,11 @@ class Backlog:
                 # wake this thread, one GIL switch per job.
                 self._closing.wait(self.linger_s)
                 self._fill(batch)
+            self._in_hand = len(batch)
             began = time.thread_time()
             self._guarded(functools.partial(self._write, batch))
             self._spent(time.thread_time() - began)
+            self._in_hand = 0
             if self._abandon.is_set():
                 return
         self._guarded(self._finish)

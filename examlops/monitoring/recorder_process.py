@@ -11,22 +11,31 @@ holds the GIL while preempted stalls the event loop.
 Contract:
 
 - ``RecorderProcess`` is the bridge's side. Its thread (``recorder.Backlog``: the bounded queue, batches,
-  linger, close) ships each batch to the child as one frame on the child's stdin: a 4-byte big-endian length
-  and a pickle of plain tuples, with the embedding's norm, mean and standard deviation in place of the
-  embedding. Those are computed here (~2.3 us a job for 384 floats, in ``math``'s C loops): shipping the
-  floats would cost as much (packed as doubles, ~2.2 us; pickled as floats, ~5) and put ~3 KB a job
-  through the pipe. Pickle is safe here: the frames come from the child's own parent over a private pipe.
-- The first frame is the ``hello``: what the child needs to connect (the bridge's settings as JSON).
+  linger, close) ships each batch to the child as one frame on the child's stdin: a header (the body's
+  length and its record count, 4 bytes each, big-endian) and a pickle of plain tuples, with the embedding's
+  norm, mean and standard deviation in place of the embedding. Those are computed here (~2.3 us a job for
+  384 floats, in ``math``'s C loops): shipping the floats would cost as much (packed as doubles, ~2.2 us;
+  pickled as floats, ~5) and put ~3 KB a job through the pipe. Pickle is safe here: the frames come from
+  the child's own parent over a private pipe. A frame with a count of 0 is a control message (JSON).
+- The first frame is the hello: what the child needs to connect (the bridge's settings, opaque here) and
+  the queue's tuning. The child answers with a first report once it is connected; nothing is shipped to a
+  child before that, so a child that fails at start-up takes no records with it.
+- The bound: the bridge's queue holds at most ``maxsize`` records, and it ships only while the child holds
+  fewer than ``maxsize`` (shipped and not yet reported written or dropped), so the child's own queue (of
+  the same size) never overflows. Past the bound, ``record`` drops, counts and logs, in the bridge.
 - The child (``serve``) feeds the frames to a ``recorder.Recorder``, which writes them to Redis exactly as
   in the bridge's own thread (batches under call keys, retries while Redis is down, the failure windows),
   and writes its counters back as JSON lines on its stdout every ``report_every_s`` and on exit.
-- EOF on its stdin (the bridge closed it, or died) makes the child flush its queue, checkpoint and exit.
-  It ignores SIGINT and SIGTERM: a Ctrl-C or ``exa down`` reaches the bridge, which then closes the pipe
-  and waits for the flush, so that nothing queued is lost to the signal.
-- A child that exits while the bridge runs is started again (at most once per ``restart_s``). A frame whose
-  write failed is shipped again to the next child; frames it had taken and not written (``shipped`` minus
-  its last ``recorded`` and ``dropped``) are counted as dropped and logged: at most the batches it held,
-  some of which it may have written just before it died.
+- At close the bridge ships what is queued, sends the time left (a control frame) and closes the child's
+  stdin; the child flushes within that time, checkpoints, reports and exits. EOF without that (the bridge
+  died) makes it flush within 10 s. It ignores SIGINT and SIGTERM: a Ctrl-C or `exa down` reaches the
+  bridge, which then closes the pipe and waits for the flush, so nothing queued is lost to the signal
+  (`exa down`'s SIGKILL after its grace reaches the child too: they share the process group).
+- A child that exits while the bridge runs is started again, after ``restart_s`` doubling up to
+  ``max_restart_s`` while children keep exiting without writing anything. A frame whose write failed is
+  shipped again to the next child; records a child had taken and not written (its last report) are
+  counted as dropped and logged: at most what it held, some of which it may have written just before it
+  died.
 - ``stats()`` and the ``examlops_recorder_*`` counters add the child's figures to the bridge's own drops;
   the queue depth counts both the bridge's queue and what the child holds.
 """
@@ -43,8 +52,8 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import IO, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
@@ -54,8 +63,11 @@ from examlops.monitoring.snapshots import embedding_stats
 
 log = logging.getLogger(__name__)
 
-FRAME = struct.Struct(">I")
+HEADER = struct.Struct(">II")
+"""A frame's header: the body's length and its record count (0: a control message)."""
 MAX_FRAME = 1 << 30
+EOF_CLOSE_S = 10.0
+"""How long a child flushes after an EOF that came without a close message (its bridge died)."""
 
 
 class Shipped(NamedTuple):
@@ -76,8 +88,23 @@ class Shipped(NamedTuple):
         return ()
 
 
-def frame(body: bytes) -> bytes:
-    return FRAME.pack(len(body)) + body
+@dataclass(frozen=True)
+class Hello:
+    """The first frame: the child's configuration (opaque here; the bridge's settings) and its queue's tuning."""
+
+    config: str
+    maxsize: int
+    batch_size: int
+    linger_s: float
+    max_backoff_s: float
+
+
+def frame(body: bytes, count: int) -> bytes:
+    return HEADER.pack(len(body), count) + body
+
+
+def control(message: Mapping[str, Any]) -> bytes:
+    return frame(json.dumps(message).encode(), 0)
 
 
 def encode_batch(batch: Sequence[Served]) -> bytes:
@@ -86,7 +113,7 @@ def encode_batch(batch: Sequence[Served]) -> bytes:
         (s.job_id, s.model, s.caller, embedding_stats(s.embedding), s.node_count, dict(s.reply), s.status, s.served_at)
         for s in batch
     ]
-    return frame(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+    return frame(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL), len(rows))
 
 
 def decode_batch(body: bytes) -> list[Shipped]:
@@ -94,16 +121,27 @@ def decode_batch(body: bytes) -> list[Shipped]:
     return [Shipped(*row) for row in rows]
 
 
-def read_frame(stream: IO[bytes]) -> bytes | None:
-    """The next frame's body; None at EOF (also in the middle of a frame: its writer is gone)."""
-    header = stream.read(FRAME.size)
-    if len(header) < FRAME.size:
+def read_frame(stream: IO[bytes]) -> tuple[int, bytes] | None:
+    """The next frame's (record count, body); None at EOF (also in the middle of a frame: its writer is gone)."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
         return None
-    (size,) = FRAME.unpack(header)
+    size, count = HEADER.unpack(header)
     if size > MAX_FRAME:
         raise ValueError(f"a recording frame of {size} bytes: the pipe is out of step")
     body = stream.read(size)
-    return body if len(body) == size else None
+    return (count, body) if len(body) == size else None
+
+
+def read_hello(stream: IO[bytes]) -> Hello | None:
+    """The hello frame; None at EOF (the bridge went away before saying anything)."""
+    got = read_frame(stream)
+    if got is None:
+        return None
+    count, body = got
+    if count != 0:
+        raise ValueError("the recording process's first frame must be its hello")
+    return Hello(**json.loads(body))
 
 
 # The child's side.
@@ -120,46 +158,58 @@ class _Totals:
     def of(cls, stats: RecorderStats) -> _Totals:
         return cls(stats.recorded, stats.retried, stats.dropped, stats.cpu_s)
 
+    @classmethod
+    def parse(cls, line: bytes) -> _Totals:
+        """``ValueError``, ``TypeError`` or ``KeyError`` for a line that is not a report."""
+        data = json.loads(line)
+        return cls(int(data["recorded"]), int(data["retried"]), int(data["dropped"]), float(data["cpu_s"]))
 
-def serve(
-    recorder: Backlog, frames: IO[bytes], reports: IO[bytes], *, report_every_s: float = 0.1, close_s: float = 10.0
-) -> bool:
+
+def serve(recorder: Backlog, frames: IO[bytes], reports: IO[bytes], *, report_every_s: float = 0.1) -> bool:
     """The child's loop: each frame's records into ``recorder``, its counters out, until EOF; then close it.
 
-    Returns what ``recorder.close`` returned (False: records were left unwritten).
+    Reports once at once (the bridge ships nothing before that first report), then whenever the counters
+    changed, and last after the close. Returns what ``recorder.close`` returned (False: records were left
+    unwritten).
     """
     stop = threading.Event()
     lock = threading.Lock()
+    close_s = EOF_CLOSE_S
 
     def report() -> None:
-        with lock:
-            totals = _Totals.of(recorder.stats())
-            reports.write(json.dumps(totals.__dict__).encode() + b"\n")
+        with lock, contextlib.suppress(OSError, ValueError):  # the bridge is gone: nobody to tell
+            reports.write(json.dumps(asdict(_Totals.of(recorder.stats()))).encode() + b"\n")
             reports.flush()
 
     def reporter() -> None:
-        last = None
+        last = recorder.stats()
         while not stop.wait(report_every_s):
             now = recorder.stats()
             if now != last:
                 report()
                 last = now
 
+    report()
     thread = threading.Thread(target=reporter, name="examlops-recording-reports", daemon=True)
     thread.start()
     try:
         while True:
             try:
-                body = read_frame(frames)
+                got = read_frame(frames)
             except ValueError:
                 log.exception("recording process: unreadable input; stopping")
                 break
-            if body is None:
+            if got is None:
                 break
+            count, body = got
+            if count == 0:
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    close_s = float(json.loads(body)["close_s"])
+                continue
             try:
                 items = decode_batch(body)
-            except Exception:
-                log.exception("recording process: a batch could not be read; its records are lost")
+            except Exception as exc:
+                recorder.discard(count, f"a batch of {count} records could not be read ({exc})")
                 continue
             recorder.record(items)
     finally:
@@ -176,24 +226,21 @@ def ignore_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def lower_priority(nice: int) -> None:
-    if nice > 0 and hasattr(os, "nice"):
-        os.nice(nice)
-
-
 # The bridge's side.
 
 
 class RecorderProcess(Backlog):
-    """The bridge's recorder when recording runs in a child process (``argv``, sent ``hello`` first)."""
+    """The bridge's recorder when recording runs in a child process (``argv``; ``config`` goes in its hello)."""
 
     label = "recording process"
 
     def __init__(
         self,
         argv: Sequence[str],
-        hello: bytes,
+        config: str,
         *,
+        nice: int = 19,
+        tick: Callable[[], None] | None = None,
         maxsize: int = 10_000,
         batch_size: int = 256,
         registry: CollectorRegistry | None = None,
@@ -201,6 +248,7 @@ class RecorderProcess(Backlog):
         max_backoff_s: float = 2.0,
         linger_s: float = 0.1,
         restart_s: float = 1.0,
+        max_restart_s: float = 30.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
@@ -212,25 +260,36 @@ class RecorderProcess(Backlog):
             linger_s=linger_s,
         )
         self.argv = list(argv)
-        self.hello = hello
+        self.hello = Hello(config, maxsize, batch_size, linger_s, max_backoff_s)
+        self.nice = nice
+        self.tick = tick
         self.env = dict(env) if env is not None else None
         self.restart_s = restart_s
+        self.max_restart_s = max_restart_s
         self.restarts = 0
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._connected = False
+        """Whether the current child has reported (it is connected; frames may go to it)."""
+        self._started = 0
+        self._failures = 0
+        """Children in a row that exited without writing anything: the restart delay doubles with each."""
         self._next_start = 0.0
         self._shipped = 0
-        """Records in frames written whole to the current child."""
+        """Records in frames written to the current child, the one being written included."""
+        self._writing = 0
+        """Records in the frame being written to the current child."""
         self._last = _Totals()
         """The current child's last report."""
         self._past = _Totals()
         """What children that have exited reported, all together."""
         self._deadline = float("inf")
+        self._clean = True
+        """Whether the last child stopped by ``close`` exited with 0 (it flushed everything)."""
 
     def start(self) -> RecorderProcess:
-        with self._lock:
-            self._spawn()
+        self._spawn()
         super().start()
         return self
 
@@ -242,17 +301,22 @@ class RecorderProcess(Backlog):
         child = self._child
         return child.pid if child is not None else None
 
+    @property
+    def connected(self) -> bool:
+        """Whether a child runs and has reported (records are shipped only to such a child)."""
+        return self._child is not None and self._connected
+
     def held(self) -> int:
         """Records shipped to the running child and not yet reported written (or dropped) by it."""
         with self._lock:
-            return max(0, self._shipped - self._last.recorded - self._last.dropped)
+            return self._held()
+
+    def _held(self) -> int:
+        return max(0, self._shipped - self._last.recorded - self._last.dropped)
 
     def depth(self) -> int:
         with self._lock:
-            return self._depth()
-
-    def _depth(self) -> int:
-        return len(self._queue) + max(0, self._shipped - self._last.recorded - self._last.dropped)
+            return len(self._queue) + self._in_hand + self._held()
 
     def stats(self) -> RecorderStats:
         with self._lock:
@@ -260,7 +324,7 @@ class RecorderProcess(Backlog):
                 self._past.recorded + self._last.recorded,
                 self._past.retried + self._last.retried,
                 self.dropped + self._past.dropped + self._last.dropped,
-                self._depth(),
+                len(self._queue) + self._in_hand + self._held(),
                 self.cpu_s + self._past.cpu_s + self._last.cpu_s,
             )
 
@@ -279,42 +343,53 @@ class RecorderProcess(Backlog):
     # The child.
 
     def _spawn(self) -> None:
-        """Start a child and send it the hello (under ``_lock``); on failure, try again after ``restart_s``."""
-        self._next_start = time.monotonic() + self.restart_s
+        """Start a child and send it the hello; on failure, try again after the restart delay."""
         try:
             child = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env)
         except OSError:
             log.exception("the recording process could not be started")
+            self._failed()
             return
+        if self.nice > 0:
+            with contextlib.suppress(OSError):  # before it imports anything: all its work runs at that priority
+                os.setpriority(os.PRIO_PROCESS, child.pid, self.nice)
         assert child.stdin is not None
         try:
-            child.stdin.write(frame(self.hello))
+            child.stdin.write(control(asdict(self.hello)))
             child.stdin.flush()
         except OSError:
-            try:
-                code = child.wait(5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                code = child.wait()
+            code = _stop(child)
             log.error("the recording process exited at once (code %s)", code)
+            self._failed()
             return
-        self._child, self._shipped, self._last = child, 0, _Totals()
+        with self._lock:
+            self._child, self._connected, self._shipped, self._writing, self._last = child, False, 0, 0, _Totals()
+            self._started += 1
+            self.restarts = self._started - 1
         self._reader = threading.Thread(target=self._read_reports, args=(child,), name="examlops-recording-reader")
         self._reader.daemon = True
         self._reader.start()
+
+    def _failed(self) -> None:
+        with self._lock:
+            self._failures += 1
+            delay = min(self.max_restart_s, self.restart_s * 2 ** (self._failures - 1))
+            self._next_start = time.monotonic() + delay
 
     def _read_reports(self, child: subprocess.Popen[bytes]) -> None:
         assert child.stdout is not None
         for line in child.stdout:
             try:
-                now = _Totals(**json.loads(line))
-            except (ValueError, TypeError):
+                now = _Totals.parse(line)
+            except (ValueError, TypeError, KeyError):
                 log.warning("recording process: unreadable report %r", line[:200])
                 continue
             with self._lock:
                 if child is not self._child:
                     return
-                last, self._last = self._last, now
+                last, self._last, self._connected = self._last, now, True
+                if now.recorded > last.recorded:
+                    self._failures = 0
             self._m_recorded.inc(max(0, now.recorded - last.recorded))
             self._m_retried.inc(max(0, now.retried - last.retried))
             self._m_dropped.inc(max(0, now.dropped - last.dropped))
@@ -337,30 +412,34 @@ class RecorderProcess(Backlog):
         with self._lock:
             if self._child is not child:
                 return True  # settled by another thread
-            lost = self._shipped - self._last.recorded - self._last.dropped
+            # The frame being written is its writer's to settle: shipped again, or dropped.
+            lost = self._shipped - self._writing - self._last.recorded - self._last.dropped
             self._past.recorded += self._last.recorded
             self._past.retried += self._last.retried
             self._past.dropped += self._last.dropped
             self._past.cpu_s += self._last.cpu_s
-            self._child, self._shipped, self._last = None, 0, _Totals()
+            self._child, self._shipped, self._writing, self._last = None, 0, 0, _Totals()
+            self._clean = code == 0
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
         if lost > 0:
             self._drop(lost, f"the recording process exited (code {code}) holding {lost} records")
-        elif code != 0 or not self._closing.is_set():
+        if not self._closing.is_set() or code != 0:
             log.error("the recording process exited (code %s)", code)
+            self._failed()
         return True
 
-    def _ready(self) -> subprocess.Popen[bytes] | None:
+    def _connected_child(self) -> subprocess.Popen[bytes] | None:
+        """The running child once it has reported; starts one when none runs and the delay has passed."""
         self._reap()
         with self._lock:
-            if self._child is None and time.monotonic() >= self._next_start and not self._abandon.is_set():
-                self.restarts += 1
-                log.warning("starting the recording process again")
-                self._spawn()
-            return self._child
+            child, connected = self._child, self._connected
+        if child is None and time.monotonic() >= self._next_start and not self._abandon.is_set():
+            log.warning("starting the recording process again")
+            self._spawn()
+        return child if connected else None
 
     def _write(self, batch: Sequence[Served]) -> None:
         try:
@@ -376,54 +455,90 @@ class RecorderProcess(Backlog):
                     kept.append(served)
             if not kept:
                 return
-            data = encode_batch(kept)
-            batch = kept
+            batch, data = kept, encode_batch(kept)
+        n = len(batch)
         while not self._abandon.is_set():
-            child = self._ready()
+            child = self._connected_child()
             if child is None:
-                self._abandon.wait(min(self.restart_s, 0.1))
+                self._abandon.wait(0.05)
+                continue
+            with self._lock:
+                room = child is self._child and self._held() + n <= self.maxsize
+                if room:  # counted before the write: the child's reports may come before the write returns
+                    self._shipped += n
+                    self._writing = n
+                    self._in_hand = 0
+            if not room:  # the child holds its bound (Redis is down?): the bridge's queue takes the rest
+                self._abandon.wait(0.05)
                 continue
             assert child.stdin is not None
-            with self._lock:
-                self._shipped += len(batch)  # before the write: its reports may come before the write returns
             try:
                 child.stdin.write(data)
                 child.stdin.flush()
-                return
             except (OSError, ValueError):  # the child is gone: this frame never reached it whole
                 with self._lock:
+                    self._in_hand = n
                     if child is self._child:
-                        self._shipped -= len(batch)
+                        self._shipped -= n
+                        self._writing = 0
                 self._reap(wait_s=5)
-        self._drop(len(batch), f"{len(batch)} records abandoned at close")
+                continue
+            with self._lock:
+                if child is self._child:
+                    self._writing = 0
+                    return
+            # The child exited while the frame went into its pipe, and was settled without it.
+            self._drop(n, f"the recording process exited holding {n} records")
+            return
+        self._drop(n, f"{n} records abandoned at close")
 
     def _idle(self) -> None:
-        self._ready()
+        self._connected_child()
+        if self.tick is not None:
+            self.tick()
 
     def close(self, timeout: float = 10.0) -> bool:
-        """Ship what is queued, close the child's stdin and wait for it to flush and exit.
-
-        False when that took longer than ``timeout``: the child is then stopped, and what it held is
-        counted as dropped.
-        """
+        """Ship what is queued, then let the child flush and exit; False when that took more than ``timeout``
+        (the child is then stopped, and what it held is counted as dropped) or the child could not write
+        everything."""
         self._deadline = time.monotonic() + timeout
         flushed = super().close(timeout)
         child = self._child
         if child is None:
-            return flushed
+            return flushed and self._clean
         if child.poll() is None:
             log.error("the recording process did not flush in %.0f s; stopping it", timeout)
             child.kill()
+        if self._thread is not None:
+            self._thread.join(5)
         self._reap(wait_s=5)
         self._log_totals()
         return False
 
     def _finish(self) -> None:
-        """The queue is shipped: close the child's stdin and wait until it has flushed and exited."""
+        """The queue is shipped: tell the child the time left, close its stdin, wait for it to exit."""
         child = self._child
         if child is None:
             return
+        left = self._deadline - time.monotonic()
         assert child.stdin is not None
+        with contextlib.suppress(OSError, ValueError):
+            # The child's close can take its own time plus a last backoff and a second to give up.
+            child.stdin.write(control({"close_s": max(0.1, left - self.max_backoff_s - 2)}))
+            child.stdin.flush()
         with contextlib.suppress(OSError):
             child.stdin.close()
-        self._reap(wait_s=max(0.01, self._deadline - time.monotonic()))
+        self._reap(wait_s=max(0.01, left))
+
+
+def _stop(child: subprocess.Popen[bytes]) -> int:
+    """Wait for a child that is failing anyway (5 s, then kill it); its exit code. Closes its pipes."""
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    try:
+        return child.wait(5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()

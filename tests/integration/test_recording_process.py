@@ -91,10 +91,11 @@ def test_without_the_process_setting_the_bridge_records_from_its_own_thread(
     assert len(SnapshotStream(client).read("JPCP")) == 20
 
 
-def test_a_killed_child_is_started_again_and_a_frame_it_never_read_is_shipped_again(
+def test_a_killed_child_is_started_again_and_the_counters_carry_on(
     tmp_path: Path, redis_server: str, client: redis.Redis
 ) -> None:
-    recorder = recorder_for(settings_for(tmp_path, redis_server))
+    registry = CollectorRegistry()
+    recorder = recorder_for(settings_for(tmp_path, redis_server), registry)
     try:
         recorder.record([served(job) for job in range(100)])
         wait_for(lambda: recorder.stats().recorded == 100, "the first 100 records")
@@ -108,7 +109,8 @@ def test_a_killed_child_is_started_again_and_a_frame_it_never_read_is_shipped_ag
         recorder.close(1)
     stats = recorder.stats()
     assert (stats.recorded, stats.dropped, stats.queue_depth) == (200, 0, 0)
-    assert recorder.restarts >= 1
+    assert recorder.restarts == 1
+    assert registry.get_sample_value("examlops_recorder_recorded_total") == 200
     jobs = Counter(s.job_id for s in SnapshotStream(client).read("JPCP"))
     assert jobs == Counter(f"job-{i}" for i in range(200))
     assert len(served_events(client)) == 200
@@ -119,12 +121,14 @@ def test_what_a_killed_child_held_is_counted_as_dropped_and_logged(
 ) -> None:
     recorder = recorder_for(settings_for(tmp_path, redis_server))
     try:
+        wait_for(lambda: recorder.connected, "the child's first report")
         stopped = recorder.pid
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)  # it reads nothing more: what is shipped now stays in its pipe
         recorder.record([served(job) for job in range(50)])
         wait_for(lambda: recorder.held() == 50, "50 records shipped to the stopped child")
         os.kill(stopped, signal.SIGKILL)
+        wait_for(lambda: recorder.stats().dropped == 50, "the dead child's records counted")
         recorder.record([served(job) for job in range(50, 60)])
         wait_for(lambda: recorder.stats().recorded == 10, "the 10 records after the kill")
         assert recorder.close(30)
