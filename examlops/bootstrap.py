@@ -222,7 +222,7 @@ def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
     """
     from examlops.monitoring.failures import FailureTracker, RedisFailureStore
     from examlops.monitoring.recorder import Recorder
-    from examlops.monitoring.recorder_process import ignore_stop_signals, read_hello, serve
+    from examlops.monitoring.recorder_process import ignore_stop_signals, lower_priority, read_hello, serve
 
     ignore_stop_signals()
     hello = read_hello(frames)
@@ -239,4 +239,5 @@ def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
             linger_s=hello.linger_s,
             max_backoff_s=hello.max_backoff_s,
         )
+        lower_priority(hello.nice)
         return serve(recorder.start(), frames, reports)

@@ -209,13 +209,15 @@ def test_the_bridge_ships_no_more_than_its_bound_to_a_child_that_does_not_keep_u
         wait_for(lambda: recorder.pid is not None, "the child")
         recorder.record([served(i) for i in range(20)])
         wait_for(lambda: recorder.held() == 20, "20 records shipped")
-        recorder.record([served(i) for i in range(20, 50)])
+        recorder.record([served(i) for i in range(20, 120)])
         time.sleep(0.2)
         stats = recorder.stats()
         assert recorder.held() == 20, "no more than the bound goes to the child"
-        assert (stats.dropped, stats.queue_depth) == (10, 40), "the bridge's queue takes the next 20, drops 10"
+        # The bridge keeps its queue (20) and a batch in hand (at most 20); the rest is dropped and counted.
+        assert stats.dropped >= 60
+        assert stats.queue_depth + stats.dropped == 120
         assert not recorder.close(0.5)
     finally:
         recorder.close(1)
     stats = recorder.stats()
-    assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 50, 0)
+    assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 120, 0)
