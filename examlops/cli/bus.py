@@ -207,6 +207,7 @@ def recorder(
 
     Not for use by hand: it speaks the frames of examlops.monitoring.recorder_process on its stdin and stdout.
     """
+    import contextlib
     import os
     import sys
 
@@ -216,6 +217,9 @@ def recorder(
     reports = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with reports:
+    try:
         flushed = run_recording_process(sys.stdin.buffer, reports)
+    finally:
+        with contextlib.suppress(OSError):  # the bridge is gone: a last report stays unsent
+            reports.close()
     raise typer.Exit(0 if flushed else 1)

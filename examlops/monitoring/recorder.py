@@ -239,9 +239,12 @@ class Backlog:
                 # wake this thread, one GIL switch per job.
                 self._closing.wait(self.linger_s)
                 self._fill(batch)
-            self._in_hand = len(batch)
             began = time.thread_time()
-            self._guarded(functools.partial(self._write, batch))
+            try:
+                self._write(batch)
+            except Exception as exc:  # not a Redis outage (those are retried): what it held is lost, and said so
+                log.exception("the %s failed to write a batch", self.label)
+                self._drop(self._in_hand, f"{self._in_hand} records could not be written ({exc!r})")
             self._spent(time.thread_time() - began)
             self._in_hand = 0
             if self._abandon.is_set():
@@ -253,9 +256,11 @@ class Backlog:
         self._m_cpu.inc(seconds)
 
     def _fill(self, batch: list[Served]) -> None:
+        """Take what fits in ``batch``; it counts in the queue depth (``_in_hand``) until ``_write`` settles it."""
         take = self._queue.popleft
         for _ in range(min(self.batch_size - len(batch), len(self._queue))):
             batch.append(take())
+        self._in_hand = len(batch)
 
     def _guarded(self, work: Callable[[], object]) -> None:
         try:
@@ -264,6 +269,7 @@ class Backlog:
             log.exception("the %s failed a step", self.label)
 
     def _write(self, batch: Sequence[Served]) -> None:
+        """Write (or ship) ``batch``; ``_in_hand`` is what of it is still unsettled (dropped on an exception)."""
         raise NotImplementedError
 
     def _idle(self) -> None:
@@ -320,12 +326,15 @@ class Recorder(Backlog):
                 self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
             else:
                 kept.append(served)
+        self._in_hand = len(rows)
         if not rows:
             return
         key = batch_key()  # the same key on every retry of this batch
         if self._until_done(lambda: self.trail.append_rows(rows, PACKED, call_key=key)) is None:
+            self._in_hand = 0
             self._drop(len(rows), f"{len(rows)} records abandoned at close")
             return
+        self._in_hand = 0
         self.recorded += len(rows)
         self._m_recorded.inc(len(rows))
         if self.tracker is not None:

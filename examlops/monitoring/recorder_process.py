@@ -36,7 +36,9 @@ Contract:
   bridge, which then closes the pipe and waits for the flush, so nothing queued is lost to the signal
   (`exa down`'s SIGKILL after its grace reaches the child too: they share the process group).
 - A child that exits while the bridge runs is started again, after ``restart_s`` doubling up to
-  ``max_restart_s`` while children keep exiting without writing anything. A frame whose write failed is
+  ``max_restart_s`` while children keep exiting without writing anything. A child reports at least every
+  second; one that has not reported ``start_timeout_s`` after its start, or is silent for ``silence_s``,
+  is stopped (and so started again). A frame whose write failed is
   shipped again to the next child; records a child had taken and not written (its last report) are
   counted as dropped and logged: at most what it held, some of which it may have written just before it
   died.
@@ -72,6 +74,8 @@ HEADER = struct.Struct(">II")
 MAX_FRAME = 1 << 30
 EOF_CLOSE_S = 10.0
 """How long a child flushes after an EOF that came without a close message (its bridge died)."""
+HEARTBEAT_S = 1.0
+"""A child reports at least this often, also when nothing changed."""
 
 
 class Shipped(NamedTuple):
@@ -170,12 +174,19 @@ class _Totals:
         return cls(int(data["recorded"]), int(data["retried"]), int(data["dropped"]), float(data["cpu_s"]))
 
 
-def serve(recorder: Backlog, frames: IO[bytes], reports: IO[bytes], *, report_every_s: float = 0.1) -> bool:
+def serve(
+    recorder: Backlog,
+    frames: IO[bytes],
+    reports: IO[bytes],
+    *,
+    report_every_s: float = 0.1,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> bool:
     """The child's loop: each frame's records into ``recorder``, its counters out, until EOF; then close it.
 
     Reports once at once (the bridge ships nothing before that first report), then whenever the counters
-    changed, and last after the close. Returns what ``recorder.close`` returned (False: records were left
-    unwritten).
+    changed and at least every ``heartbeat_s`` (the bridge takes a silent child for a stuck one), and last
+    after the close. Returns what ``recorder.close`` returned (False: records were left unwritten).
     """
     stop = threading.Event()
     lock = threading.Lock()
@@ -187,12 +198,12 @@ def serve(recorder: Backlog, frames: IO[bytes], reports: IO[bytes], *, report_ev
             reports.flush()
 
     def reporter() -> None:
-        last = recorder.stats()
+        last, sent = recorder.stats(), time.monotonic()
         while not stop.wait(report_every_s):
             now = recorder.stats()
-            if now != last:
+            if now != last or time.monotonic() - sent >= heartbeat_s:
                 report()
-                last = now
+                last, sent = now, time.monotonic()
 
     report()
     thread = threading.Thread(target=reporter, name="examlops-recording-reports", daemon=True)
@@ -261,6 +272,8 @@ class RecorderProcess(Backlog):
         linger_s: float = 0.1,
         restart_s: float = 1.0,
         max_restart_s: float = 30.0,
+        start_timeout_s: float = 60.0,
+        silence_s: float = 30.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(
@@ -277,6 +290,10 @@ class RecorderProcess(Backlog):
         self.env = dict(env) if env is not None else None
         self.restart_s = restart_s
         self.max_restart_s = max_restart_s
+        self.start_timeout_s = start_timeout_s
+        """A child that has not reported this long after its start is stopped (and started again)."""
+        self.silence_s = silence_s
+        """A child silent this long (it reports every ``HEARTBEAT_S``) is taken for stuck and stopped."""
         self.restarts = 0
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
@@ -287,6 +304,9 @@ class RecorderProcess(Backlog):
         self._failures = 0
         """Children in a row that exited without writing anything: the restart delay doubles with each."""
         self._next_start = 0.0
+        self._heard_at = 0.0
+        """When the current child last reported, or started."""
+        self._exit_code: int | None = None
         self._shipped = 0
         """Records in frames written to the current child, the one being written included."""
         self._writing = 0
@@ -297,7 +317,7 @@ class RecorderProcess(Backlog):
         """What children that have exited reported, all together."""
         self._deadline = float("inf")
         self._clean = True
-        """Whether the last child stopped by ``close`` exited with 0 (it flushed everything)."""
+        """Whether the child stopped by ``close`` (if one ran) exited with 0: it flushed everything."""
 
     def start(self) -> RecorderProcess:
         self._spawn()
@@ -370,13 +390,15 @@ class RecorderProcess(Backlog):
             log.error("the recording process exited at once (code %s)", code)
             self._failed()
             return
+        reader = threading.Thread(target=self._read_reports, args=(child,), name="examlops-recording-reader")
+        reader.daemon = True
         with self._lock:
-            self._child, self._connected, self._shipped, self._writing, self._last = child, False, 0, 0, _Totals()
+            self._child, self._reader, self._connected = child, reader, False
+            self._shipped, self._writing, self._last = 0, 0, _Totals()
+            self._heard_at = time.monotonic()
             self._started += 1
             self.restarts = self._started - 1
-        self._reader = threading.Thread(target=self._read_reports, args=(child,), name="examlops-recording-reader")
-        self._reader.daemon = True
-        self._reader.start()
+        reader.start()
 
     def _failed(self) -> None:
         with self._lock:
@@ -396,6 +418,7 @@ class RecorderProcess(Backlog):
                 if child is not self._child:
                     return
                 last, self._last, self._connected = self._last, now, True
+                self._heard_at = time.monotonic()
                 if now.recorded > last.recorded:
                     self._failures = 0
             self._m_recorded.inc(max(0, now.recorded - last.recorded))
@@ -405,7 +428,8 @@ class RecorderProcess(Backlog):
 
     def _reap(self, *, wait_s: float = 0.0) -> bool:
         """True when there is no child, or it has exited (then its figures are settled, once)."""
-        child = self._child
+        with self._lock:
+            child, reader = self._child, self._reader
         if child is None:
             return True
         try:
@@ -414,7 +438,6 @@ class RecorderProcess(Backlog):
             return False
         if code is None:
             return False
-        reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(5)  # its last report is read before its stdout closes
         with self._lock:
@@ -426,8 +449,8 @@ class RecorderProcess(Backlog):
             self._past.retried += self._last.retried
             self._past.dropped += self._last.dropped
             self._past.cpu_s += self._last.cpu_s
-            self._child, self._shipped, self._writing, self._last = None, 0, 0, _Totals()
-            self._clean = code == 0
+            self._child, self._reader, self._shipped, self._writing, self._last = None, None, 0, 0, _Totals()
+            self._exit_code = code
         for pipe in (child.stdin, child.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
@@ -440,10 +463,21 @@ class RecorderProcess(Backlog):
         return True
 
     def _connected_child(self) -> subprocess.Popen[bytes] | None:
-        """The running child once it has reported; starts one when none runs and the delay has passed."""
+        """The running child once it has reported; starts one when none runs and the delay has passed.
+
+        A child that does not report within ``start_timeout_s`` of its start, or goes silent for
+        ``silence_s`` after, is stopped: what it held is counted as dropped, and another is started.
+        """
         self._reap()
         with self._lock:
-            child, connected = self._child, self._connected
+            child, connected, silent = self._child, self._connected, time.monotonic() - self._heard_at
+        if child is not None and silent > (self.silence_s if connected else self.start_timeout_s):
+            what = "went silent" if connected else "did not start"
+            log.error("the recording process %s (no report for %.0f s); stopping it", what, silent)
+            with contextlib.suppress(OSError):
+                child.kill()
+            self._reap(wait_s=5)
+            return None
         if child is None and time.monotonic() >= self._next_start and not self._abandon.is_set():
             log.warning("starting the recording process again")
             self._spawn()
@@ -461,6 +495,7 @@ class RecorderProcess(Backlog):
                     self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
                 else:
                     kept.append(served)
+            self._in_hand = len(kept)
             if not kept:
                 return
             batch, data = kept, encode_batch(kept)
@@ -492,12 +527,17 @@ class RecorderProcess(Backlog):
                 self._reap(wait_s=5)
                 continue
             with self._lock:
-                if child is self._child:
+                shipped = child is self._child
+                if shipped:
                     self._writing = 0
-                    return
+            if shipped:
+                if self.tick is not None:
+                    self.tick()  # under load there is no idle time to do it in
+                return
             # The child exited while the frame went into its pipe, and was settled without it.
             self._drop(n, f"the recording process exited holding {n} records")
             return
+        self._in_hand = 0
         self._drop(n, f"{n} records abandoned at close")
 
     def _idle(self) -> None:
@@ -536,7 +576,8 @@ class RecorderProcess(Backlog):
             child.stdin.flush()
         with contextlib.suppress(OSError):
             child.stdin.close()
-        self._reap(wait_s=max(0.01, left))
+        if self._reap(wait_s=max(0.01, left)):
+            self._clean = self._exit_code == 0
 
 
 def _stop(child: subprocess.Popen[bytes]) -> int:

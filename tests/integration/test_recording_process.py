@@ -62,7 +62,13 @@ def test_the_bridge_records_through_a_child_at_nice_19_once_per_job(
     with bridge_recording(settings, registry) as recorder:
         assert isinstance(recorder, RecorderProcess)
         assert recorder.pid is not None and recorder.pid != os.getpid()
-        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, recorder.pid or 0) == 19, "the child's nice value")
+        wait_for(lambda: recorder.connected, "the child's first report")
+        # os.nice applies to the calling thread on Linux: every thread of the child must be at 19.
+        tasks = Path(f"/proc/{recorder.pid}/task")
+        wait_for(
+            lambda: {os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in tasks.iterdir()} == {19},
+            "nice 19 in every thread of the child",
+        )
         for job in range(300):
             recorder.record([served(job)])
         wait_for(lambda: recorder.stats().recorded == 300, "300 records")
@@ -72,7 +78,6 @@ def test_the_bridge_records_through_a_child_at_nice_19_once_per_job(
         os.kill(child, 0)  # flushed and exited when the bridge closed its stdin
     stats = recorder.stats()
     assert (stats.recorded, stats.dropped, stats.queue_depth, recorder.restarts) == (300, 0, 0, 0)
-    assert stats.cpu_s > 0
     assert registry.get_sample_value("examlops_recorder_recorded_total") == 300
     jobs = Counter(s.job_id for s in SnapshotStream(client).read("JPCP"))
     assert jobs == Counter(f"job-{i}" for i in range(300))
@@ -102,7 +107,7 @@ def test_a_killed_child_is_started_again_and_the_counters_carry_on(
         first = recorder.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: recorder.pid != first, "a new child", timeout=10)
+        wait_for(lambda: recorder.connected and recorder.pid != first, "a new child", timeout=20)
         recorder.record([served(job) for job in range(100, 200)])
         assert recorder.close(30)
     finally:
@@ -191,7 +196,7 @@ def test_a_close_that_times_out_stops_the_child_and_counts_every_unwritten_recor
     server.start()
     recorder = recorder_for(settings_for(tmp_path, server.url))
     try:
-        wait_for(lambda: recorder.pid is not None, "the child")
+        wait_for(lambda: recorder.connected, "the child's first report")
         server.stop()
         recorder.record([served(job) for job in range(10)])
         child = recorder.pid

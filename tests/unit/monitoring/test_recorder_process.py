@@ -118,7 +118,8 @@ from pathlib import Path
 state = Path(sys.argv[1])
 starts = state / "starts"
 n = int(starts.read_text()) if starts.exists() else 0
-starts.write_text(str(n + 1))
+(state / "starts.new").write_text(str(n + 1))
+(state / "starts.new").replace(starts)  # whole, for a reader in the test
 modes = (state / "modes").read_text().split(",")
 mode = modes[min(n, len(modes) - 1)]
 if mode == "exit":
@@ -206,7 +207,7 @@ def test_a_child_that_cannot_start_is_tried_again_with_a_growing_delay_and_gets_
 def test_the_bridge_ships_no_more_than_its_bound_to_a_child_that_does_not_keep_up(tmp_path: Path) -> None:
     recorder = stand_in(tmp_path, "stuck", maxsize=20)
     try:
-        wait_for(lambda: recorder.pid is not None, "the child")
+        wait_for(lambda: recorder.connected, "the child's first report")
         recorder.record([served(i) for i in range(20)])
         wait_for(lambda: recorder.held() == 20, "20 records shipped")
         recorder.record([served(i) for i in range(20, 120)])
@@ -221,3 +222,35 @@ def test_the_bridge_ships_no_more_than_its_bound_to_a_child_that_does_not_keep_u
         recorder.close(1)
     stats = recorder.stats()
     assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 120, 0)
+
+
+def test_a_child_that_goes_silent_is_stopped_and_its_records_counted_then_another_takes_over(
+    tmp_path: Path,
+) -> None:
+    recorder = stand_in(tmp_path, "stuck,serve", silence_s=0.5)
+    try:
+        wait_for(lambda: recorder.connected, "the child's first report")
+        stuck = recorder.pid
+        recorder.record([served(i) for i in range(5)])
+        wait_for(lambda: recorder.stats().dropped == 5, "the stuck child stopped")
+        wait_for(lambda: recorder.connected and recorder.pid != stuck, "the next child")
+        recorder.record([served(i) for i in range(5, 8)])
+        assert recorder.close(10)
+    finally:
+        recorder.close(1)
+    assert (recorder.stats().recorded, recorder.stats().dropped, recorder.restarts) == (3, 5, 1)
+    assert written(tmp_path) == ["job-5", "job-6", "job-7"]
+
+
+class Failing(Collecting):
+    def _write(self, batch: Sequence[Served]) -> None:
+        raise RuntimeError("not an outage: a bug, a full disk")
+
+
+def test_a_batch_whose_write_fails_for_another_reason_than_an_outage_is_counted_as_dropped() -> None:
+    backlog = Failing()
+    backlog.start()
+    backlog.record([served(i) for i in range(4)])
+    assert backlog.close(5)
+    stats = backlog.stats()
+    assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 4, 0)
