@@ -32,13 +32,14 @@ own threads only ship batches to it; the loaded bridge's figures are printed
 per thread (main: the event loop; threads: the shipping thread) and for its
 children (the recording process).
 
-Redis rewrites its AOF every few seconds under this load (the bus appends
-~9.6 KB a job to it, most of it the job's payload; recording adds ~0.9 KB), and
-a rewrite's child takes a core for a large part of a segment. Each segment
-notes whether a rewrite ran during its load and the AOF bytes it appended; the
-cost is printed over all pairs and over the pairs with no rewrite in either
-segment. Redis starts a rewrite when the AOF passes 64 MB and has doubled since
-the last one, so every so many segments: with the order strictly alternating
+Redis rewrites its AOF under this load (the bus appends ~9.6 KB a job to it,
+most of it the job's payload; recording adds ~0.9 KB), and a rewrite's child
+takes a core for a large part of a segment. Each segment notes whether a
+rewrite ran during its load and the AOF bytes it appended; the cost is printed
+over all pairs and over the pairs with no rewrite in either segment. Redis
+starts a rewrite when the AOF passes 64 MB and has grown to 5x its size after
+the last one (``platform/redis_server.py``; at Redis's 2x it was every few
+seconds here), so every so many segments: with the order strictly alternating
 (off-on, on-off, ...) rewrites fell in segments with recording on more than
 twice as often as in those with it off, in each of four runs, though those
 wrote 52 % of the bytes, perhaps that period meeting the order's. Each phase
