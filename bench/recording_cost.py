@@ -48,7 +48,13 @@ now runs as many rounds of each order, shuffled (``--seed``).
 ``--control`` runs both bridges with recording off: the "cost" it prints is
 the bench's own bias and noise, and should be ~0.
 
-    .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--seed 1] [--control]
+    .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--seed 1]
+        [--control] [--thread | --versus-thread]
+
+``--thread`` records from a thread of the bridge instead of the recording
+process (``EXAMLOPS_RECORDING__PROCESS=false``): the design it replaced.
+``--versus-thread`` compares the two directly: the 'off' bridge records from
+its thread, the 'on' bridge through the recording process.
 
 ``--rounds`` is the number of on/off pairs per phase (two phases). The
 recorder's backlog while the load runs is measured from outside: jobs answered
@@ -137,6 +143,7 @@ class Segment:
 class Phase:
     recording_model: str
     answered_on: int = 0
+    answered_off: int = 0
     new_snapshots_on: int = 0
     new_snapshots_off: int = 0
     new_events: int = 0
@@ -234,7 +241,11 @@ def run_phase(
     snaps_on, snaps_off = snapshots(client, recording_model), snapshots(client, plain_model)
     events = served_events(client)
     try:
-        bridges["off"] = start([*base, "--no-record", "--model", plain_model], env, logs["off"])
+        if args.versus_thread:  # the 'off' bridge records too, from its own thread
+            off_env = env | {"EXAMLOPS_RECORDING__PROCESS": "false"}
+            bridges["off"] = start([*base, "--model", plain_model], off_env, logs["off"])
+        else:
+            bridges["off"] = start([*base, "--no-record", "--model", plain_model], env, logs["off"])
         on_argv = [*base, "--model", recording_model] + (["--no-record"] if args.control else [])
         bridges["on"] = start(on_argv, env, logs["on"])
         for flag, log in logs.items():
@@ -259,7 +270,7 @@ def run_phase(
                         forks_loaded, rewriting_at_end, _ = aof_forks(client)
                         segment.started = forks_loaded - forks_before
                         segment.touched = bool(segment.started or rewriting or rewriting_at_end)
-                        if record and not args.control:
+                        if (record or args.versus_thread) and not args.control:
                             ended = time.perf_counter()
                             target = snaps_before + segment.jobs
                             while snapshots(client, model) < target:
@@ -289,6 +300,8 @@ def run_phase(
                         segment.threads_ms["children"] = max(0.0, loaded - own) * per_job
                         if record:
                             phase.answered_on += segment.jobs
+                        else:
+                            phase.answered_off += segment.jobs
                         segments.append(segment)
                         label = ("off*" if args.control else "on ") if record else "off"
                         print(
@@ -318,6 +331,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12, help="On/off pairs per phase (two phases).")
     parser.add_argument("--control", action="store_true", help="Both bridges without recording: the bench's bias.")
     parser.add_argument("--seed", type=int, default=1, help="Seeds the order of the rounds (printed).")
+    parser.add_argument(
+        "--versus-thread",
+        action="store_true",
+        help="The 'off' bridge records from its thread: the cost printed is the process's against the thread's.",
+    )
+    parser.add_argument(
+        "--thread",
+        action="store_true",
+        help="Record from a thread of the bridge (EXAMLOPS_RECORDING__PROCESS=false), not the recording process.",
+    )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -343,6 +366,8 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server.url}
     env["EXAMLOPS_SERVING__PORT"] = str(serving_port)
+    if args.thread:
+        env["EXAMLOPS_RECORDING__PROCESS"] = "false"
     exa = [sys.executable, "-m", "examlops.cli.main"]
     serving = start([*exa, "serve", "start"], env, home / "serving.log")
     url = f"http://127.0.0.1:{serving_port}"
@@ -390,6 +415,9 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     )
     if args.control:
         print("CONTROL RUN: the 'on' bridge records nothing too (off*); any cost below is the bench's own bias")
+    print(f"recording written from {'a thread of the bridge' if args.thread else 'the recording process'}")
+    if args.versus_thread:
+        print("VERSUS-THREAD RUN: 'off' records from a thread of its bridge; the cost is 'on' against that")
     print(f"\n{'seg':<4} {'rec':<4} {'model':<5} {'jobs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}", end="")
     print(f" {'backlog p50/max':>16} {'drain s':>7}  cpu ms per job")
     for i, seg in enumerate(segments):
@@ -464,10 +492,16 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     print("\ncounts per phase (new snapshots == new inference.served events == jobs answered with recording on):")
     for phase in phases:
         expected = 0 if args.control else phase.answered_on
-        ok = phase.new_snapshots_on == phase.new_events == expected and phase.new_snapshots_off == 0
+        expected_off = phase.answered_off if args.versus_thread else 0
+        ok = (
+            phase.new_snapshots_on == expected
+            and phase.new_events == expected + expected_off
+            and phase.new_snapshots_off == expected_off
+        )
         print(
             f"  recording {phase.recording_model}: snapshots {phase.new_snapshots_on}, events {phase.new_events}, "
-            f"expected {expected}; the other model's snapshots {phase.new_snapshots_off}: "
+            f"expected {expected} (events + {expected_off} from the other bridge); the other model's snapshots "
+            f"{phase.new_snapshots_off}: "
             f"{'OK' if ok else 'MISMATCH'}"
         )
 
