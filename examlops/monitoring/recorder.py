@@ -1,10 +1,15 @@
 """The inference recorder: the bridge's ``on_served`` hook, a bounded queue and one background thread.
 
+``Backlog`` is the queue and its thread; ``Recorder`` is the backlog whose thread writes to Redis. A bridge
+runs a ``Recorder`` in its recording process (``recorder_process``: the bridge's own thread only ships the
+batches there), or, with ``EXAMLOPS_RECORDING__PROCESS=false``, in its own process.
+
 Contract:
 
-- ``record`` runs on the bridge's event loop and never blocks: it appends each served inference to a
-  bounded queue (a deque; an event wakes the thread when it was empty). Past the bound the item is
-  dropped, counted (``dropped``) and logged once per burst, never silently.
+- ``record`` runs on the bridge's event loop (or the recording process's reading thread) and never
+  blocks: it appends each served inference to a bounded queue (a deque; an event wakes the thread when it
+  was empty). Past the bound the item is dropped, counted (``dropped``) and logged once per burst, never
+  silently.
 - The thread takes up to ``batch_size`` items at a time (when fewer are waiting it lingers ``linger_s``
   for more, so that under load it writes batches instead of waking and calling Redis once per job: a
   batch costs ~0.3 ms of CPU here whatever its size, ~4 us per job at ~80 jobs a batch and ~35 at 8),
@@ -21,6 +26,8 @@ Contract:
   request.
 - While Redis is unavailable the thread retries with backoff (0.1 s doubling to 2 s) and the queue
   holds what arrives meanwhile; nothing is lost while the bound holds (``retried`` counts the retries).
+- A batch taken from the queue counts in the queue depth until it is written; a write that fails other
+  than by an outage (a bug, Redis refusing the write) counts its records as dropped, and logs why.
 - ``close(timeout)`` flushes the queue and writes a final audit checkpoint; it returns False (and logs
   how many records were left) when the queue could not be flushed in time. It logs what the recorder did,
   with the CPU its thread spent writing (``cpu_s``, also a counter): the bridge's own cost of recording.
