@@ -8,6 +8,7 @@ down and back in the middle of the stream.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -21,18 +22,22 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from examlops.bootstrap import bridge_recording, recording_process_argv, settings_json
+from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
 from examlops.monitoring.audit import connect
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder_process import RecorderProcess
 from examlops.monitoring.snapshots import SnapshotStream
 from examlops.platform.redis_server import EmbeddedRedis
+from examlops.serving.bus_client import BusClient
 from tests.integration.conftest import free_port
+from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
 from tests.integration.test_recording import served, served_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SECRET = "recording-process-secret"
+__all__ = ["standin"]  # the fixture, used by the bridge test below
 
 
 def settings_for(tmp_path: Path, redis_url: str) -> Settings:
@@ -209,3 +214,26 @@ def test_a_close_that_times_out_stops_the_child_and_counts_every_unwritten_recor
     finally:
         recorder.close(1)
         server.stop()
+
+
+async def test_the_bridge_records_every_bus_job_once_through_the_recording_process(
+    tmp_path: Path, redis_server: str, client: redis.Redis, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_server, standin.port)
+    with bridge_recording(settings) as recorder:
+        assert isinstance(recorder, RecorderProcess)
+        async with (
+            BusClient.from_settings(settings, caller="t") as bus_client,
+            running_bridge(settings, on_served=recorder),
+        ):
+            jobs = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(80)]
+            replies = await asyncio.gather(*jobs)
+            for i in range(3):  # copies of answered jobs are acked, never served or recorded again
+                with pytest.raises(DeadlineExceeded):
+                    await bus_client.request(ADDRESS, PAYLOAD, 1, job_id=f"bus-{i}")
+    assert sum(reply["error"] is None for reply in replies) == 80
+    assert (recorder.stats().recorded, recorder.stats().dropped) == (80, 0)
+    jobs_seen = Counter(s.job_id for s in SnapshotStream(client).read("JPCP"))
+    assert jobs_seen == Counter(f"bus-{i}" for i in range(80))
+    assert Counter(e["job_id"] for e in served_events(client)) == jobs_seen
+    assert verify(client, settings.secret.get_secret_value().encode(), None).ok
