@@ -231,13 +231,6 @@ def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
     settings = Settings.model_validate_json(hello.config)
     with audit_trail(settings) as trail:
         tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-        recorder = Recorder(
-            trail,
-            tracker,
-            maxsize=hello.maxsize,
-            batch_size=hello.batch_size,
-            linger_s=hello.linger_s,
-            max_backoff_s=hello.max_backoff_s,
-        )
+        recorder = Recorder(trail, tracker, hello.tuning)
         lower_priority(hello.nice)
         return serve(recorder.start(), frames, reports)

@@ -96,6 +96,30 @@ class RecorderStats:
     """CPU time the recorder's thread spent preparing and writing records (not waiting)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """How a backlog queues and batches; the bridge sends its own to its recording process."""
+
+    maxsize: int = 10_000
+    """The queue's bound: past it, records are dropped (counted and logged)."""
+    batch_size: int = 256
+    idle_s: float = 1.0
+    """With nothing queued, the thread does its idle work (an audit checkpoint when due) this often."""
+    max_backoff_s: float = 2.0
+    """The longest wait between two tries while Redis is unavailable."""
+    linger_s: float = 0.1
+    """How long the thread waits for a batch to fill when fewer than ``batch_size`` are queued."""
+
+    def __post_init__(self) -> None:
+        if self.maxsize < 1:
+            raise ValueError(f"the recorder's queue needs a bound of at least 1, not {self.maxsize}")
+        if self.batch_size < 1:
+            raise ValueError(f"a batch must hold at least 1 record, not {self.batch_size}")
+
+
+DEFAULT_TUNING = Tuning()
+
+
 class Backlog:
     """A bounded queue filled from the bridge's event loop and emptied in batches by one thread.
 
@@ -107,25 +131,15 @@ class Backlog:
     label = "recorder"
     """How the totals logged at close name this queue."""
 
-    def __init__(
-        self,
-        *,
-        maxsize: int = 10_000,
-        batch_size: int = 256,
-        registry: CollectorRegistry | None = None,
-        idle_s: float = 1.0,
-        max_backoff_s: float = 2.0,
-        linger_s: float = 0.1,
-    ) -> None:
-        self.batch_size = batch_size
-        self.idle_s = idle_s
-        self.linger_s = linger_s
-        self.max_backoff_s = max_backoff_s
+    def __init__(self, tuning: Tuning = DEFAULT_TUNING, *, registry: CollectorRegistry | None = None) -> None:
+        self.tuning = tuning
+        self.maxsize = tuning.maxsize
+        self.batch_size = tuning.batch_size
+        self.idle_s = tuning.idle_s
+        self.linger_s = tuning.linger_s
+        self.max_backoff_s = tuning.max_backoff_s
         # A deque and an event rather than a queue.Queue: a put and a get cost ~0.05 us instead of ~1 us (the
         # queue's lock and condition), and the put runs on the bridge's event loop once per job.
-        if maxsize < 1:
-            raise ValueError(f"the recorder's queue needs a bound of at least 1, not {maxsize}")
-        self.maxsize = maxsize
         self._queue: collections.deque[Served] = collections.deque()
         self._arrived = threading.Event()
         self._closing = threading.Event()
@@ -275,6 +289,19 @@ class Backlog:
         except Exception:
             log.exception("the %s failed a step", self.label)
 
+    def _each(self, batch: Sequence[Served], convert: Callable[[Served], T]) -> tuple[list[Served], list[T]]:
+        """The records that ``convert`` takes, and what it makes of them; one it raises for is dropped."""
+        kept: list[Served] = []
+        made: list[T] = []
+        for served in batch:
+            try:
+                made.append(convert(served))
+            except Exception as exc:
+                self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
+            else:
+                kept.append(served)
+        return kept, made
+
     def _write(self, batch: Sequence[Served]) -> None:
         """Write (or ship) ``batch``; ``_in_hand`` is what of it is still unsettled (dropped on an exception)."""
         raise NotImplementedError
@@ -293,22 +320,11 @@ class Recorder(Backlog):
         self,
         trail: AuditTrail,
         tracker: FailureTracker | None = None,
+        tuning: Tuning = DEFAULT_TUNING,
         *,
-        maxsize: int = 10_000,
-        batch_size: int = 256,
         registry: CollectorRegistry | None = None,
-        idle_s: float = 1.0,
-        max_backoff_s: float = 2.0,
-        linger_s: float = 0.1,
     ) -> None:
-        super().__init__(
-            maxsize=maxsize,
-            batch_size=batch_size,
-            registry=registry,
-            idle_s=idle_s,
-            max_backoff_s=max_backoff_s,
-            linger_s=linger_s,
-        )
+        super().__init__(tuning, registry=registry)
         self.trail = trail
         self.tracker = tracker
         self._down = False
@@ -324,15 +340,7 @@ class Recorder(Backlog):
         self.trail.checkpoint_now()
 
     def _write(self, batch: Sequence[Served]) -> None:
-        rows: list[Row] = []
-        kept: list[Served] = []
-        for served in batch:
-            try:
-                rows.append(_row(served))
-            except Exception as exc:
-                self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
-            else:
-                kept.append(served)
+        kept, rows = self._each(batch, _row)
         self._in_hand = len(rows)
         if not rows:
             return

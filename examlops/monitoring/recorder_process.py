@@ -49,6 +49,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -64,7 +65,7 @@ from typing import IO, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
-from examlops.monitoring.recorder import Backlog, RecorderStats, Served
+from examlops.monitoring.recorder import DEFAULT_TUNING, Backlog, RecorderStats, Served, Tuning
 from examlops.monitoring.snapshots import embedding_stats
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,15 @@ class Shipped(NamedTuple):
 
 @dataclass(frozen=True)
 class Hello:
-    """The first frame: the child's configuration (opaque here; the bridge's settings) and its queue's tuning."""
+    """The first frame: the child's configuration (opaque here; the bridge's settings), its queue's tuning
+    and the nice value it takes once started."""
 
     config: str
-    maxsize: int
-    batch_size: int
-    linger_s: float
-    max_backoff_s: float
+    tuning: Tuning
     nice: int = 0
+
+    def encode(self) -> bytes:
+        return control({"config": self.config, "tuning": asdict(self.tuning), "nice": self.nice})
 
 
 def frame(body: bytes, count: int) -> bytes:
@@ -150,7 +152,8 @@ def read_hello(stream: IO[bytes]) -> Hello | None:
     count, body = got
     if count != 0:
         raise ValueError("the recording process's first frame must be its hello")
-    return Hello(**json.loads(body))
+    data = json.loads(body)
+    return Hello(str(data["config"]), Tuning(**data["tuning"]), int(data["nice"]))
 
 
 # The child's side.
@@ -261,31 +264,22 @@ class RecorderProcess(Backlog):
         self,
         argv: Sequence[str],
         config: str,
+        tuning: Tuning = DEFAULT_TUNING,
         *,
+        registry: CollectorRegistry | None = None,
         nice: int = 19,
         tick: Callable[[], None] | None = None,
-        maxsize: int = 10_000,
-        batch_size: int = 256,
-        registry: CollectorRegistry | None = None,
-        idle_s: float = 1.0,
-        max_backoff_s: float = 2.0,
-        linger_s: float = 0.1,
         restart_s: float = 1.0,
         max_restart_s: float = 30.0,
         start_timeout_s: float = 60.0,
         silence_s: float = 30.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(
-            maxsize=maxsize,
-            batch_size=min(batch_size, maxsize),  # a batch larger than the child's bound could never be shipped
-            registry=registry,
-            idle_s=idle_s,
-            max_backoff_s=max_backoff_s,
-            linger_s=linger_s,
-        )
+        # A batch larger than the child's bound could never be shipped.
+        tuning = dataclasses.replace(tuning, batch_size=min(tuning.batch_size, tuning.maxsize))
+        super().__init__(tuning, registry=registry)
         self.argv = list(argv)
-        self.hello = Hello(config, maxsize, self.batch_size, linger_s, max_backoff_s, nice)
+        self.hello = Hello(config, tuning, nice)
         self.tick = tick
         self.env = dict(env) if env is not None else None
         self.restart_s = restart_s
@@ -383,7 +377,7 @@ class RecorderProcess(Backlog):
             return
         assert child.stdin is not None
         try:
-            child.stdin.write(control(asdict(self.hello)))
+            child.stdin.write(self.hello.encode())
             child.stdin.flush()
         except OSError:
             code = _stop(child)
@@ -486,15 +480,8 @@ class RecorderProcess(Backlog):
     def _write(self, batch: Sequence[Served]) -> None:
         try:
             data = encode_batch(batch)
-        except Exception as exc:  # a record that does not pickle: find it, ship the rest
-            kept = []
-            for served in batch:
-                try:
-                    encode_batch([served])
-                except Exception:
-                    self._drop(1, f"job {served.job_id} cannot be recorded: {exc}")
-                else:
-                    kept.append(served)
+        except Exception:  # a record that does not pickle: find it, ship the rest
+            kept, _ = self._each(batch, lambda served: encode_batch([served]))
             self._in_hand = len(kept)
             if not kept:
                 return

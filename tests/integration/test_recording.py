@@ -25,7 +25,7 @@ from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, connect
 from examlops.monitoring.audit_verify import verify
-from examlops.monitoring.recorder import Recorder
+from examlops.monitoring.recorder import Recorder, Tuning
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.serving.bus import ServedInference
@@ -77,7 +77,7 @@ def test_counts_are_one_to_one_with_two_bridges_writing_and_writes_retried_after
 ) -> None:
     clients = [connect(redis_server) for _ in range(2)]
     trails = [LosingReplies(c, SECRET) for c in clients]
-    recorders = [Recorder(trail, batch_size=16, max_backoff_s=0.01).start() for trail in trails]
+    recorders = [Recorder(trail, tuning=Tuning(batch_size=16, max_backoff_s=0.01)).start() for trail in trails]
 
     def feed(recorder: Recorder, jobs: range) -> None:
         for job in jobs:
@@ -120,7 +120,7 @@ def test_a_write_retried_with_its_call_key_writes_nothing_twice_and_leaves_no_ke
     assert len(served_events(client)) == 6
     assert verify(client, SECRET, None).ok
     # The recorder: one short-lived key per batch written, none per job.
-    recorder = Recorder(AuditTrail(client, SECRET), batch_size=50, linger_s=0.5).start()
+    recorder = Recorder(AuditTrail(client, SECRET), tuning=Tuning(batch_size=50, linger_s=0.5)).start()
     recorder.record([served(i) for i in range(200)])
     assert recorder.close(10) and recorder.stats().recorded == 200
     keys = [str(k) for k in client.scan_iter("examlops:recorded:*")]
@@ -170,7 +170,7 @@ def test_past_its_bound_the_queue_drops_counts_and_logs_never_silently(
     client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     registry = CollectorRegistry()
-    recorder = Recorder(AuditTrail(client, SECRET), maxsize=5, registry=registry)
+    recorder = Recorder(AuditTrail(client, SECRET), tuning=Tuning(maxsize=5), registry=registry)
     with caplog.at_level(logging.ERROR, logger="examlops.monitoring.recorder"):
         recorder.record([served(i) for i in range(8)])
     assert recorder.stats().dropped == 3 and recorder.stats().queue_depth == 5
@@ -193,7 +193,7 @@ def test_redis_restarted_mid_stream_loses_no_record(tmp_path: Path) -> None:
     server.start()
     client = connect(server.url)
     registry = CollectorRegistry()
-    recorder = Recorder(AuditTrail(client, SECRET), registry=registry, max_backoff_s=0.2).start()
+    recorder = Recorder(AuditTrail(client, SECRET), tuning=Tuning(max_backoff_s=0.2), registry=registry).start()
     try:
         for job in range(100):
             recorder.record([served(job)])
@@ -275,7 +275,7 @@ def test_a_recorder_closed_while_redis_is_down_counts_what_it_could_not_write(tm
     server = EmbeddedRedis(tmp_path / "redis", free_port())
     server.start()
     client = connect(server.url)
-    recorder = Recorder(AuditTrail(client, SECRET), max_backoff_s=0.1).start()
+    recorder = Recorder(AuditTrail(client, SECRET), tuning=Tuning(max_backoff_s=0.1)).start()
     try:
         server.stop()
         recorder.record([served(i) for i in range(10)])

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
 from examlops.monitoring.audit import connect
 from examlops.monitoring.audit_verify import verify
+from examlops.monitoring.recorder import Tuning
 from examlops.monitoring.recorder_process import RecorderProcess
 from examlops.monitoring.snapshots import SnapshotStream
 from examlops.platform.redis_server import EmbeddedRedis
@@ -33,6 +32,7 @@ from examlops.serving.bus_client import BusClient
 from tests.integration.conftest import free_port
 from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
 from tests.integration.test_recording import served, served_events
+from tests.unit.monitoring.test_recorder_process import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -46,16 +46,8 @@ def settings_for(tmp_path: Path, redis_url: str) -> Settings:
 
 def recorder_for(settings: Settings, registry: CollectorRegistry | None = None) -> RecorderProcess:
     return RecorderProcess(
-        recording_process_argv(), settings_json(settings), registry=registry, restart_s=0.1, max_backoff_s=0.2
+        recording_process_argv(), settings_json(settings), Tuning(max_backoff_s=0.2), registry=registry, restart_s=0.1
     ).start()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_the_bridge_records_through_a_child_at_nice_19_once_per_job(

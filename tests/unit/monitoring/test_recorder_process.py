@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from examlops.monitoring.recorder import Backlog, Served, _row
+from examlops.monitoring.recorder import Backlog, Served, Tuning, _row
 from examlops.monitoring.recorder_process import (
     HEADER,
     MAX_FRAME,
@@ -47,7 +47,7 @@ def served(job: int, embedding: tuple[float, ...] = (0.5, -0.25, 1.0, 0.0)) -> S
 
 class Collecting(Backlog):
     def __init__(self) -> None:
-        super().__init__(linger_s=0)
+        super().__init__(Tuning(linger_s=0))
         self.written: list[Served] = []
 
     def _write(self, batch: Sequence[Served]) -> None:
@@ -83,8 +83,8 @@ def test_a_frame_cut_short_reads_as_the_end_and_a_huge_one_is_refused() -> None:
     assert read_frame(io.BytesIO(whole[:-1])) is None
     with pytest.raises(ValueError, match="out of step"):
         read_frame(io.BytesIO(HEADER.pack(MAX_FRAME + 1, 1)))
-    hello = Hello("{}", 10, 5, 0.1, 2.0)
-    assert read_hello(io.BytesIO(control(hello.__dict__))) == hello
+    hello = Hello("{}", Tuning(maxsize=10, batch_size=5), 19)
+    assert read_hello(io.BytesIO(hello.encode())) == hello
     assert read_hello(io.BytesIO(b"")) is None
     with pytest.raises(ValueError, match="hello"):
         read_hello(io.BytesIO(whole))
@@ -146,17 +146,18 @@ class Keep(Backlog):
         self.recorded += len(batch)
 
 
-serve(Keep(maxsize=hello.maxsize, linger_s=0).start(), sys.stdin.buffer, out, report_every_s=0.02)
+serve(Keep(hello.tuning).start(), sys.stdin.buffer, out, report_every_s=0.02)
 """
 
 
-def stand_in(tmp_path: Path, modes: str, **options: float) -> RecorderProcess:
+def stand_in(tmp_path: Path, modes: str, *, maxsize: int = 10_000, **options: float) -> RecorderProcess:
     (tmp_path / "modes").write_text(modes)
     argv = [sys.executable, "-c", CHILD, str(tmp_path)]
-    return RecorderProcess(argv, "{}", nice=0, restart_s=0.05, linger_s=0.01, **options).start()  # type: ignore[arg-type]
+    tuning = Tuning(maxsize=maxsize, linger_s=0.01)
+    return RecorderProcess(argv, "{}", tuning, nice=0, restart_s=0.05, **options).start()
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -254,3 +255,15 @@ def test_a_batch_whose_write_fails_for_another_reason_than_an_outage_is_counted_
     assert backlog.close(5)
     stats = backlog.stats()
     assert (stats.recorded, stats.dropped, stats.queue_depth) == (0, 4, 0)
+
+
+def test_a_record_that_cannot_be_shipped_is_dropped_and_the_rest_of_its_batch_goes(tmp_path: Path) -> None:
+    recorder = stand_in(tmp_path, "serve")
+    try:
+        unshippable = dataclasses.replace(served(1), reply={"prediction": 0.5, "why": lambda: None})
+        recorder.record([served(0), unshippable, served(2)])
+        assert recorder.close(10)
+    finally:
+        recorder.close(1)
+    assert (recorder.stats().recorded, recorder.stats().dropped) == (2, 1)
+    assert written(tmp_path) == ["job-0", "job-2"]
