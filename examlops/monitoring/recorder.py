@@ -391,7 +391,9 @@ def _row(served: Served) -> Row:
     """The audit event of one served job, with its snapshot as the side write (computed off the event loop).
 
     Builds what ``Entry(..., side=snapshot_of(...).side_write()).row()`` gives without the intermediate
-    objects: this runs once per bus job.
+    objects: this runs once per bus job. A record that carries its embedding's statistics already
+    (``embedding_stats``: the recording process receives them so, ``recorder_process.Shipped``) is not
+    given its embedding.
     """
     reply = served.reply
     code = "" if reply.get("error") is None else str(reply.get("code") or "error")

@@ -240,8 +240,8 @@ def serve(
 
 
 def lower_priority(nice: int) -> None:
-    """Called by the child once it has started and connected: start-up (imports, connections) runs at
-    normal priority, so that a busy machine does not leave a new child starting for minutes."""
+    """Called by the child once it has started: start-up (imports, SQL tables) runs at normal priority, so
+    that on a busy machine a new child is not left starting for a long time."""
     if nice > 0 and hasattr(os, "nice"):
         os.nice(nice)
 
@@ -288,13 +288,13 @@ class RecorderProcess(Backlog):
         """A child that has not reported this long after its start is stopped (and started again)."""
         self.silence_s = silence_s
         """A child silent this long (it reports every ``HEARTBEAT_S``) is taken for stuck and stopped."""
-        self.restarts = 0
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._connected = False
         """Whether the current child has reported (it is connected; frames may go to it)."""
         self._started = 0
+        """Children started so far."""
         self._failures = 0
         """Children in a row that exited without writing anything: the restart delay doubles with each."""
         self._next_start = 0.0
@@ -319,6 +319,11 @@ class RecorderProcess(Backlog):
         return self
 
     # Counters.
+
+    @property
+    def restarts(self) -> int:
+        """Children started after the first."""
+        return max(0, self._started - 1)
 
     @property
     def pid(self) -> int | None:
@@ -391,7 +396,6 @@ class RecorderProcess(Backlog):
             self._shipped, self._writing, self._last = 0, 0, _Totals()
             self._heard_at = time.monotonic()
             self._started += 1
-            self.restarts = self._started - 1
         reader.start()
 
     def _failed(self) -> None:
