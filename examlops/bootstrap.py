@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.recorder import Backlog
+    from examlops.monitoring.recorder import Backlog, Recorder, Tuning
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 
@@ -188,8 +188,6 @@ def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = Non
     outbox delivered to the Prefect deployment `retrain/retrain` by another thread. Both are flushed and
     stopped on exit.
     """
-    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
-    from examlops.monitoring.recorder import Recorder
     from examlops.monitoring.recorder_process import RecorderProcess
     from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox
 
@@ -204,8 +202,7 @@ def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = Non
                 registry=metrics,
             ).start()
         else:
-            tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-            recorder = Recorder(trail, tracker, registry=metrics).start()
+            recorder = redis_recorder(settings, trail, registry=metrics).start()
         delivery = OutboxDelivery(RedisOutbox(trail.redis), PrefectRetrainRequester(settings.prefect_api_url), trail)
         delivery.start()
         try:
@@ -215,13 +212,22 @@ def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = Non
             delivery.close()
 
 
+def redis_recorder(
+    settings: Settings, trail: AuditTrail, tuning: Tuning | None = None, *, registry: CollectorRegistry | None = None
+) -> Recorder:
+    """The recorder that writes to Redis (snapshots, audit events, failure windows), not yet started."""
+    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+    from examlops.monitoring.recorder import DEFAULT_TUNING, Recorder
+
+    tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
+    return Recorder(trail, tracker, tuning or DEFAULT_TUNING, registry=registry)
+
+
 def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
     """The recording process (``exa bridge recorder``): the hello frame's settings, then ``serve`` until EOF.
 
     Returns False when records were left unwritten.
     """
-    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
-    from examlops.monitoring.recorder import Recorder
     from examlops.monitoring.recorder_process import ignore_stop_signals, lower_priority, read_hello, serve
 
     ignore_stop_signals()
@@ -230,7 +236,6 @@ def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
         return True  # the bridge went away before saying anything
     settings = Settings.model_validate_json(hello.config)
     with audit_trail(settings) as trail:
-        tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-        recorder = Recorder(trail, tracker, hello.tuning)
+        recorder = redis_recorder(settings, trail, hello.tuning)
         lower_priority(hello.nice)
         return serve(recorder.start(), frames, reports)

@@ -449,10 +449,7 @@ class RecorderProcess(Backlog):
             self._past.cpu_s += self._last.cpu_s
             self._child, self._reader, self._shipped, self._writing, self._last = None, None, 0, 0, _Totals()
             self._exit_code = code
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        _close_pipes(child)
         if lost > 0:
             self._drop(lost, f"the recording process exited (code {code}) holding {lost} records")
         if not self._closing.is_set() or code != 0:
@@ -573,12 +570,16 @@ class RecorderProcess(Backlog):
 
 def _stop(child: subprocess.Popen[bytes]) -> int:
     """Wait for a child that is failing anyway (5 s, then kill it); its exit code. Closes its pipes."""
-    for pipe in (child.stdin, child.stdout):
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
+    _close_pipes(child)
     try:
         return child.wait(5)
     except subprocess.TimeoutExpired:
         child.kill()
         return child.wait()
+
+
+def _close_pipes(child: subprocess.Popen[bytes]) -> None:
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
