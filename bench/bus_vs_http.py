@@ -9,7 +9,7 @@ spell of this shared machine does not land on one path only:
 - raw http: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
   a minimal asyncio client, so the client is not what is measured);
 - httpx: the same POST through the bridge's own httpx client and call
-  (``bridge_handler.http_client``, pre-encoded body): direct HTTP as a Python
+  (``hop.http_client``, pre-encoded body): direct HTTP as a Python
   caller makes it, and what the bridge's hop costs alone;
 - bus: ``BusClient.request`` (the submit script, the bridge's XREADGROUP, its
   POST over httpx, the reply script, the client's XREAD).
@@ -51,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
+from examlops.bus.client import BusClient
+from examlops.bus.hop import JSON_HEADERS, http_client
 from examlops.core.settings import HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
-from examlops.serving.bridge_handler import JSON_HEADERS, http_client
-from examlops.serving.bus_client import BusClient
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
 PATHS = ("raw http", "httpx", "bus")
@@ -124,7 +124,7 @@ async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: 
 
 
 async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
-    """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bridge_handler``)."""
+    """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bus.hop``)."""
     encoded = [json.dumps(b, separators=(",", ":")).encode() for b in bodies]
     async with http_client(HttpSettings(connect_timeout_s=30, read_timeout_s=30), concurrency) as client:
         for body in encoded[:50]:

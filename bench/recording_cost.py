@@ -92,6 +92,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
 
+from examlops.bus.client import BusClient
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import INFERENCE_SERVED
 from examlops.monitoring.audit import STREAM as AUDIT_STREAM
@@ -99,7 +100,6 @@ from examlops.monitoring.snapshots import stream_of
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
-from examlops.serving.bus_client import BusClient
 
 MODELS = ("JPCP", "CRCP")
 RECORDER_CPU = re.compile(r"recorder: .* of CPU writing \(([0-9.]+) us per record\)")

@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import answers, quantile, start, stop, wait_until
 
 from examlops.core.settings import Settings
+from examlops.promotion.service import promote
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
-from examlops.serving.promotion import promote
 
 PORT = 18111
 

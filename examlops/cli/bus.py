@@ -1,6 +1,6 @@
 """`exa bus send` and `exa bridge start`: talk over the Redis bus, and run a bridge.
 
-Thin: parse, call ``examlops.serving.bus_client`` / ``examlops.serving.bridge``, format.
+Thin: parse, call ``examlops.bus.client`` / ``examlops.bus.bridge``, format.
 Registered in ``main.py`` as the groups ``bus`` and ``bridge``. Exit codes come
 from ``output.py``: an error reply exits with the code of the error its ``code`` names.
 """
@@ -72,8 +72,8 @@ def send(
 ) -> None:
     """Send one job to a model's bus address and print the reply; exits non-zero on an error reply."""
     from examlops.bootstrap import catalog
+    from examlops.bus.client import SyncBusClient
     from examlops.cli.serve import _random_embedding, read_embedding
-    from examlops.serving.bus_client import SyncBusClient
 
     if (embedding_file is None) == (not random):
         fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
@@ -126,7 +126,7 @@ def tune_garbage_collection() -> None:
     ~100,000 objects of the imports (40-75 ms). Frozen (``gc.freeze``), start-up objects are skipped by
     every collection; collected every 20,000 net allocations instead of 700, the youngest generation
     cost ~1 us per job. Reference cycles still get collected, only later (httpx's per-response cycle,
-    the one that was made per job, is cut in ``bridge_handler``).
+    the one that was made per job, is cut in ``bus.hop``).
     """
     import gc
 
@@ -161,9 +161,9 @@ def start(
     import signal
 
     from examlops.bootstrap import bridge_recording, catalog
-    from examlops.serving.bridge import Bridge
-    from examlops.serving.bridge_handler import http_client
-    from examlops.serving.bus_store import connect
+    from examlops.bus.bridge import Bridge
+    from examlops.bus.hop import http_client
+    from examlops.bus.store import connect
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

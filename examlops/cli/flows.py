@@ -359,10 +359,10 @@ async def _send_traffic(
     Raises ``StoreUnavailable`` when Redis cannot be reached; every other failure is one job's outcome.
     """
     from examlops.bootstrap import catalog
+    from examlops.bus.client import BusClient
     from examlops.core.errors import ExamlopsError, StoreUnavailable
     from examlops.registry.demo import FAULTY_ALIAS
     from examlops.registry.synthetic import make_dataset
-    from examlops.serving.bus_client import BusClient
 
     specs = [catalog(settings).get(model)] if model else list(catalog(settings))
     # "--drift 1.0" is the generator's shift 2.0: a move every report notices within a few hundred jobs.

@@ -1,6 +1,6 @@
 """`exa promote` and `exa rollback`: move an alias in MLflow and make every serving instance follow.
 
-Thin: parse, call ``examlops.serving.promotion``, format. Exit codes come from ``output.py``:
+Thin: parse, call ``examlops.promotion.service``, format. Exit codes come from ``output.py``:
 0 every instance serves the new version; 1 the alias moved but an instance lags, refused the
 version or cannot be reached (the message names each one); 2 bad input; 3 MLflow unavailable;
 4 no such model, alias or version, or nothing recorded to roll back to.
@@ -27,8 +27,8 @@ from examlops.core.errors import ExamlopsError
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
-    from examlops.registry.promotion import AliasMove
-    from examlops.serving.promotion import PromotionResult
+    from examlops.promotion.aliases import AliasMove
+    from examlops.promotion.service import PromotionResult
 
 ModelArgument = Annotated[str, typer.Argument(help="Catalog model name (any case).")]
 UrlsOption = Annotated[
@@ -61,7 +61,7 @@ def promote(
     """Move an alias in MLflow (the replaced version is kept for `exa rollback`), then reload every serving
     instance and wait until each serves the new version."""
     from examlops.bootstrap import model_registry
-    from examlops.serving import promotion
+    from examlops.promotion import service as promotion
 
     if (version is None) == (from_alias is None):
         fail("give exactly one of --version N and --from ALIAS", BAD_INPUT)
@@ -90,7 +90,7 @@ def rollback(
 ) -> None:
     """Move an alias back to the version its last promotion replaced, then reload every serving instance."""
     from examlops.bootstrap import model_registry
-    from examlops.serving import promotion
+    from examlops.promotion import service as promotion
 
     settings = load_settings()
     with errors_as_exit():

@@ -1,4 +1,4 @@
-"""The promote flow: ``serving.promotion.promote``, the service `exa promote` uses, with the audit trail attached.
+"""The promote flow: ``promotion.service.promote``, the service `exa promote` uses, with the audit trail attached.
 
 Moves the alias (an ``alias.moved`` event is appended before the instances
 are asked), asks every serving instance to reload and waits until each
@@ -17,8 +17,8 @@ from prefect.artifacts import create_table_artifact
 from examlops.core.settings import Settings
 from examlops.flows.wiring import AuditHook, ControlPlane, artifact_key
 from examlops.monitoring.audit import ALIAS_MOVED
-from examlops.registry.promotion import AliasMove
-from examlops.serving.promotion import DEFAULT_TIMEOUT_S, promote
+from examlops.promotion.aliases import AliasMove
+from examlops.promotion.service import DEFAULT_TIMEOUT_S, promote
 
 
 def audit_moves(audit: AuditHook) -> Any:

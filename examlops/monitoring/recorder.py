@@ -32,7 +32,7 @@ Contract:
   how many records were left) when the queue could not be flushed in time. It logs what the recorder did,
   with the CPU its thread spent writing (``cpu_s``, also a counter): the bridge's own cost of recording.
 
-Monitoring does not import serving: ``Served`` is the shape of ``serving.bus.ServedInference``.
+Monitoring does not import the bus: ``Served`` is the shape of ``core.records.ServedInference``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def batch_key() -> str:
 
 
 class Served(Protocol):
-    """One bus inference answered for the first time (``serving.bus.ServedInference``)."""
+    """One bus inference answered for the first time (``core.records.ServedInference``)."""
 
     @property
     def job_id(self) -> str: ...

@@ -35,10 +35,10 @@ import numpy as np
 from examlops.core.errors import AliasNotFound, InvalidInput
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
+from examlops.promotion.aliases import move_alias
 from examlops.registry.catalog import ModelSpec
 from examlops.registry.demo import RECIPES, ensure_experiment, fit_regressor, log_and_register
 from examlops.registry.mlflow_registry import MlflowRegistry
-from examlops.registry.promotion import move_alias
 from examlops.registry.synthetic import FloatArray, IntArray, features, make_dataset
 
 RETRAIN_EXPERIMENT = "examlops-retrain"

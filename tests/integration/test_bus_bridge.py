@@ -29,15 +29,16 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from examlops.bus import wire
+from examlops.bus.bridge import Bridge
+from examlops.bus.client import BusClient, SyncBusClient
+from examlops.bus.hop import http_client
+from examlops.bus.store import BusStore, connect
+from examlops.core import records
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
-from examlops.serving import bus
-from examlops.serving.bridge import Bridge
-from examlops.serving.bridge_handler import http_client
-from examlops.serving.bus_client import BusClient, SyncBusClient
-from examlops.serving.bus_store import BusStore, connect
 from tests.integration.servers import examlops_env, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -90,7 +91,7 @@ class StandIn:
 
 class ListRecorder:
     def __init__(self) -> None:
-        self.served: list[bus.ServedInference] = []
+        self.served: list[records.ServedInference] = []
 
     def record(self, served: Any) -> None:
         self.served.extend(served)
@@ -138,7 +139,7 @@ def signed_job(
     settings: Settings, job_id: str, reply_to: str, *, deadline_in: float, address: str = ADDRESS
 ) -> dict[str, str]:
     """The stream fields of a job signed with the settings' secret, as a client would send it."""
-    return bus.encode_job(
+    return wire.encode_job(
         settings.secret.get_secret_value().encode(),
         address=address,
         job_id=job_id,
@@ -178,7 +179,7 @@ async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url
     assert standin.seen == ["job-one"]
     assert [(s.job_id, s.model, s.caller, s.node_count) for s in recorder.served] == [("job-one", "JPCP", "t", 12)]
     with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin
-        assert bus.DONE_MARGIN_S < sync_redis.ttl(bus.done_key("job-one")) <= 10 + bus.DONE_MARGIN_S
+        assert wire.DONE_MARGIN_S < sync_redis.ttl(wire.done_key("job-one")) <= 10 + wire.DONE_MARGIN_S
 
 
 async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
@@ -229,17 +230,17 @@ async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: 
 
 async def test_an_altered_job_is_refused_and_dead_lettered(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    reply_to = bus.replies_stream("tamper-test")
+    reply_to = wire.replies_stream("tamper-test")
     fields = signed_job(settings, "altered", reply_to, deadline_in=10)
     fields["payload"] = fields["payload"].replace('"node_count":12', '"node_count":13')
     unsigned = {k: v for k, v in fields.items() if k != "sig"} | {"job_id": "unsigned"}
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(bus.jobs_stream(ADDRESS), fields)
-        sync_redis.xadd(bus.jobs_stream(ADDRESS), unsigned)
+        sync_redis.xadd(wire.jobs_stream(ADDRESS), fields)
+        sync_redis.xadd(wire.jobs_stream(ADDRESS), unsigned)
         async with running_bridge(settings):
             await until(lambda: sync_redis.xlen(reply_to) == 2)
-        replies = [bus.read_reply(f)[1] for _id, f in sync_redis.xrange(reply_to)]
-        dead = sync_redis.xrange(bus.DEAD_STREAM)
+        replies = [wire.read_reply(f)[1] for _id, f in sync_redis.xrange(reply_to)]
+        dead = sync_redis.xrange(wire.DEAD_STREAM)
     assert [(r["code"], r["prediction"]) for r in replies] == [("bad_signature", 0.0)] * 2
     assert len(dead) == 2
     assert standin.seen == []
@@ -249,18 +250,18 @@ async def test_a_job_delivered_more_than_three_times_is_dead_lettered_with_an_er
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    stream = bus.jobs_stream(ADDRESS)
+    stream = wire.jobs_stream(ADDRESS)
     async with BusClient.from_settings(settings, caller="t") as client:
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-            sync_redis.xgroup_create(stream, bus.GROUP, id="0", mkstream=True)
+            sync_redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
             waiting = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 20, job_id="cursed"))
             await until(lambda: sync_redis.xlen(stream) == 1)
             # Three bridges took it and died: three deliveries, idle for a minute.
-            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(bus.GROUP, "ghost", {stream: ">"})
-            sync_redis.xclaim(stream, bus.GROUP, "ghost", 0, [entry_id], idle=60_000, retrycount=3)
+            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(wire.GROUP, "ghost", {stream: ">"})
+            sync_redis.xclaim(stream, wire.GROUP, "ghost", 0, [entry_id], idle=60_000, retrycount=3)
             async with running_bridge(settings, sweep_s=0.2):
                 reply = await waiting
-            [(_id, dead)] = sync_redis.xrange(bus.DEAD_STREAM)
+            [(_id, dead)] = sync_redis.xrange(wire.DEAD_STREAM)
             assert '"job_id":"cursed"' in dead["job"]
     assert reply["code"] == "undeliverable" and reply["prediction"] == 0.0
     assert standin.seen == []
@@ -270,7 +271,7 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    stream = bus.jobs_stream(ADDRESS)
+    stream = wire.jobs_stream(ADDRESS)
     async with BusClient.from_settings(settings, caller="t") as client:
         async with running_bridge(settings):
             assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
@@ -278,8 +279,8 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
             job = signed_job(settings, "twice", client.reply_stream, deadline_in=10)
             sync_redis.xadd(stream, job)
-            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(bus.GROUP, "ghost", {stream: ">"})
-            sync_redis.xclaim(stream, bus.GROUP, "ghost", 0, [entry_id], idle=60_000)
+            [(_name, [(entry_id, _fields)])] = sync_redis.xreadgroup(wire.GROUP, "ghost", {stream: ">"})
+            sync_redis.xclaim(stream, wire.GROUP, "ghost", 0, [entry_id], idle=60_000)
             async with running_bridge(settings, sweep_s=0.2):
                 await until(lambda: sync_redis.xlen(stream) == 0)
     assert standin.seen == ["twice"]
@@ -307,13 +308,13 @@ async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answer
     settings = bus_settings(tmp_path, redis_url, standin.port)
     standin.delay = 0.3  # both copies pass the check for a done key before either is answered
     recorder = ListRecorder()
-    reply_stream = bus.replies_stream("copies")
+    reply_stream = wire.replies_stream("copies")
     job = signed_job(settings, "copied", reply_stream, deadline_in=10)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
-        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
+        sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
+        sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
         async with running_bridge(settings, on_served=recorder):
-            await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 0)
+            await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 0)
     assert standin.seen == ["copied", "copied"]
     assert replies_per_job(redis_url, reply_stream) == Counter({"copied": 1})
     assert [served.job_id for served in recorder.served] == ["copied"]
@@ -347,13 +348,13 @@ async def test_a_copy_of_a_job_older_than_its_done_key_gets_no_second_reply(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    reply_stream = bus.replies_stream("old-client")
-    job = signed_job(settings, "ancient", reply_stream, deadline_in=-bus.DONE_MARGIN_S - 60)
+    reply_stream = wire.replies_stream("old-client")
+    job = signed_job(settings, "ancient", reply_stream, deadline_in=-wire.DONE_MARGIN_S - 60)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(bus.jobs_stream(ADDRESS), job)
+        sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
         async with running_bridge(settings):
-            await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 0)
-        [(_id, dead)] = sync_redis.xrange(bus.DEAD_STREAM)
+            await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 0)
+        [(_id, dead)] = sync_redis.xrange(wire.DEAD_STREAM)
         assert '"reason":"stale"' in dead["job"] and sync_redis.xlen(reply_stream) == 0
     assert standin.seen == []
 
@@ -362,16 +363,16 @@ async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    unknown, reply_stream = str(uuid.uuid4()), bus.replies_stream("direct-client")
+    unknown, reply_stream = str(uuid.uuid4()), wire.replies_stream("direct-client")
     job = signed_job(settings, "direct", reply_stream, deadline_in=30, address=unknown)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(bus.jobs_stream(unknown), job)  # not through the client: the address is in no set
+        sync_redis.xadd(wire.jobs_stream(unknown), job)  # not through the client: the address is in no set
         async with running_bridge(settings, sweep_s=0.2):
             await until(lambda: sync_redis.xlen(reply_stream) == 1)
             [(_id, fields)] = sync_redis.xrange(reply_stream)
-            assert bus.read_reply(fields)[1]["code"] == "model_not_found"
+            assert wire.read_reply(fields)[1]["code"] == "model_not_found"
             # Answered, its stream is empty: the next sweeps forget the address.
-            await until(lambda: not sync_redis.sismember(bus.ADDRESSES_KEY, unknown))
+            await until(lambda: not sync_redis.sismember(wire.ADDRESSES_KEY, unknown))
     assert standin.seen == []
 
 
@@ -380,18 +381,18 @@ async def test_an_unknown_address_whose_only_job_a_dead_bridge_holds_does_not_st
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     unknown = str(uuid.uuid4())
-    stream = bus.jobs_stream(unknown)
+    stream = wire.jobs_stream(unknown)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(stream, signed_job(settings, "held", bus.replies_stream("c"), deadline_in=30, address=unknown))
-        sync_redis.xgroup_create(stream, bus.GROUP, id="0")
-        sync_redis.xreadgroup(bus.GROUP, "a-dead-bridge", {stream: ">"})  # pending, nothing new to read
-        sync_redis.sadd(bus.ADDRESSES_KEY, unknown)
+        sync_redis.xadd(stream, signed_job(settings, "held", wire.replies_stream("c"), deadline_in=30, address=unknown))
+        sync_redis.xgroup_create(stream, wire.GROUP, id="0")
+        sync_redis.xreadgroup(wire.GROUP, "a-dead-bridge", {stream: ">"})  # pending, nothing new to read
+        sync_redis.sadd(wire.ADDRESSES_KEY, unknown)
         async with running_bridge(settings, sweep_s=0.2):
-            await until(lambda: sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) is not None)
-            first = float(sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) or 0)
+            await until(lambda: sync_redis.hget(wire.HANDLERS_KEY, ADDRESS) is not None)
+            first = float(sync_redis.hget(wire.HANDLERS_KEY, ADDRESS) or 0)
             # The orphan sweep reads that stream without waiting (BLOCK 0 would wait forever) and the
             # heartbeat goes on, so other bridges keep seeing this one's models as served.
-            await until(lambda: float(sync_redis.hget(bus.HANDLERS_KEY, ADDRESS) or 0) > first + 1.5, 10)
+            await until(lambda: float(sync_redis.hget(wire.HANDLERS_KEY, ADDRESS) or 0) > first + 1.5, 10)
 
 
 def start_bridge_process(
@@ -448,7 +449,7 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
             assert set(slow.seen) & set(fast.seen), "no job held by the killed bridge was reclaimed"
             assert "reclaimed job" in survivor_log.read_text()
             with redis.Redis.from_url(redis_url) as sync_redis:
-                assert sync_redis.xpending(bus.jobs_stream(ADDRESS), bus.GROUP)["pending"] == 0
+                assert sync_redis.xpending(wire.jobs_stream(ADDRESS), wire.GROUP)["pending"] == 0
         finally:
             for proc in (doomed, survivor):
                 if proc is not None and proc.poll() is None:
@@ -476,7 +477,7 @@ async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(tmp_path: P
             # Accepted while no bridge runs, then Redis restarts: the AOF keeps the job.
             queued = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 30, job_id="queued"))
             with redis.Redis.from_url(server.url) as sync_redis:
-                await until(lambda: sync_redis.xlen(bus.jobs_stream(ADDRESS)) == 1)
+                await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 1)
             server.stop()
             server.start()
             async with running_bridge(settings):

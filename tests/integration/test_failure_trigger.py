@@ -13,15 +13,16 @@ import redis
 import typer
 from typer.testing import CliRunner
 
+from examlops.bus.wire import error_body
 from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
+from examlops.core.records import ServedInference
 from examlops.core.settings import FailureSettings
 from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
 from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
-from examlops.serving.bus import ServedInference, error_body
 from tests.integration.conftest import free_port
 from tests.unit.monitoring.fakes import Clock, FakeRequester
 

@@ -21,15 +21,15 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
+from examlops.core.records import ServedInference
 from examlops.core.settings import Settings
 from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, connect
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder import Recorder, Tuning
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.serving.bus import ServedInference
-from examlops.serving.bus_client import BusClient
 from tests.integration.conftest import free_port
 from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
 

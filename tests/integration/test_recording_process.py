@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from examlops.bootstrap import bridge_recording, recording_process_argv, settings_json
+from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
 from examlops.monitoring.audit import connect
@@ -28,7 +29,6 @@ from examlops.monitoring.recorder import Tuning
 from examlops.monitoring.recorder_process import RecorderProcess
 from examlops.monitoring.snapshots import SnapshotStream
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.serving.bus_client import BusClient
 from tests.integration.conftest import free_port
 from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
 from tests.integration.test_recording import served, served_events

@@ -15,10 +15,10 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from examlops.bus.redis_pipe import PipelinedRedis
+from examlops.bus.store import connect
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.serving import redis_pipe
-from examlops.serving.bus_store import connect
-from examlops.serving.redis_pipe import PipelinedRedis
+from examlops.bus import redis_pipe
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

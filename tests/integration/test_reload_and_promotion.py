@@ -33,11 +33,11 @@ from examlops.cli import promote as promote_cli
 from examlops.cli.main import app as exa
 from examlops.core.errors import PromotionIncomplete
 from examlops.core.settings import Settings
+from examlops.promotion.aliases import previous_tag
+from examlops.promotion.service import promote, rollback
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
-from examlops.registry.promotion import previous_tag
-from examlops.serving.promotion import promote, rollback
 from tests.integration import badmodels, sleepy
 from tests.integration.servers import ServingProcess, free_port
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from examlops.core.records import ServedInference
 from examlops.monitoring.recorder import Backlog, Served, Tuning, _row
 from examlops.monitoring.recorder_process import (
     HEADER,
@@ -28,7 +29,6 @@ from examlops.monitoring.recorder_process import (
     serve,
 )
 from examlops.monitoring.snapshots import embedding_stats
-from examlops.serving.bus import ServedInference
 
 
 def served(job: int, embedding: tuple[float, ...] = (0.5, -0.25, 1.0, 0.0)) -> ServedInference:

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from examlops.bus.http_transport import KeepAliveTransport
+from examlops.bus.wire import Job, error_body
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
-from examlops.serving.bus import Job, error_body
-from examlops.serving.http_transport import KeepAliveTransport
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported

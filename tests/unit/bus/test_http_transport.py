@@ -9,8 +9,8 @@ import socket
 import httpx
 import pytest
 
-from examlops.serving.http_transport import KeepAliveTransport
-from tests.unit.serving.loopback import reply, server
+from examlops.bus.http_transport import KeepAliveTransport
+from tests.unit.bus.loopback import reply, server
 
 
 def client(**transport: float) -> httpx.AsyncClient:

@@ -35,9 +35,9 @@ import hashlib
 import hmac
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -235,73 +235,3 @@ def read_reply(raw: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
     if not isinstance(body, dict):
         body = error_body(MalformedJob("the bridge sent an unreadable reply"))
     return raw.get("job_id", ""), body
-
-
-@dataclass(frozen=True, slots=True)
-class ServedInference:
-    """A job that serving answered and whose reply was written for the first time."""
-
-    job_id: str
-    address: str
-    model: str
-    caller: str
-    embedding: tuple[float, ...]
-    node_count: int
-    reply: Mapping[str, Any]
-    status: int
-    served_at: float
-
-
-class InferenceRecorder(Protocol):
-    """Called on the bridge's event loop once per job (never for duplicates or refused jobs): must not block."""
-
-    def record(self, served: Sequence[ServedInference]) -> None: ...
-
-
-class NoRecorder:
-    def record(self, served: Sequence[ServedInference]) -> None:
-        return None
-
-
-REPLY_SCRIPT = """
--- KEYS: job stream, done key, reply stream ('' when unreadable), dead stream
--- ARGV: group, entry id, done ttl, reply maxlen, reply ttl, dead maxlen, dead json ('' = none), token,
--- reply k/v... Writes the reply only when the done key is new, XACKs and XDELs the job either way. The check
--- comes before the writes, and the done key is set last: a failed XADD leaves the job pending, never
--- half-done. The done key holds the caller's token (one per finish, kept across its retries): 1 = this call
--- wrote the reply, 2 = an earlier try of this same call did (its answer was lost), 0 = someone else did.
-local held = redis.call('GET', KEYS[2])
-local first = not held
-if first then
-  if ARGV[7] ~= '' then
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'entry', ARGV[2], 'job', ARGV[7])
-  end
-  if KEYS[3] ~= '' then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 9))
-    redis.call('EXPIRE', KEYS[3], ARGV[5])
-  end
-  redis.call('SET', KEYS[2], ARGV[8], 'EX', ARGV[3])
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-if first then return 1 elseif held == ARGV[8] then return 2 else return 0 end
-"""
-"""One reply per job id, however often the job was delivered. Acked entries are deleted at once: Redis 6.2
-has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops a pending job."""
-
-PRUNE_SCRIPT = """
--- KEYS: job stream, addresses set. ARGV: address. Forgets an address whose stream is gone or empty, in one
--- step with the check, so a job submitted meanwhile (SADD and XADD in one script too) is never missed.
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('XLEN', KEYS[1]) == 0 then
-  return redis.call('SREM', KEYS[2], ARGV[1])
-end
-return 0
-"""
-
-SUBMIT_SCRIPT = """
--- KEYS: job stream, addresses set. ARGV: address, stream maxlen, job k/v...
--- Notes the address, so bridges find the streams of unknown addresses with SMEMBERS instead of a SCAN of
--- a keyspace that holds a done key per job; the same round trip as the XADD alone.
-redis.call('SADD', KEYS[2], ARGV[1])
-return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
-"""

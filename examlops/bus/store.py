@@ -26,10 +26,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from examlops.bus import scripts, wire
+from examlops.bus.redis_pipe import PipelinedRedis
 from examlops.core.errors import StoreUnavailable
 from examlops.core.jsoncodec import canonical
-from examlops.serving import bus
-from examlops.serving.redis_pipe import PipelinedRedis
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +94,9 @@ class BusStore:
         self.pipe = PipelinedRedis.from_client(redis)
         self.waits = PipelinedRedis.from_client(redis)
         """A connection of its own for the blocking reads: a BLOCK holds up every command behind it."""
-        self._finish = redis.register_script(bus.REPLY_SCRIPT)
-        self._submit = redis.register_script(bus.SUBMIT_SCRIPT)
-        self._prune = redis.register_script(bus.PRUNE_SCRIPT)
+        self._finish = redis.register_script(scripts.REPLY_SCRIPT)
+        self._submit = redis.register_script(scripts.SUBMIT_SCRIPT)
+        self._prune = redis.register_script(scripts.PRUNE_SCRIPT)
 
     async def aclose(self) -> None:
         """Close the pipelined connections (the redis-py client is its owner's to close)."""
@@ -112,11 +112,11 @@ class BusStore:
     # The client's side.
 
     async def submit(self, address: str, fields: Mapping[str, str]) -> str:
-        args: list[str | int] = [address, bus.JOB_STREAM_MAXLEN]
+        args: list[str | int] = [address, wire.JOB_STREAM_MAXLEN]
         for name, value in fields.items():
             args += [name, value]
         async with _translated("submitting a job"):
-            entry: Any = await self._script(self._submit, [bus.jobs_stream(address), bus.ADDRESSES_KEY], args)
+            entry: Any = await self._script(self._submit, [wire.jobs_stream(address), wire.ADDRESSES_KEY], args)
         return str(entry)
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
@@ -134,7 +134,7 @@ class BusStore:
         async with _translated("creating consumer groups"):
             for stream in streams:
                 try:
-                    await self.redis.xgroup_create(stream, bus.GROUP, id="0", mkstream=True)
+                    await self.redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
                 except ResponseError as exc:
                     if "BUSYGROUP" not in str(exc):
                         raise
@@ -145,12 +145,12 @@ class BusStore:
             pipe = self.pipe if block_ms is None else self.waits
             if pipe is None:
                 found: Any = await self.redis.xreadgroup(
-                    bus.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
+                    wire.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
                 )
                 return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
             wait: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
             raw = await pipe.execute(
-                "XREADGROUP", "GROUP", bus.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams,
+                "XREADGROUP", "GROUP", wire.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams,
                 *[">"] * len(streams),
             )  # fmt: skip
         return _entries(raw)
@@ -160,7 +160,7 @@ class BusStore:
         if not job_ids:
             return set()
         async with _translated("checking jobs"):
-            keys = [bus.done_key(job_id) for job_id in job_ids]
+            keys = [wire.done_key(job_id) for job_id in job_ids]
             found: Any = await (self.redis.mget(keys) if self.pipe is None else self.pipe.execute("MGET", *keys))
         return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
 
@@ -173,7 +173,7 @@ class BusStore:
         reply_to: str | None,
         reply: Mapping[str, str],
         dead: Mapping[str, Any] | None = None,
-        done_ttl_s: int = bus.DONE_TTL_S,
+        done_ttl_s: int = wire.DONE_TTL_S,
         token: str = "",
     ) -> bool:
         """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first.
@@ -182,9 +182,9 @@ class BusStore:
         lost on the way back (the script ran) is still told True. Without one, every retry is told False.
         """
         token = token or secrets.token_hex(8)
-        keys = [stream, bus.done_key(done_id), reply_to or "", bus.DEAD_STREAM]
-        args: list[str | int] = [bus.GROUP, entry_id, done_ttl_s, bus.REPLY_STREAM_MAXLEN]
-        args += [bus.REPLY_STREAM_TTL_S, bus.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
+        keys = [stream, wire.done_key(done_id), reply_to or "", wire.DEAD_STREAM]
+        args: list[str | int] = [wire.GROUP, entry_id, done_ttl_s, wire.REPLY_STREAM_MAXLEN]
+        args += [wire.REPLY_STREAM_TTL_S, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
         for name, value in reply.items():
             args += [name, value]
         async with _translated("writing a reply"):
@@ -196,7 +196,7 @@ class BusStore:
         start = "0-0"
         async with _translated("reclaiming jobs"):
             while len(claimed) < count:
-                reply = await self.redis.xautoclaim(stream, bus.GROUP, consumer, min_idle_ms, start, count=count)
+                reply = await self.redis.xautoclaim(stream, wire.GROUP, consumer, min_idle_ms, start, count=count)
                 start, entries = reply[0], reply[1]
                 claimed += [(stream, entry_id, fields or {}) for entry_id, fields in entries]
                 if start == "0-0":
@@ -205,7 +205,7 @@ class BusStore:
 
     async def deliveries(self, stream: str, entry_id: str) -> int:
         async with _translated("counting deliveries"):
-            pending = await self.redis.xpending_range(stream, bus.GROUP, entry_id, entry_id, 1)
+            pending = await self.redis.xpending_range(stream, wire.GROUP, entry_id, entry_id, 1)
         return int(pending[0]["times_delivered"]) if pending else 0
 
     async def appendonly(self) -> str | None:
@@ -220,19 +220,19 @@ class BusStore:
 
     async def heartbeat(self, addresses: Iterable[str], now: float) -> None:
         async with _translated("heartbeat"):
-            await self.redis.hset(bus.HANDLERS_KEY, mapping=dict.fromkeys(addresses, repr(now)))
+            await self.redis.hset(wire.HANDLERS_KEY, mapping=dict.fromkeys(addresses, repr(now)))
 
     async def served_elsewhere(self, now: float, max_age_s: float) -> set[str]:
         """Addresses some bridge announced within ``max_age_s``."""
         async with _translated("reading handlers"):
-            beats: Any = await self.redis.hgetall(bus.HANDLERS_KEY)
+            beats: Any = await self.redis.hgetall(wire.HANDLERS_KEY)
         return {address for address, when in beats.items() if now - float(when) <= max_age_s}
 
     async def job_streams(self) -> list[str]:
         """The job stream of every address in the addresses set."""
         async with _translated("listing job streams"):
-            addresses: Any = await self.redis.smembers(bus.ADDRESSES_KEY)
-        return sorted(bus.jobs_stream(address) for address in addresses)
+            addresses: Any = await self.redis.smembers(wire.ADDRESSES_KEY)
+        return sorted(wire.jobs_stream(address) for address in addresses)
 
     async def note_existing_streams(self) -> int:
         """Add every job stream in the keyspace to the addresses set (one SCAN, at a bridge's start).
@@ -241,18 +241,18 @@ class BusStore:
         """
         async with _translated("listing job streams"):
             found = [
-                bus.address_of(name)
-                async for name in self.redis.scan_iter(match=bus.JOBS_PREFIX + "*", count=1000, _type="STREAM")
+                wire.address_of(name)
+                async for name in self.redis.scan_iter(match=wire.JOBS_PREFIX + "*", count=1000, _type="STREAM")
             ]
             if found:
-                await self.redis.sadd(bus.ADDRESSES_KEY, *found)
+                await self.redis.sadd(wire.ADDRESSES_KEY, *found)
         return len(found)
 
     async def forget_if_empty(self, stream: str) -> bool:
         """Drop the stream's address from the set when the stream is gone or empty (atomic with the check)."""
-        address = bus.address_of(stream)
+        address = wire.address_of(stream)
         async with _translated("pruning addresses"):
-            return bool(await self._prune(keys=[stream, bus.ADDRESSES_KEY], args=[address]))
+            return bool(await self._prune(keys=[stream, wire.ADDRESSES_KEY], args=[address]))
 
 
 def _entries(raw: Any) -> list[Entry]:

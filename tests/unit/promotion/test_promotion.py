@@ -11,9 +11,9 @@ import pytest
 from examlops.core.errors import AliasNotFound, InvalidInput, ModelNotFound, PromotionIncomplete, VersionNotFound
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
-from examlops.registry.promotion import AliasMove, previous_tag
-from examlops.serving import instances
-from examlops.serving.promotion import promote, rollback
+from examlops.promotion import instances
+from examlops.promotion.aliases import AliasMove, previous_tag
+from examlops.promotion.service import promote, rollback
 
 
 class InMemoryAliasRegistry:

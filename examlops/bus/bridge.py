@@ -8,16 +8,16 @@ Contract:
   jobs as it has room for, so a job never waits in a bridge while counting as
   idle (it would be reclaimed and served twice).
 - Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
-  are one Lua script (``bus.REPLY_SCRIPT``), and the done key is checked
+  are one Lua script (``scripts.REPLY_SCRIPT``), and the done key is checked
   before serving, so a redelivered or replayed job is acked without asking
   serving again. The check of freshly read jobs is one MGET per read, sent as
   soon as the read returns, so it travels while the jobs are verified instead
-  of after. A done key lives to its job's deadline plus ``bus.DONE_MARGIN_S``;
+  of after. A done key lives to its job's deadline plus ``wire.DONE_MARGIN_S``;
   a copy of a job older than that is acked and dead-lettered without a reply,
   so its job id never gets a second one.
 - A bridge that dies holding jobs loses none: every bridge XAUTOCLAIMs jobs
   idle for longer than its connect plus read timeout; a job delivered more
-  than ``bus.MAX_DELIVERIES`` times is dead-lettered with an error reply.
+  than ``wire.MAX_DELIVERIES`` times is dead-lettered with an error reply.
 - A lost Redis is logged once; the loops back off and carry on, and a reply
   that cannot be written is retried until the job's deadline (then the job
   stays pending and is reclaimed).
@@ -41,12 +41,13 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from examlops.bus import wire
+from examlops.bus.hop import ModelHandler, Outcome
+from examlops.bus.store import BusStore, Entry, Outage
+from examlops.core import records
 from examlops.core.errors import ConfigError, ModelNotFound, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
-from examlops.serving import bus
-from examlops.serving.bridge_handler import ModelHandler, Outcome
-from examlops.serving.bus_store import BusStore, Entry, Outage
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Bridge:
         catalog: Catalog,
         redis: aioredis.Redis,
         http_client: httpx.AsyncClient,
-        on_served: bus.InferenceRecorder | None = None,
+        on_served: records.InferenceRecorder | None = None,
         *,
         serving_url: str | None = None,
         consumer: str | None = None,
@@ -79,7 +80,7 @@ class Bridge:
             raise ConfigError(f"the reclaim idle time must exceed the HTTP read timeout ({http.read_timeout_s} s)")
         self.settings = settings
         self.store = BusStore(redis)
-        self.on_served = on_served or bus.NoRecorder()
+        self.on_served = on_served or records.NoRecorder()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         # Finish tokens: this instance's own prefix (a consumer name may be given, and reused after a
         # restart) and a counter.
@@ -92,7 +93,7 @@ class Bridge:
         self.handlers = {
             str(spec.seanerbus_uuid): ModelHandler(spec, http_client, url, http, clock) for spec in catalog
         }
-        self.streams = [bus.jobs_stream(address) for address in self.handlers]
+        self.streams = [wire.jobs_stream(address) for address in self.handlers]
         self._secret = settings.secret.get_secret_value().encode()
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._room: asyncio.Event | None = None
@@ -200,7 +201,7 @@ class Bridge:
         orphans = [
             stream
             for stream in await self.store.job_streams()
-            if bus.address_of(stream) not in served and not await self.store.forget_if_empty(stream)
+            if wire.address_of(stream) not in served and not await self.store.forget_if_empty(stream)
         ]
         if orphans:
             await self.store.ensure_groups(orphans)
@@ -257,10 +258,10 @@ class Bridge:
         delivered: int,
         done: asyncio.Task[set[str]] | None,
     ) -> None:
-        address = bus.address_of(stream)
+        address = wire.address_of(stream)
         try:
-            job = bus.decode_job(self._secret, address, fields, self.clock())
-        except bus.MalformedJob as exc:
+            job = wire.decode_job(self._secret, address, fields, self.clock())
+        except wire.MalformedJob as exc:
             log.warning("refused entry %s on %s: %s", entry_id, stream, exc)
             dead: dict[str, Any] = {
                 "stream": stream,
@@ -269,21 +270,21 @@ class Bridge:
                 "fields": dict(fields),
             }
             # Keyed by entry, not by the unverified job id, so a forged job cannot use up a real job's reply.
-            body = bus.error_body(exc, job_id=exc.job_id)
+            body = wire.error_body(exc, job_id=exc.job_id)
             await self._finish(stream, entry_id, f"entry:{stream}:{entry_id}", exc.reply_to, body, dead=dead)
             return
-        if self.clock() > job.deadline + bus.DONE_MARGIN_S:
+        if self.clock() > job.deadline + wire.DONE_MARGIN_S:
             # Its done key may be gone by now: a copy this old gets no reply, so its job id never gets two.
             log.warning(
-                "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, bus.DONE_MARGIN_S
+                "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, wire.DONE_MARGIN_S
             )
             stale = {"stream": stream, "reason": "stale", "fields": dict(fields)}
             await self._finish(stream, entry_id, f"entry:{stream}:{entry_id}", None, {}, dead=stale)
             return
         handler = self.handlers.get(address)
         model = handler.spec.name if handler else None
-        if delivered > bus.MAX_DELIVERIES:
-            error = bus.Undeliverable(
+        if delivered > wire.MAX_DELIVERIES:
+            error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"
             )
             dead = {
@@ -297,7 +298,7 @@ class Bridge:
                 entry_id,
                 job.job_id,
                 job.reply_to,
-                bus.error_body(error, model=model, job_id=job.job_id),
+                wire.error_body(error, model=model, job_id=job.job_id),
                 dead=dead,
                 job=job,
             )
@@ -310,12 +311,12 @@ class Bridge:
         expired = job.expired(self.clock())
         if handler is None:
             outcome = Outcome(
-                bus.error_body(ModelNotFound(f"no model has the bus address {address[:64]}"), job_id=job.job_id),
+                wire.error_body(ModelNotFound(f"no model has the bus address {address[:64]}"), job_id=job.job_id),
                 0,
                 False,
             )
         elif expired is not None:
-            outcome = Outcome(bus.error_body(expired, model=model, job_id=job.job_id), 0, False)
+            outcome = Outcome(wire.error_body(expired, model=model, job_id=job.job_id), 0, False)
         else:
             outcome = await handler.handle(job)
         first = await self._finish(
@@ -334,13 +335,13 @@ class Bridge:
         *,
         status: int = 0,
         dead: Mapping[str, Any] | None = None,
-        job: bus.Job | None = None,
+        job: wire.Job | None = None,
     ) -> bool:
         """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
         give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
         token = f"{self._token_prefix}{next(self._finishes)}"  # this finish's, kept across its retries
         outage: Outage | None = None  # built on the first failure only: this runs once per job
-        fields = bus.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
+        fields = wire.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
         while True:
             try:
                 first = await self.store.finish(
@@ -350,7 +351,7 @@ class Bridge:
                     reply_to=reply_to,
                     reply=fields,
                     dead=dead,
-                    done_ttl_s=bus.done_ttl(job.deadline if job else None, self.clock()),
+                    done_ttl_s=wire.done_ttl(job.deadline if job else None, self.clock()),
                     token=token,
                 )
                 if outage is not None:
@@ -365,10 +366,10 @@ class Bridge:
                     return False
                 await asyncio.sleep(outage.lost(exc))
 
-    def _record(self, job: bus.Job, handler: ModelHandler, outcome: Outcome) -> None:
+    def _record(self, job: wire.Job, handler: ModelHandler, outcome: Outcome) -> None:
         embedding, nodes = job.payload.get("embedding"), job.payload.get("node_count")
         valid = outcome.body.get("code") != "invalid_input"
-        served = bus.ServedInference(
+        served = records.ServedInference(
             job_id=job.job_id,
             address=job.address,
             model=handler.spec.name,

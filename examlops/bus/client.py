@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
+from examlops.bus import wire
+from examlops.bus.store import BusStore, Outage, connect
 from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
 from examlops.core.settings import Settings
-from examlops.serving import bus
-from examlops.serving.bus_store import BusStore, Outage, connect
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class BusClient:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client_id = client_id or secrets.token_hex(12)
-        self.reply_stream = bus.replies_stream(self.client_id)
+        self.reply_stream = wire.replies_stream(self.client_id)
         self.caller = caller
         self.store = BusStore(redis)
         self._redis = redis
@@ -97,7 +97,7 @@ class BusClient:
             self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
         job_id = job_id or uuid.uuid4().hex
         deadline = self._clock() + timeout
-        fields = bus.encode_job(
+        fields = wire.encode_job(
             self._secret,
             address=address,
             job_id=job_id,
@@ -129,7 +129,7 @@ class BusClient:
                 outage.back()
                 for entry_id, fields in entries:
                     after = entry_id
-                    job_id, body = bus.read_reply(fields)
+                    job_id, body = wire.read_reply(fields)
                     waiter = self._waiting.get(job_id)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(body)

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from examlops.serving import bus
+from examlops.bus import wire
 
 SECRET = b"unit-test-secret"
 ADDRESS = "57dcdb81-15d8-5512-8e93-3f86bc59ad53"
 OTHER = "732f7c08-7925-5e14-a8ae-39c2ae757fe8"
 NOW = 1_700_000_000.0
-REPLY_TO = bus.replies_stream("client-1")
+REPLY_TO = wire.replies_stream("client-1")
 
 
 def signed(**overrides: Any) -> dict[str, str]:
@@ -26,12 +26,12 @@ def signed(**overrides: Any) -> dict[str, str]:
         "payload": {"node_count": 3, "embedding": [0.1, -2.5e-7, 3.0], "alias": "canary"},
     }
     args.update(overrides)
-    return bus.encode_job(SECRET, **args)
+    return wire.encode_job(SECRET, **args)
 
 
 def test_a_signed_job_round_trips_exactly() -> None:
-    job = bus.decode_job(SECRET, ADDRESS, signed(), NOW)
-    assert job == bus.Job(
+    job = wire.decode_job(SECRET, ADDRESS, signed(), NOW)
+    assert job == wire.Job(
         job_id="job-1",
         address=ADDRESS,
         reply_to=REPLY_TO,
@@ -55,79 +55,79 @@ def test_the_payload_encoding_is_canonical_whatever_the_key_order() -> None:
         ("caller", "svc:b"),
         ("deadline", repr(NOW + 500)),
         ("job_id", "job-2"),
-        ("reply_to", bus.replies_stream("client-2")),
+        ("reply_to", wire.replies_stream("client-2")),
         ("sig", "0" * 64),
     ],
 )
 def test_an_altered_job_is_refused(field: str, value: str) -> None:
     fields = signed()
     fields[field] = value
-    with pytest.raises(bus.BadSignature):
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    with pytest.raises(wire.BadSignature):
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
 def test_a_job_moved_to_another_models_stream_is_refused() -> None:
-    with pytest.raises(bus.BadSignature):
-        bus.decode_job(SECRET, OTHER, signed(), NOW)
+    with pytest.raises(wire.BadSignature):
+        wire.decode_job(SECRET, OTHER, signed(), NOW)
 
 
 def test_a_job_signed_with_another_secret_is_refused() -> None:
-    with pytest.raises(bus.BadSignature):
-        bus.decode_job(b"another", ADDRESS, signed(), NOW)
+    with pytest.raises(wire.BadSignature):
+        wire.decode_job(b"another", ADDRESS, signed(), NOW)
 
 
 def test_an_unsigned_job_is_refused_and_its_reply_address_kept() -> None:
     fields = signed()
     del fields["sig"]
-    with pytest.raises(bus.BadSignature) as refused:
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    with pytest.raises(wire.BadSignature) as refused:
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
     assert (refused.value.reply_to, refused.value.job_id) == (REPLY_TO, "job-1")
 
 
 def test_an_expired_job_is_read_but_reports_its_deadline_passed() -> None:
-    job = bus.decode_job(SECRET, ADDRESS, signed(deadline=NOW - 0.5), NOW)
+    job = wire.decode_job(SECRET, ADDRESS, signed(deadline=NOW - 0.5), NOW)
     expired = job.expired(NOW)
     assert expired is not None and expired.code == "deadline_exceeded"
     assert job.expired(NOW - 1) is None
 
 
 def test_a_deadline_too_far_ahead_is_refused_so_done_keys_outlive_every_job() -> None:
-    with pytest.raises(bus.MalformedJob, match="ahead"):
-        bus.decode_job(SECRET, ADDRESS, signed(deadline=NOW + bus.MAX_JOB_TTL_S + 1), NOW)
-    assert bus.DONE_TTL_S > bus.MAX_JOB_TTL_S
+    with pytest.raises(wire.MalformedJob, match="ahead"):
+        wire.decode_job(SECRET, ADDRESS, signed(deadline=NOW + wire.MAX_JOB_TTL_S + 1), NOW)
+    assert wire.DONE_TTL_S > wire.MAX_JOB_TTL_S
 
 
 def test_a_done_key_lives_to_its_jobs_deadline_plus_the_margin() -> None:
-    assert bus.done_ttl(NOW + 30, NOW) == 30 + bus.DONE_MARGIN_S
-    assert bus.done_ttl(NOW - 5, NOW) == bus.DONE_MARGIN_S  # expired, or unreadable (None): the margin
-    assert bus.done_ttl(None, NOW) == bus.DONE_MARGIN_S
-    assert bus.done_ttl(NOW + bus.MAX_JOB_TTL_S, NOW) == bus.DONE_TTL_S
+    assert wire.done_ttl(NOW + 30, NOW) == 30 + wire.DONE_MARGIN_S
+    assert wire.done_ttl(NOW - 5, NOW) == wire.DONE_MARGIN_S  # expired, or unreadable (None): the margin
+    assert wire.done_ttl(None, NOW) == wire.DONE_MARGIN_S
+    assert wire.done_ttl(NOW + wire.MAX_JOB_TTL_S, NOW) == wire.DONE_TTL_S
 
 
 @pytest.mark.parametrize("missing", ["job_id", "reply_to", "payload", "deadline", "v", "caller"])
 def test_a_job_missing_a_field_is_malformed(missing: str) -> None:
     fields = signed()
     del fields[missing]
-    with pytest.raises(bus.MalformedJob) as refused:
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
-    assert type(refused.value) is bus.MalformedJob
+    with pytest.raises(wire.MalformedJob) as refused:
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
+    assert type(refused.value) is wire.MalformedJob
     assert refused.value.reply_to == (None if missing == "reply_to" else REPLY_TO)
 
 
 @pytest.mark.parametrize("reply_to", ["examlops:audit", "examlops:bus:replies:", "examlops:bus:replies:a b", "x" * 10])
 def test_a_reply_address_outside_the_reply_namespace_is_never_given_back(reply_to: str) -> None:
     fields = signed(reply_to=reply_to)
-    with pytest.raises(bus.MalformedJob) as refused:
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    with pytest.raises(wire.MalformedJob) as refused:
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
     assert refused.value.reply_to is None
 
 
 def test_an_unreadable_payload_with_a_valid_signature_is_malformed() -> None:
     fields = signed()
     fields["payload"] = "[NaN"
-    fields["sig"] = bus._signature(SECRET, ADDRESS, fields)
-    with pytest.raises(bus.MalformedJob, match="cannot be read"):
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    fields["sig"] = wire._signature(SECRET, ADDRESS, fields)
+    with pytest.raises(wire.MalformedJob, match="cannot be read"):
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -138,7 +138,7 @@ def test_a_payload_with_a_non_finite_number_cannot_be_encoded(bad: float) -> Non
 
 def test_a_real_null_and_the_text_null_still_encode() -> None:
     payload = {"embedding": [0.5], "node_count": 1, "alias": None, "note": "nullable"}
-    job = bus.decode_job(SECRET, ADDRESS, signed(payload=payload), NOW)
+    job = wire.decode_job(SECRET, ADDRESS, signed(payload=payload), NOW)
     assert job.payload == payload
 
 
@@ -146,20 +146,20 @@ def test_a_real_null_and_the_text_null_still_encode() -> None:
 def test_a_signed_payload_with_a_number_that_is_not_finite_is_malformed(number: str) -> None:
     fields = signed()
     fields["payload"] = '{"embedding":[' + number + '],"node_count":1}'
-    fields["sig"] = bus._signature(SECRET, ADDRESS, fields)
-    with pytest.raises(bus.MalformedJob, match="cannot be read"):
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    fields["sig"] = wire._signature(SECRET, ADDRESS, fields)
+    with pytest.raises(wire.MalformedJob, match="cannot be read"):
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
 def test_an_unknown_format_version_is_malformed() -> None:
     fields = signed()
     fields["v"] = "9"
-    with pytest.raises(bus.MalformedJob, match="format"):
-        bus.decode_job(SECRET, ADDRESS, fields, NOW)
+    with pytest.raises(wire.MalformedJob, match="format"):
+        wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
 
 def test_error_bodies_have_the_http_error_shape() -> None:
-    body = bus.error_body(bus.BadSignature("altered"), model="JPCP", job_id="j")
+    body = wire.error_body(wire.BadSignature("altered"), model="JPCP", job_id="j")
     assert body == {
         "error": "altered",
         "prediction": 0.0,
@@ -169,13 +169,13 @@ def test_error_bodies_have_the_http_error_shape() -> None:
         "model": "JPCP",
         "job_id": "j",
     }
-    assert bus.read_reply(bus.reply_fields("j", body, 0)) == ("j", body)
-    assert bus.read_reply({"job_id": "j", "body": "[1]"})[1]["prediction"] == 0.0
+    assert wire.read_reply(wire.reply_fields("j", body, 0)) == ("j", body)
+    assert wire.read_reply({"job_id": "j", "body": "[1]"})[1]["prediction"] == 0.0
 
 
 def test_client_ids_are_checked_before_they_name_a_stream() -> None:
     with pytest.raises(ValueError):
-        bus.replies_stream("a:b")
+        wire.replies_stream("a:b")
 
 
 def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
@@ -185,9 +185,9 @@ def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
 
     fields = signed(payload={"node_count": 3, "embedding": [0.5], "alias": "canaré"})
     message = json.dumps(
-        ["examlops.bus.v" + bus.FORMAT, fields["job_id"], ADDRESS, fields["reply_to"], fields["caller"],
+        ["examlops.bus.v" + wire.FORMAT, fields["job_id"], ADDRESS, fields["reply_to"], fields["caller"],
          fields["deadline"], fields["payload"]],
         separators=(",", ":"), ensure_ascii=True,
     )  # fmt: skip
     fields["sig"] = hmac.new(SECRET, message.encode(), hashlib.sha256).hexdigest()
-    assert bus.decode_job(SECRET, ADDRESS, fields, NOW).payload["alias"] == "canaré"
+    assert wire.decode_job(SECRET, ADDRESS, fields, NOW).payload["alias"] == "canaré"

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
+from examlops.bus import wire
+from examlops.bus.hop import ModelHandler, http_client
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec, load_catalog
-from examlops.serving import bus
-from examlops.serving.bridge_handler import ModelHandler, http_client
-from tests.unit.serving.loopback import reply, server
+from tests.unit.bus.loopback import reply, server
 
 CATALOG = Path(__file__).resolve().parents[3] / "examlops" / "catalog"
 REPLY = b'{"model":"JPCP","alias":"Production","version":1,"run_id":"r","prediction":0.25,"job_id":"j-1"}'
@@ -27,11 +27,11 @@ def spec() -> ModelSpec:
     return load_catalog(CATALOG).get("JPCP")
 
 
-def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | None = None) -> bus.Job:
-    return bus.Job(
+def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | None = None) -> wire.Job:
+    return wire.Job(
         job_id="j-1",
         address=str(spec.seanerbus_uuid),
-        reply_to=bus.replies_stream("c"),
+        reply_to=wire.replies_stream("c"),
         caller="svc:test",
         deadline=time.time() + deadline_in,
         payload={"embedding": embedding or [0.01] * spec.embedding_dim, "node_count": 12},

@@ -1,6 +1,6 @@
 """Alias moves that remember what they replaced, so that a rollback can undo them.
 
-This is the registry half of a promotion; ``examlops.serving.promotion`` adds the serving half
+This is the registry half of a promotion; ``examlops.promotion.service`` adds the serving half
 (every instance reloads and confirms).
 
 - ``move_alias(registry, model, alias, version=N | from_alias=A)`` points ``alias`` (any case) at

@@ -2,7 +2,7 @@
 
 ``promote`` (what `exa promote` and the promote flow call) and ``rollback``:
 
-1. move the alias in MLflow, recording the version it replaced (``examlops.registry.promotion``);
+1. move the alias in MLflow, recording the version it replaced (``examlops.promotion.aliases``);
 2. call ``on_moved(move)`` if given: the hook for the audit trail (an exception from it propagates:
    the alias has moved and the instances were not asked);
 3. ask every instance (``instances``; default ``settings.serving.instance_urls()``) to reload the
@@ -24,8 +24,8 @@ import httpx
 from examlops.core.errors import PromotionIncomplete
 from examlops.core.messages import DEFAULT_ALIAS
 from examlops.core.settings import Settings
-from examlops.registry.promotion import AliasMove, AliasRegistry, move_alias, rollback_alias
-from examlops.serving.instances import confirm_reload
+from examlops.promotion.aliases import AliasMove, AliasRegistry, move_alias, rollback_alias
+from examlops.promotion.instances import confirm_reload
 
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds every instance gets to load the new version and report it."""
