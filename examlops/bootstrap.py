@@ -124,7 +124,8 @@ def control_events(settings: Settings, engine: Engine) -> Callable[[str, str, Ma
     Control actions are rare and each is checkpointed at once, so a serving process that stops never
     leaves unsigned events of its own behind. Redis is reached on first use.
     """
-    from examlops.monitoring.audit import AuditTrail, connect
+    from examlops.adapters.redis import connect
+    from examlops.monitoring.audit import AuditTrail
     from examlops.monitoring.audit_store import SqlCheckpointStore
 
     trail = AuditTrail(
@@ -141,7 +142,8 @@ def control_events(settings: Settings, engine: Engine) -> Callable[[str, str, Ma
 @contextmanager
 def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
     """The audit trail on the settings' Redis, with checkpoints in SQL; closes both on exit."""
-    from examlops.monitoring.audit import AuditTrail, connect
+    from examlops.adapters.redis import connect
+    from examlops.monitoring.audit import AuditTrail
     from examlops.monitoring.audit_store import SqlCheckpointStore
 
     client = connect(settings.redis_url)

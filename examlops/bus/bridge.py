@@ -43,8 +43,9 @@ import redis.asyncio as aioredis
 
 from examlops.bus import wire
 from examlops.bus.hop import ModelHandler, Outcome
-from examlops.bus.store import BusStore, Entry, Outage
+from examlops.bus.store import BusStore, Entry
 from examlops.core import records
+from examlops.core.backoff import Outage
 from examlops.core.errors import ConfigError, ModelNotFound, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog

@@ -34,8 +34,10 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
+from examlops.adapters.redis import connect_async
 from examlops.bus import wire
-from examlops.bus.store import BusStore, Outage, connect
+from examlops.bus.store import BusStore
+from examlops.core.backoff import Outage
 from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
 from examlops.core.settings import Settings
 
@@ -73,7 +75,7 @@ class BusClient:
     @classmethod
     def from_settings(cls, settings: Settings, *, caller: str, client_id: str | None = None) -> BusClient:
         secret = settings.secret.get_secret_value().encode()
-        return cls(connect(settings.redis_url), secret, caller=caller, client_id=client_id, owns_redis=True)
+        return cls(connect_async(settings.redis_url), secret, caller=caller, client_id=client_id, owns_redis=True)
 
     async def __aenter__(self) -> BusClient:
         return self

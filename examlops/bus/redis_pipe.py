@@ -12,7 +12,7 @@ Contract of ``PipelinedRedis``:
 
 - One TCP connection, shared by every task of one event loop: each command is
   written at once (pipelined) and the replies resolve the callers in order.
-- Replies are decoded as UTF-8 strings, as ``bus_store.connect``'s clients do.
+- Replies are decoded as UTF-8 strings, as ``adapters.redis.connect_async``'s clients do.
 - Errors are redis-py's classes: a lost connection fails every command in
   flight with ``ConnectionError``; a reply slower than ``timeout_s`` closes the
   connection and raises ``TimeoutError`` (the command may have run); an error

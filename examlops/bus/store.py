@@ -11,77 +11,24 @@ take the lean path of ``redis_pipe`` (same errors).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
-import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from examlops.adapters.redis import translated
 from examlops.bus import scripts, wire
 from examlops.bus.redis_pipe import PipelinedRedis
-from examlops.core.errors import StoreUnavailable
 from examlops.core.jsoncodec import canonical
 
 log = logging.getLogger(__name__)
 
 Entry = tuple[str, str, dict[str, str]]
 """(stream, entry id, fields)."""
-
-
-def connect(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> aioredis.Redis:
-    """An asyncio Redis client that retries connection errors with backoff (0.1 s doubling to 1 s, ~3 s in all).
-
-    Nothing connects until the first command. ``socket_timeout_s`` must exceed every BLOCK we send (1 s).
-    """
-    return aioredis.Redis.from_url(
-        url,
-        decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        socket_connect_timeout=2.0,
-        socket_timeout=socket_timeout_s,
-        health_check_interval=30,
-    )
-
-
-@contextlib.asynccontextmanager
-async def _translated(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
-
-
-class Outage:
-    """Logs a lost Redis once and its return once, and paces the retries (0.1 s doubling to 2 s)."""
-
-    def __init__(self, who: str, logger: logging.Logger = log) -> None:
-        self.who = who
-        self.log = logger
-        self.since: float | None = None
-        self.attempts = 0
-
-    def lost(self, exc: BaseException) -> float:
-        """Note one failure; the seconds to wait before the next try."""
-        if self.since is None:
-            self.since = time.monotonic()
-            self.log.warning("%s: Redis unreachable (%s); retrying with backoff", self.who, exc)
-        self.attempts += 1
-        return float(min(2.0, 0.1 * 2 ** (self.attempts - 1)))
-
-    def back(self) -> None:
-        if self.since is not None:
-            self.log.warning("%s: Redis reachable again after %.1f s", self.who, time.monotonic() - self.since)
-        self.since, self.attempts = None, 0
 
 
 class BusStore:
@@ -115,12 +62,12 @@ class BusStore:
         args: list[str | int] = [address, wire.JOB_STREAM_MAXLEN]
         for name, value in fields.items():
             args += [name, value]
-        async with _translated("submitting a job"):
+        with translated("submitting a job"):
             entry: Any = await self._script(self._submit, [wire.jobs_stream(address), wire.ADDRESSES_KEY], args)
         return str(entry)
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
-        async with _translated("reading replies"):
+        with translated("reading replies"):
             if self.waits is None:
                 found: Any = await self.redis.xread({stream: after}, count=256, block=block_ms)
                 return [(entry_id, fields) for _name, entries in found or [] for entry_id, fields in entries]
@@ -131,7 +78,7 @@ class BusStore:
 
     async def ensure_groups(self, streams: Iterable[str]) -> None:
         """The group reads from the start of each stream: jobs sent before any bridge ran are served too."""
-        async with _translated("creating consumer groups"):
+        with translated("creating consumer groups"):
             for stream in streams:
                 try:
                     await self.redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
@@ -141,7 +88,7 @@ class BusStore:
 
     async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Entry]:
         """New jobs for ``consumer``; waits up to ``block_ms`` for one (None: returns at once)."""
-        async with _translated("reading jobs"):
+        with translated("reading jobs"):
             pipe = self.pipe if block_ms is None else self.waits
             if pipe is None:
                 found: Any = await self.redis.xreadgroup(
@@ -159,7 +106,7 @@ class BusStore:
         """The ids among ``job_ids`` whose reply was already written: one MGET for a whole read, not one per job."""
         if not job_ids:
             return set()
-        async with _translated("checking jobs"):
+        with translated("checking jobs"):
             keys = [wire.done_key(job_id) for job_id in job_ids]
             found: Any = await (self.redis.mget(keys) if self.pipe is None else self.pipe.execute("MGET", *keys))
         return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
@@ -187,14 +134,14 @@ class BusStore:
         args += [wire.REPLY_STREAM_TTL_S, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
         for name, value in reply.items():
             args += [name, value]
-        async with _translated("writing a reply"):
+        with translated("writing a reply"):
             return bool(await self._script(self._finish, keys, args))
 
     async def autoclaim(self, stream: str, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
         """Claim jobs idle for ``min_idle_ms`` (a dead bridge's); each claim counts one more delivery."""
         claimed: list[Entry] = []
         start = "0-0"
-        async with _translated("reclaiming jobs"):
+        with translated("reclaiming jobs"):
             while len(claimed) < count:
                 reply = await self.redis.xautoclaim(stream, wire.GROUP, consumer, min_idle_ms, start, count=count)
                 start, entries = reply[0], reply[1]
@@ -204,13 +151,13 @@ class BusStore:
         return claimed
 
     async def deliveries(self, stream: str, entry_id: str) -> int:
-        async with _translated("counting deliveries"):
+        with translated("counting deliveries"):
             pending = await self.redis.xpending_range(stream, wire.GROUP, entry_id, entry_id, 1)
         return int(pending[0]["times_delivered"]) if pending else 0
 
     async def appendonly(self) -> str | None:
         """``CONFIG GET appendonly``: "yes", "no", or None when CONFIG is refused (managed Redis)."""
-        async with _translated("reading the configuration"):
+        with translated("reading the configuration"):
             try:
                 config = await self.redis.config_get("appendonly")
             except ResponseError:
@@ -219,18 +166,18 @@ class BusStore:
         return None if value is None else str(value)
 
     async def heartbeat(self, addresses: Iterable[str], now: float) -> None:
-        async with _translated("heartbeat"):
+        with translated("heartbeat"):
             await self.redis.hset(wire.HANDLERS_KEY, mapping=dict.fromkeys(addresses, repr(now)))
 
     async def served_elsewhere(self, now: float, max_age_s: float) -> set[str]:
         """Addresses some bridge announced within ``max_age_s``."""
-        async with _translated("reading handlers"):
+        with translated("reading handlers"):
             beats: Any = await self.redis.hgetall(wire.HANDLERS_KEY)
         return {address for address, when in beats.items() if now - float(when) <= max_age_s}
 
     async def job_streams(self) -> list[str]:
         """The job stream of every address in the addresses set."""
-        async with _translated("listing job streams"):
+        with translated("listing job streams"):
             addresses: Any = await self.redis.smembers(wire.ADDRESSES_KEY)
         return sorted(wire.jobs_stream(address) for address in addresses)
 
@@ -239,7 +186,7 @@ class BusStore:
 
         Streams written by producers that XADD directly, or before the set existed, are found this way.
         """
-        async with _translated("listing job streams"):
+        with translated("listing job streams"):
             found = [
                 wire.address_of(name)
                 async for name in self.redis.scan_iter(match=wire.JOBS_PREFIX + "*", count=1000, _type="STREAM")
@@ -251,7 +198,7 @@ class BusStore:
     async def forget_if_empty(self, stream: str) -> bool:
         """Drop the stream's address from the set when the stream is gone or empty (atomic with the check)."""
         address = wire.address_of(stream)
-        async with _translated("pruning addresses"):
+        with translated("pruning addresses"):
             return bool(await self._prune(keys=[stream, wire.ADDRESSES_KEY], args=[address]))
 
 

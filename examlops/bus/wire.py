@@ -1,6 +1,6 @@
 """The wire format of the bus: stream names, signed jobs, replies and the reply script.
 
-Pure: no redis, no I/O. ``bus_store`` runs what is defined here against Redis.
+Pure: no redis, no I/O. ``store`` runs what is defined here against Redis.
 
 Streams and keys::
 

@@ -20,8 +20,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 @audit_app.command("verify")
 def verify(as_json: JsonOption = False) -> None:
     """Walk the chain and the signed checkpoints; name the first broken link and exit 1 when there is one."""
+    from examlops.adapters.redis import connect
     from examlops.bootstrap import sql_engine
-    from examlops.monitoring.audit import connect
     from examlops.monitoring.audit_store import SqlCheckpointStore
     from examlops.monitoring.audit_verify import verify as verify_trail
 
@@ -59,7 +59,7 @@ def tail(
     as_json: JsonOption = False,
 ) -> None:
     """The last N events of the audit trail, oldest first."""
-    from examlops.monitoring.audit import connect
+    from examlops.adapters.redis import connect
     from examlops.monitoring.audit_verify import tail as tail_trail
 
     settings = load_settings()

@@ -19,8 +19,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def status(as_json: JsonOption = False) -> None:
     """Per model: failure rate over the shared window, its fill, the retrain cooldown left and the last request."""
+    from examlops.adapters.redis import connect
     from examlops.bootstrap import catalog
-    from examlops.monitoring.audit import connect
     from examlops.monitoring.failures import RedisFailureStore, failure_status
 
     settings = load_settings()

@@ -160,10 +160,10 @@ def start(
     import contextlib
     import signal
 
+    from examlops.adapters.redis import connect_async as connect
     from examlops.bootstrap import bridge_recording, catalog
     from examlops.bus.bridge import Bridge
     from examlops.bus.hop import http_client
-    from examlops.bus.store import connect
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -67,7 +67,7 @@ class ControlPlane:
 
     @cached_property
     def snapshots(self) -> ProjectedSnapshotReader:
-        from examlops.monitoring.audit import connect
+        from examlops.adapters.redis import connect
 
         return ProjectedSnapshotReader(SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0)))
 

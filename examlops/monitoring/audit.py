@@ -31,27 +31,20 @@ Reading the trail back (``tail``, ``verify``) is ``audit_verify``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import hiredis
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.commands.core import Script
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
-from examlops.core.errors import Conflict, StoreUnavailable
+from examlops.adapters.redis import run_script, translated
+from examlops.core.errors import Conflict
 from examlops.core.jsoncodec import ascii_array
 from examlops.core.jsoncodec import canonical as canonical_json  # the event data as stored and hashed
 from examlops.monitoring.audit_store import CheckpointStore, new_checkpoint
@@ -72,58 +65,6 @@ ALIAS_MOVED = "alias.moved"
 MODEL_RELOADED = "model.reloaded"
 RELOAD_REFUSED = "reload.refused"
 RETRAIN_REQUESTED = "retrain.requested"
-
-
-def connect(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
-    """A sync client (decoded strings) that retries connection errors briefly; nothing connects until used."""
-    return redis.Redis.from_url(
-        url,
-        decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        socket_connect_timeout=2.0,
-        socket_timeout=socket_timeout_s,
-    )
-
-
-@contextlib.contextmanager
-def store_errors(what: str) -> Iterator[None]:
-    """redis-py's connection errors (including a Redis still loading its AOF) become ``StoreUnavailable``."""
-    try:
-        yield
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
-
-
-def run_script(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-    """``script(keys=keys, args=args)`` for the recorder's hot path, at about a third of redis-py's CPU per call.
-
-    redis-py 8's client layer (its retry wrapper, observability hooks and per-argument checks) costs ~50 us
-    of CPU per command here, more than the command's own I/O; this packs the EVALSHA once with hiredis and
-    runs it on a pooled connection. A send that fails is tried once more on a fresh connection (the server
-    never saw the command); a failed read is not retried (the script may have run), it raises as usual.
-    NOSCRIPT (a restarted Redis) loads the script and runs it again. Connection errors are redis-py's.
-    """
-    client = script.registered_client
-    command: Any = ("EVALSHA", script.sha, len(keys), *keys, *args)  # the stub types it as a 1-tuple
-    packed = [hiredis.pack_command(command)]
-    assert isinstance(client, redis.Redis), "the recorder's scripts run on a plain Redis client"
-    pool = client.connection_pool
-    connection: Any = pool.get_connection()  # redis-py leaves its send and disconnect untyped
-    try:
-        try:
-            connection.send_packed_command(packed)
-        except (RedisConnectionError, RedisTimeoutError):
-            connection.disconnect()
-            connection.send_packed_command(packed)
-        try:
-            return connection.read_response()
-        except NoScriptError:
-            client.script_load(script.script)
-            connection.send_packed_command(packed)
-            return connection.read_response()
-    finally:
-        pool.release(connection)
 
 
 def format_ts(ts: float) -> str:
@@ -368,7 +309,7 @@ class AuditTrail:
                     continue
                 seen.add(once)
             todo.append(index)
-        with self._lock, store_errors("appending to the audit trail"):
+        with self._lock, translated("appending to the audit trail"):
             for _ in range(MAX_CAS_ATTEMPTS):
                 if not todo:
                     return results

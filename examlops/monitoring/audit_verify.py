@@ -15,13 +15,14 @@ from typing import Any
 
 import redis
 
-from examlops.monitoring.audit import GENESIS, HEAD, STREAM, AuditEvent, store_errors
+from examlops.adapters.redis import translated
+from examlops.monitoring.audit import GENESIS, HEAD, STREAM, AuditEvent
 from examlops.monitoring.audit_store import CheckpointStore
 
 
 def tail(client: redis.Redis, n: int) -> list[AuditEvent]:
     """The last ``n`` events, oldest first. ``StoreUnavailable``; entries that cannot be read are skipped."""
-    with store_errors("reading the audit trail"):
+    with translated("reading the audit trail"):
         found: Any = client.xrevrange(STREAM, count=n) if n > 0 else []
     events = []
     for entry_id, fields in reversed(found):
@@ -84,7 +85,7 @@ def verify(client: redis.Redis, secret: bytes, checkpoints: CheckpointStore | No
     problems: list[BrokenLink] = []
     if forged:
         problems.append(BrokenLink(forged[0], "forged_checkpoint", f"the checkpoint at seq {forged[0]} is not signed"))
-    with store_errors("verifying the audit trail"):
+    with translated("verifying the audit trail"):
         head: Any = client.hmget(HEAD, ["seq", "hash"])
         head_seq, head_hash = head
         walk = _Walk(expected_at)

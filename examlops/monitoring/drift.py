@@ -383,9 +383,9 @@ class ProjectedSnapshotReader:
         return int(self.stream.trim_below(model, entry_id))
 
     def read(self, model: str, after: str | None = None, count: int = PAGE) -> list[_Row]:
-        from examlops.monitoring.audit import store_errors
+        from examlops.adapters.redis import translated
 
-        with store_errors("reading snapshots"):
+        with translated("reading snapshots"):
             lines = self._script(keys=[self._stream_of(model)], args=["(" + after if after else "-", count])
         rows = []
         for line in lines:

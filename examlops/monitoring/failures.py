@@ -36,9 +36,9 @@ from typing import Any, Protocol
 
 import redis
 
+from examlops.adapters.redis import run_script, translated
 from examlops.core import errors
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.audit import run_script, store_errors
 from examlops.monitoring.retrain import LAST, OUTBOX, RetrainRequest, last_record
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ class RedisFailureStore:
         self._claim = client.register_script(CLAIM_SCRIPT)
 
     def push(self, model: str, failed: bool, capacity: int) -> WindowState:
-        with store_errors("updating a failure window"):
+        with translated("updating a failure window"):
             reply: Any = self._push(
                 keys=[WINDOW_PREFIX + model.lower(), MODELS], args=["1" if failed else "0", capacity, model]
             )
@@ -224,7 +224,7 @@ class RedisFailureStore:
         args: list[str | int] = [capacity, call_key, CALL_KEY_TTL_MS]
         for names, positions in groups.values():
             args += [len(names), *names, "".join("1" if outcomes[p][1] else "0" for p in positions)]
-        with store_errors("updating failure windows"):
+        with translated("updating failure windows"):
             reply: Any = run_script(self._push_many, keys, args)
         states: list[WindowState] = [WindowState(0, 0, capacity)] * len(outcomes)
         at = 0
@@ -239,26 +239,26 @@ class RedisFailureStore:
         last = json.dumps(last_record(request))
         args: list[str | int] = [request.idempotency_key, int(cooldown_s * 1000), request.to_json(), last]
         args.append(model.lower())
-        with store_errors("claiming a retrain"):
+        with translated("claiming a retrain"):
             return bool(self._claim(keys=keys, args=args))
 
     def window(self, model: str, capacity: int) -> WindowState:
-        with store_errors("reading a failure window"):
+        with translated("reading a failure window"):
             items: Any = self.redis.lrange(WINDOW_PREFIX + model.lower(), -capacity, -1)
         return WindowState(len(items), sum(1 for item in items if item == "1"), capacity)
 
     def cooldown_left(self, model: str) -> float:
-        with store_errors("reading a cooldown"):
+        with translated("reading a cooldown"):
             left: Any = self.redis.pttl(COOLDOWN_PREFIX + model.lower())
         return max(0, int(left)) / 1000
 
     def models(self) -> list[str]:
-        with store_errors("listing failure windows"):
+        with translated("listing failure windows"):
             found: Any = self.redis.smembers(MODELS)
         return sorted(str(m) for m in found)
 
     def last_requests(self) -> dict[str, dict[str, Any]]:
-        with store_errors("reading retrain requests"):
+        with translated("reading retrain requests"):
             raw: Any = self.redis.hgetall(LAST)
         return {model: json.loads(text) for model, text in raw.items()}
 

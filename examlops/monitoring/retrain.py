@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 import redis
 
+from examlops.adapters.redis import translated
 from examlops.core.errors import DependencyUnavailable, StoreUnavailable
-from examlops.monitoring.audit import RETRAIN_REQUESTED, AuditTrail, store_errors
+from examlops.monitoring.audit import RETRAIN_REQUESTED, AuditTrail
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,14 @@ class RedisOutbox:
 
     def add(self, request: RetrainRequest) -> bool:
         """Queue a request outside the tracker (an operator's ``exa`` command); False when its key is queued."""
-        with store_errors("queueing a retrain request"):
+        with translated("queueing a retrain request"):
             added = bool(self.redis.hsetnx(OUTBOX, request.idempotency_key, request.to_json()))
             if added:
                 self.redis.hset(LAST, request.model.lower(), json.dumps(last_record(request)))
         return added
 
     def pending(self) -> list[RetrainRequest]:
-        with store_errors("reading the retrain outbox"):
+        with translated("reading the retrain outbox"):
             raw: Any = self.redis.hgetall(OUTBOX)
         requests = []
         for key, text in raw.items():
@@ -97,14 +98,14 @@ class RedisOutbox:
 
     def delivered(self, request: RetrainRequest, run_id: str, now: float) -> None:
         self._update_last(request, delivered_at=now, flow_run_id=run_id, error=None)
-        with store_errors("clearing the retrain outbox"):
+        with translated("clearing the retrain outbox"):
             self.redis.hdel(OUTBOX, request.idempotency_key)
 
     def attempt_failed(self, request: RetrainRequest, error: str, attempts: int) -> None:
         self._update_last(request, attempts=attempts, error=error[:500])
 
     def _update_last(self, request: RetrainRequest, **changes: Any) -> None:
-        with store_errors("recording a retrain request"):
+        with translated("recording a retrain request"):
             current: Any = self.redis.hget(LAST, request.model.lower())
             record = json.loads(current) if current else {}
             if record.get("idempotency_key") not in (None, request.idempotency_key):
@@ -113,7 +114,7 @@ class RedisOutbox:
 
     def last(self) -> dict[str, dict[str, Any]]:
         """model (lower-cased) -> its last request: key, reason, requested_at, delivered_at, flow_run_id, error."""
-        with store_errors("reading retrain requests"):
+        with translated("reading retrain requests"):
             raw: Any = self.redis.hgetall(LAST)
         return {model: json.loads(text) for model, text in raw.items()}
 

@@ -30,7 +30,8 @@ from typing import Any
 import orjson
 import redis
 
-from examlops.monitoring.audit import SideWrite, store_errors
+from examlops.adapters.redis import translated
+from examlops.monitoring.audit import SideWrite
 
 PREFIX = "examlops:snapshots:"
 MODELS = "examlops:snapshots:models"
@@ -242,12 +243,12 @@ class SnapshotStream:
         self._advance = client.register_script(ADVANCE_SCRIPT)
 
     def models(self) -> list[str]:
-        with store_errors("listing snapshot streams"):
+        with translated("listing snapshot streams"):
             found: Any = self.redis.smembers(MODELS)
         return sorted(str(m) for m in found)
 
     def checkpoint(self, model: str) -> str | None:
-        with store_errors("reading the drift checkpoint"):
+        with translated("reading the drift checkpoint"):
             value: Any = self.redis.get(checkpoint_key(model))
         return None if value is None else str(value)
 
@@ -256,7 +257,7 @@ class SnapshotStream:
 
         Entries that are not snapshots are skipped.
         """
-        with store_errors("reading snapshots"):
+        with translated("reading snapshots"):
             found: Any = self.redis.xrange(stream_of(model), min="(" + after if after else "-", count=count)
         snapshots = []
         for entry_id, fields in found:
@@ -272,14 +273,14 @@ class SnapshotStream:
 
     def advance(self, model: str, entry_id: str) -> str:
         """Mark everything up to ``entry_id`` as consumed; a checkpoint never moves back. Returns the checkpoint."""
-        with store_errors("advancing the drift checkpoint"):
+        with translated("advancing the drift checkpoint"):
             return str(self._advance(keys=[checkpoint_key(model)], args=[entry_id]))
 
     def trim_below(self, model: str, entry_id: str) -> int:
         """Delete the entries below ``entry_id`` and below the checkpoint; without a checkpoint none. The count."""
-        with store_errors("trimming snapshots"):
+        with translated("trimming snapshots"):
             return int(self._trim(keys=[stream_of(model), checkpoint_key(model)], args=[entry_id]))
 
     def length(self, model: str) -> int:
-        with store_errors("counting snapshots"):
+        with translated("counting snapshots"):
             return int(self.redis.xlen(stream_of(model)))

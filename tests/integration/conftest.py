@@ -45,7 +45,7 @@ def redis_server(embedded_redis: EmbeddedRedis) -> str:
 @pytest.fixture
 def client(redis_server: str) -> Iterator[redis.Redis]:
     """A client (decoded strings) of the session's Redis, whose database starts empty for each test."""
-    from examlops.monitoring.audit import connect
+    from examlops.adapters.redis import connect
 
     client = connect(redis_server)
     client.flushdb()

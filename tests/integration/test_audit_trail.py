@@ -17,12 +17,13 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from typer.testing import CliRunner
 
+from examlops.adapters.redis import connect
 from examlops.bootstrap import sql_engine
 from examlops.cli.audit import audit_app
 from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import DEV_SECRET, Settings
 from examlops.monitoring import audit
-from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entry, SideWrite, connect
+from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entry, SideWrite
 from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
 from examlops.monitoring.audit_verify import tail, verify
 

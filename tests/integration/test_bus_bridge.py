@@ -29,11 +29,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from examlops.adapters.redis import connect_async as connect
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
 from examlops.bus.client import BusClient, SyncBusClient
 from examlops.bus.hop import http_client
-from examlops.bus.store import BusStore, connect
+from examlops.bus.store import BusStore
 from examlops.core import records
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings

@@ -13,12 +13,13 @@ import redis
 import typer
 from typer.testing import CliRunner
 
+from examlops.adapters.redis import connect
 from examlops.bus.wire import error_body
 from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, connect
+from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
 from examlops.monitoring.recorder import Recorder

@@ -21,11 +21,12 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
+from examlops.adapters.redis import connect
 from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, connect
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder import Recorder, Tuning
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats

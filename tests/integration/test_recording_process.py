@@ -19,11 +19,11 @@ import redis
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from examlops.adapters.redis import connect
 from examlops.bootstrap import bridge_recording, recording_process_argv, settings_json
 from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
-from examlops.monitoring.audit import connect
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.recorder import Tuning
 from examlops.monitoring.recorder_process import RecorderProcess

@@ -15,10 +15,10 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from examlops.bus.redis_pipe import PipelinedRedis
-from examlops.bus.store import connect
-from examlops.platform.redis_server import EmbeddedRedis
+from examlops.adapters.redis import connect_async as connect
 from examlops.bus import redis_pipe
+from examlops.bus.redis_pipe import PipelinedRedis
+from examlops.platform.redis_server import EmbeddedRedis
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -1,0 +1,105 @@
+"""The one Redis adapter: clients built from a URL, and redis-py's errors translated into ours.
+
+Every Redis user (the bus, recording, the audit trail, the failure windows,
+retrain requests, the drift flow's snapshot reads) gets its client here and
+wraps its commands in ``translated(what)``:
+
+- ``connect(url)``: a sync client (decoded strings); ``connect_async(url)``:
+  an asyncio one. Nothing connects until the first command. Connecting is
+  retried briefly with backoff by redis-py itself; a command whose connection
+  dropped while it was in flight is not sent again (it may have run).
+- ``translated(what)``: a refused, dropped or timed-out connection (and a
+  Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
+  other redis-py errors pass unchanged. It works around ``await`` too.
+- ``run_script(script, keys, args)``: EVALSHA of a registered script on a
+  pooled connection, loading the script again when a restarted Redis forgot
+  it (see its docstring for why it bypasses redis-py's command layer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import hiredis
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from examlops.core.errors import StoreUnavailable
+
+CONNECT_TIMEOUT_S = 2.0
+
+
+def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> redis.Redis:
+    """A sync client (decoded strings) that retries connection errors briefly; nothing connects until used."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=socket_timeout_s,
+    )
+
+
+def connect_async(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> aioredis.Redis:
+    """An asyncio client that retries connection errors with backoff (0.05 s doubling to 1 s).
+
+    ``socket_timeout_s`` must exceed every BLOCK sent on it.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        retry=AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=socket_timeout_s,
+        health_check_interval=30,
+    )
+
+
+@contextlib.contextmanager
+def translated(what: str) -> Iterator[None]:
+    """redis-py's connection errors (including a Redis still loading its AOF) become ``StoreUnavailable``."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
+
+
+def run_script(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    """``script(keys=keys, args=args)`` packed once with hiredis and run on a pooled connection.
+
+    Used on the recorder's hot path, where redis-py's per-command layer costs more CPU than the command
+    (``bench/recording_cost.py``). A send that fails is tried once more on a fresh connection (the server
+    never saw the command); a failed read is not retried (the script may have run). NOSCRIPT (a restarted
+    Redis) loads the script and runs it again. Connection errors are redis-py's.
+    """
+    client = script.registered_client
+    command: Any = ("EVALSHA", script.sha, len(keys), *keys, *args)  # the stub types it as a 1-tuple
+    packed = [hiredis.pack_command(command)]
+    assert isinstance(client, redis.Redis), "scripts run on a plain sync Redis client"
+    pool = client.connection_pool
+    connection: Any = pool.get_connection()  # redis-py leaves its send and disconnect untyped
+    try:
+        try:
+            connection.send_packed_command(packed)
+        except (RedisConnectionError, RedisTimeoutError):
+            connection.disconnect()
+            connection.send_packed_command(packed)
+        try:
+            return connection.read_response()
+        except NoScriptError:
+            client.script_load(script.script)
+            connection.send_packed_command(packed)
+            return connection.read_response()
+    finally:
+        pool.release(connection)
