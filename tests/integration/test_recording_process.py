@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from examlops.adapters.redis import connect
-from examlops.bootstrap import bridge_recording, recording_process_argv, settings_json
+from examlops.bootstrap.recording import bridge_recording, recording_process_argv, settings_json
 from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings

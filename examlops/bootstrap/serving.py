@@ -1,0 +1,62 @@
+"""The serving assembly: the FastAPI app over the pipeline, with its real adapters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from examlops.bootstrap.control import control_events
+from examlops.bootstrap.sql import sql_engine
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog, load_catalog
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+
+def catalog(settings: Settings) -> Catalog:
+    return load_catalog(settings.catalog_path)
+
+
+def model_registry(settings: Settings) -> MlflowRegistry:
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+    settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
+    return MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+
+
+def serving_app(settings: Settings) -> FastAPI:
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules."""
+    from prometheus_client import CollectorRegistry
+
+    from examlops.api.app import create_app
+    from examlops.registry.loader import load_sklearn_model
+    from examlops.serving.pipeline import Pipeline
+    from examlops.serving.pool import ProcessPredictPool
+    from examlops.serving.traffic_store import SqlTrafficRuleStore
+
+    metrics = CollectorRegistry()
+    engine = sql_engine(settings)
+    pipeline = Pipeline(
+        settings,
+        catalog(settings),
+        model_registry(settings),
+        SqlTrafficRuleStore(engine),
+        ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
+        registry=metrics,
+        on_event=control_events(settings, engine),
+    )
+    return create_app(settings, pipeline, metrics)
+
+
+def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
+    """What `exa up` does before starting the services: state folders, SQL tables, demo models."""
+    from examlops.registry.demo import seed_demo
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    sql_engine(settings).dispose()
+    report = seed_demo(settings, catalog(settings), on_progress)
+    if on_progress is not None and report.created:
+        on_progress(f"registered demo models: {', '.join(report.created)}")
