@@ -48,14 +48,7 @@ def _caller() -> str:
 
 def _error_of(body: dict[str, Any]) -> errors.ExamlopsError:
     """The error class an error reply's ``code`` names (``ExamlopsError`` when none does)."""
-    code = body.get("code")
-    pending: list[type[errors.ExamlopsError]] = [errors.ExamlopsError]
-    while pending:
-        kind = pending.pop()
-        if kind.code == code:
-            return kind(str(body.get("error")))
-        pending += kind.__subclasses__()
-    return errors.ExamlopsError(str(body.get("error")))
+    return errors.error_of(body.get("code"), str(body.get("error")))
 
 
 @bus_app.command("send")

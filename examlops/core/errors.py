@@ -198,3 +198,21 @@ class ServiceExited(ServiceStartFailed):
 
 class AlreadyRunning(ServiceError, Conflict):
     code = "already_running"
+
+
+def error_class(code: object) -> type[ExamlopsError] | None:
+    """The error class whose ``code`` is ``code`` (a reply's), or None when no class has it."""
+    if not isinstance(code, str):
+        return None
+    pending: list[type[ExamlopsError]] = [ExamlopsError]
+    while pending:
+        kind = pending.pop()
+        if kind.code == code:
+            return kind
+        pending += kind.__subclasses__()
+    return None
+
+
+def error_of(code: object, message: str) -> ExamlopsError:
+    """An error of the class ``code`` names, with ``message``; a plain ``ExamlopsError`` for an unknown code."""
+    return (error_class(code) or ExamlopsError)(message)

@@ -54,21 +54,9 @@ class Outcome(Enum):
     IGNORED = "ignored"
 
 
-def _error_class(code: object) -> type[errors.ExamlopsError] | None:
-    if not isinstance(code, str):
-        return None
-    pending: list[type[errors.ExamlopsError]] = [errors.ExamlopsError]
-    while pending:
-        kind = pending.pop()
-        if kind.code == code:
-            return kind
-        pending += kind.__subclasses__()
-    return None
-
-
 def classify(status: int, reply: Mapping[str, Any]) -> Outcome:
     """The outcome of one bus reply for the retrain trigger (the table in the module docstring)."""
-    kind = _error_class(reply.get("code"))
+    kind = errors.error_class(reply.get("code"))
     if reply.get("inference_failed") is True or (kind is not None and kind.model_failure):
         return Outcome.FAILURE
     if reply.get("error") is None:
