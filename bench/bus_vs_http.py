@@ -53,7 +53,7 @@ from procs import CpuMeter, quantile, start, stop, wait_until
 
 from examlops.bus.client import BusClient
 from examlops.bus.hop import JSON_HEADERS, http_client
-from examlops.core.settings import HttpSettings, RedisSettings, Settings
+from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
@@ -126,7 +126,9 @@ async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: 
 async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
     """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bus.hop``)."""
     encoded = [json.dumps(b, separators=(",", ":")).encode() for b in bodies]
-    async with http_client(HttpSettings(connect_timeout_s=30, read_timeout_s=30), concurrency) as client:
+    async with http_client(
+        HttpSettings(connect_timeout_s=30, read_timeout_s=30), BusSettings(concurrency=concurrency)
+    ) as client:
         for body in encoded[:50]:
             await client.post(url, content=body, headers=JSON_HEADERS)
 

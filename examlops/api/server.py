@@ -52,7 +52,10 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_server(app: FastAPI, *, host: str, port: int, grace_s: float, log_level: str = "warning") -> None:
+def draining_server(
+    app: FastAPI, *, host: str, port: int, grace_s: float, log_level: str = "warning"
+) -> DrainingServer:
+    """The uvicorn server of ``app``, not yet running: ``.run()`` serves until a signal or ``.handle_exit``."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -62,4 +65,4 @@ def run_server(app: FastAPI, *, host: str, port: int, grace_s: float, log_level:
         lifespan="on",
         access_log=False,  # one log line per prediction costs more than the prediction; errors still log
     )
-    DrainingServer(config, app, grace_s=grace_s).run()
+    return DrainingServer(config, app, grace_s=grace_s)

@@ -1,22 +1,30 @@
 """The composition root: the one place that picks real adapters from the settings.
 
-Nothing here runs at import time; every function builds what it is asked for.
-Heavy imports (mlflow, prefect, evidently) stay inside the functions, so the CLI starts fast.
+Nothing here runs at import time; every function builds what it is asked for. Heavy imports (mlflow,
+prefect, evidently) stay inside the functions, so the CLI starts fast. Entry points (the CLI, the flows,
+an ASGI server) call only these:
 
+- ``serving``: ``ServingProcess`` (``run()``/``close()``), ``serving_app`` (the ASGI app alone),
+  ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first).
+- ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
+- ``recording``: what a bridge records through, and the recording child.
+- ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
 - ``sql``: the SQL engine.
-- ``serving``: the serving app; ``prepare_platform`` for `exa up`.
-- ``control``: the audit trail of control actions.
-- ``recording``: what the bridge records through, and the recording child.
 """
 
-from examlops.bootstrap.control import audit_trail, control_events
+from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
+from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import bridge_recording, redis_recorder, run_recording_process
-from examlops.bootstrap.serving import catalog, model_registry, prepare_platform, serving_app
+from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
 from examlops.bootstrap.sql import sql_engine
 
 __all__ = [
+    "BridgeProcess",
+    "ControlPlane",
+    "ServingProcess",
     "audit_trail",
     "bridge_recording",
+    "bus_client",
     "catalog",
     "control_events",
     "model_registry",
@@ -25,4 +33,5 @@ __all__ = [
     "run_recording_process",
     "serving_app",
     "sql_engine",
+    "sync_bus_client",
 ]

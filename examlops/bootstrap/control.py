@@ -1,9 +1,17 @@
-"""The audit trail of control actions, for serving, the flows and the CLI."""
+"""The control plane's adapters (for the flows and their CLI twins) and the audit trail of control actions.
+
+``ControlPlane(settings)`` builds each adapter on first use: the catalog, the MLflow registry, the snapshot
+reader, the drift store, the training references and the audit hook. No Prefect import: `exa drift report`
+and `exa retrain` run the same services in process.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
@@ -13,9 +21,16 @@ from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
     from examlops.monitoring.audit import AuditTrail
+    from examlops.monitoring.drift import ProjectedSnapshotReader, TrainingReference
+    from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.registry.catalog import Catalog
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+AuditHook = Callable[[str, str, Mapping[str, Any]], None]
+"""``(event type, subject, data)``: appends one event to the audit trail; raises ``StoreUnavailable``."""
 
 
-def control_events(settings: Settings, engine: Engine) -> Callable[[str, str, Mapping[str, Any]], None]:
+def control_events(settings: Settings, engine: Engine) -> AuditHook:
     """Appends control actions (traffic changes, reloads, refusals) to the audit trail, signing each one.
 
     Control actions are rare and each is checkpointed at once, so a serving process that stops never
@@ -59,3 +74,52 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
             trail.checkpoint_now()
         client.close()
         engine.dispose()
+
+
+@dataclass
+class ControlPlane:
+    """Adapters of one flow run or CLI command; each is built on first use."""
+
+    settings: Settings
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        from examlops.bootstrap.serving import catalog
+
+        return catalog(self.settings)
+
+    @cached_property
+    def registry(self) -> MlflowRegistry:
+        from examlops.bootstrap.serving import model_registry
+
+        return model_registry(self.settings)
+
+    @cached_property
+    def snapshots(self) -> ProjectedSnapshotReader:
+        from examlops.adapters.redis import connect
+        from examlops.monitoring.drift import ProjectedSnapshotReader
+        from examlops.monitoring.snapshots import SnapshotStream
+
+        return ProjectedSnapshotReader(SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0)))
+
+    @cached_property
+    def drift_store(self) -> SqlDriftStore:
+        from examlops.monitoring.drift_store import SqlDriftStore
+
+        return SqlDriftStore(sql_engine(self.settings))
+
+    @cached_property
+    def references(self) -> TrainingReference:
+        from examlops.monitoring.drift import TrainingReference
+
+        return TrainingReference(self.registry, self.catalog, self.drift_dir / "references")
+
+    @property
+    def drift_dir(self) -> Path:
+        return self.settings.state_dir / "drift"
+
+    @cached_property
+    def audit(self) -> AuditHook:
+        """Appends to the audit trail and signs each event at once: a flow's process is short-lived, so it
+        leaves no unsigned event behind."""
+        return control_events(self.settings, sql_engine(self.settings))

@@ -1,4 +1,9 @@
-"""The serving assembly: the FastAPI app over the pipeline, with its real adapters."""
+"""The serving assembly: the FastAPI app over the pipeline, with its real adapters, on uvicorn.
+
+``ServingProcess(settings).run()`` loads the hot set and serves in the foreground until SIGTERM/SIGINT or
+``close()`` (from any thread), draining requests in flight (``api.server``). ``serving_app(settings)`` is
+the app alone, for an ASGI server of the caller's choice.
+"""
 
 from __future__ import annotations
 
@@ -60,3 +65,30 @@ def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | No
     report = seed_demo(settings, catalog(settings), on_progress)
     if on_progress is not None and report.created:
         on_progress(f"registered demo models: {', '.join(report.created)}")
+
+
+class ServingProcess:
+    """Serving in the foreground: ``host``/``port`` default to the settings'."""
+
+    def __init__(
+        self, settings: Settings, *, host: str | None = None, port: int | None = None, log_level: str = "warning"
+    ) -> None:
+        from examlops.api.server import draining_server
+
+        self.settings = settings
+        self.server = draining_server(
+            serving_app(settings),
+            host=host or settings.serving.host,
+            port=port or settings.serving.port,
+            grace_s=settings.serving.drain_grace_s,
+            log_level=log_level,
+        )
+
+    def run(self) -> None:
+        self.server.run()
+
+    def close(self) -> None:
+        """Start the drain, as a SIGTERM does."""
+        import signal
+
+        self.server.handle_exit(signal.SIGTERM, None)

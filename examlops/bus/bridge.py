@@ -4,7 +4,7 @@ Contract:
 
 - One handler per catalog model address, registered at start-up; jobs for an
   address no live bridge serves get a ``model_not_found`` reply.
-- At most ``max_concurrency`` jobs in flight; the bridge reads only as many
+- At most ``settings.bus.concurrency`` jobs in flight; the bridge reads only as many
   jobs as it has room for, so a job never waits in a bridge while counting as
   idle (it would be reclaimed and served twice).
 - Exactly one reply per job id: the reply, the done key, the XACK and the XDEL
@@ -52,9 +52,6 @@ from examlops.registry.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
-BLOCK_MS = 1000
-HANDLER_TTL_S = 30.0
-"""An address whose last bridge heartbeat is older than this counts as served by nobody."""
 ORPHAN_SWEEP_EVERY = 5
 """Look for jobs on streams of unknown addresses once per this many sweeps (the addresses set, no SCAN)."""
 
@@ -70,7 +67,6 @@ class Bridge:
         *,
         serving_url: str | None = None,
         consumer: str | None = None,
-        max_concurrency: int = 64,
         reclaim_idle_s: float | None = None,
         sweep_s: float = 1.0,
         clock: Callable[[], float] = time.time,
@@ -80,14 +76,15 @@ class Bridge:
         if self.reclaim_idle_s <= http.read_timeout_s:
             raise ConfigError(f"the reclaim idle time must exceed the HTTP read timeout ({http.read_timeout_s} s)")
         self.settings = settings
-        self.store = BusStore(redis)
+        self.store = BusStore(redis, reply_ttl_s=settings.bus.reply_ttl_s)
         self.on_served = on_served or records.NoRecorder()
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         # Finish tokens: this instance's own prefix (a consumer name may be given, and reused after a
         # restart) and a counter.
         self._token_prefix = f"{self.consumer}:{secrets.token_hex(4)}:"
         self._finishes = itertools.count()
-        self.max_concurrency = max_concurrency
+        self.max_concurrency = settings.bus.concurrency
+        self.block_ms = settings.bus.block_ms
         self.sweep_s = sweep_s
         self.clock = clock
         url = serving_url or settings.serving.local_url
@@ -131,7 +128,7 @@ class Bridge:
             # Both loops end by themselves within one BLOCK, so the reader never drops jobs it has just read.
             # They are not cancelled first: a cancelled XREADGROUP BLOCK in redis-py 8.1 was seen to hang.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(asyncio.gather(reader, sweeper)), BLOCK_MS / 1000 + 5)
+                await asyncio.wait_for(asyncio.shield(asyncio.gather(reader, sweeper)), self.block_ms / 1000 + 5)
         finally:
             for task in (stopped, reader, sweeper):
                 task.cancel()
@@ -161,7 +158,7 @@ class Bridge:
                 await _first(self._room.wait(), stop.wait())
                 continue
             try:
-                entries = await self.store.read(self.consumer, self.streams, room, BLOCK_MS)
+                entries = await self.store.read(self.consumer, self.streams, room, self.block_ms)
             except StoreUnavailable as exc:
                 await _pause(outage.lost(exc), stop)
                 continue
@@ -198,7 +195,7 @@ class Bridge:
 
     async def _answer_orphans(self) -> None:
         """Jobs on streams of addresses that no live bridge serves get a model_not_found reply, not silence."""
-        served = await self.store.served_elsewhere(self.clock(), HANDLER_TTL_S) | set(self.handlers)
+        served = await self.store.served_elsewhere(self.clock(), self.settings.bus.handler_ttl_s) | set(self.handlers)
         orphans = [
             stream
             for stream in await self.store.job_streams()

@@ -34,12 +34,10 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from examlops.adapters.redis import connect_async
 from examlops.bus import wire
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
 from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
-from examlops.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +69,6 @@ class BusClient:
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, caller: str, client_id: str | None = None) -> BusClient:
-        secret = settings.secret.get_secret_value().encode()
-        return cls(connect_async(settings.redis_url), secret, caller=caller, client_id=client_id, owns_redis=True)
 
     async def __aenter__(self) -> BusClient:
         return self
@@ -162,11 +155,11 @@ class BusClient:
 class SyncBusClient:
     """A ``BusClient`` for sync code: its own event loop in a daemon thread; ``close()`` stops both."""
 
-    def __init__(self, settings: Settings, *, caller: str, client_id: str | None = None) -> None:
+    def __init__(self, client: BusClient) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="bus-client", daemon=True)
         self._thread.start()
-        self._client = BusClient.from_settings(settings, caller=caller, client_id=client_id)
+        self._client = client
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()

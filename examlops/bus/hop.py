@@ -29,7 +29,7 @@ from examlops.bus.wire import Job, error_body
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
-from examlops.core.settings import HttpSettings
+from examlops.core.settings import BusSettings, HttpSettings
 from examlops.registry.catalog import ModelSpec
 
 if TYPE_CHECKING:
@@ -41,24 +41,17 @@ _NUMBERS = frozenset((int, float))
 _READ = httpx.ByteStream(b"")
 
 
-def http_client(http: HttpSettings, max_connections: int = 64) -> httpx.AsyncClient:
-    """The one shared client of a bridge: HTTP/1.1 keep-alive, 5 s to connect, 10 s to read by default, no retry.
+def http_client(http: HttpSettings, bus: BusSettings) -> httpx.AsyncClient:
+    """The one shared client of a bridge: HTTP/1.1 keep-alive, ``http``'s timeouts (5 s connect, 10 s read), no retry.
 
-    An httpx client over ``http_transport.KeepAliveTransport``: httpx's
-    interface, timeouts and errors, with a lean asyncio + httptools connection
-    pool underneath. The hop is on every bus job's path; per request, httpx's
-    stock httpcore transport cost ~0.59 ms of CPU, httpx-aiohttp's ~0.31 ms and
-    this one ~0.16 ms (httpx's own layer is ~0.12 of that).
-
-    The pool keeps up to ``max_connections`` connections alive (size it to the
-    bridge's concurrency). ``trust_env=False``: no proxy or netrc from the
-    environment on a loopback hop. Idle connections are dropped after 4 s,
-    before uvicorn's 5 s keep-alive closes them under a request that is not
-    retried.
+    An httpx client over ``http_transport.KeepAliveTransport`` (``bench/bus_vs_http.py`` compares it with
+    httpx's own transports). The pool keeps up to ``bus.concurrency`` connections alive; idle ones are dropped
+    after ``bus.keepalive_s``, before serving's own keep-alive closes them under a request that is not retried.
+    ``trust_env=False``: no proxy or netrc from the environment on this hop.
     """
     return httpx.AsyncClient(
         timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
-        transport=KeepAliveTransport(max_connections=max_connections, keepalive_expiry=4.0),
+        transport=KeepAliveTransport(max_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s),
         trust_env=False,
     )
 

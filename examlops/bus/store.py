@@ -36,8 +36,9 @@ class BusStore:
     go through ``PipelinedRedis`` connections to the same server when its URL is plain TCP (see ``redis_pipe``);
     call ``aclose`` to close them."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, *, reply_ttl_s: int = wire.REPLY_STREAM_TTL_S) -> None:
         self.redis = redis
+        self.reply_ttl_s = reply_ttl_s
         self.pipe = PipelinedRedis.from_client(redis)
         self.waits = PipelinedRedis.from_client(redis)
         """A connection of its own for the blocking reads: a BLOCK holds up every command behind it."""
@@ -131,7 +132,7 @@ class BusStore:
         token = token or secrets.token_hex(8)
         keys = [stream, wire.done_key(done_id), reply_to or "", wire.DEAD_STREAM]
         args: list[str | int] = [wire.GROUP, entry_id, done_ttl_s, wire.REPLY_STREAM_MAXLEN]
-        args += [wire.REPLY_STREAM_TTL_S, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
+        args += [self.reply_ttl_s, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
         for name, value in reply.items():
             args += [name, value]
         with translated("writing a reply"):

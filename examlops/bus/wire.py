@@ -62,6 +62,7 @@ DONE_MARGIN_S = 600.0
 is refused as expired, never served."""
 DONE_TTL_S = int(MAX_JOB_TTL_S + DONE_MARGIN_S)
 REPLY_STREAM_TTL_S = 600
+"""The default of ``settings.bus.reply_ttl_s``."""
 REPLY_STREAM_MAXLEN = 10_000
 JOB_STREAM_MAXLEN = 100_000
 DEAD_STREAM_MAXLEN = 10_000

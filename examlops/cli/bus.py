@@ -7,12 +7,10 @@ from ``output.py``: an error reply exits with the code of the error its ``code``
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import logging
 import socket
 import uuid
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -65,7 +63,7 @@ def send(
 ) -> None:
     """Send one job to a model's bus address and print the reply; exits non-zero on an error reply."""
     from examlops.bootstrap import catalog
-    from examlops.bus.client import SyncBusClient
+    from examlops.bootstrap.bridge import sync_bus_client
     from examlops.cli.serve import _random_embedding, read_embedding
 
     if (embedding_file is None) == (not random):
@@ -81,7 +79,7 @@ def send(
         payload: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
         if alias:
             payload["alias"] = alias
-        with SyncBusClient(settings, caller=_caller()) as client:
+        with sync_bus_client(settings, caller=_caller()) as client:
             reply = client.request(spec.seanerbus_uuid, payload, timeout)
     if as_json:
         print_json(reply)
@@ -98,39 +96,11 @@ def send(
         fail(f"{reply['error']} (code {reply.get('code')}, job {reply.get('job_id')})", exit_code_of(error))
 
 
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run on uvloop where it is installed: a bridge's per-job overhead is event-loop work (Redis reads, the
-    HTTP hop, the reply script), and uvloop cut the bus round trip in bench/bus_vs_http.py."""
-    try:
-        import uvloop
-    except ImportError:  # Windows has no uvloop
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
-
-
-def tune_garbage_collection() -> None:
-    """Keep the garbage collector off a bridge's hot path: freeze what start-up built, collect young objects rarely.
-
-    A bridge under bus load allocates a few dozen containers per job that reference counting frees; the
-    collector's sweeps over them were pure overhead. Measured with gc callbacks in a bridge taking 3,000
-    jobs at c=32: the youngest generation was collected ~150 times per 3,000 jobs (~17 us of CPU per job,
-    ~34 with recording on, whose queue holds more live objects), and each full collection walked the
-    ~100,000 objects of the imports (40-75 ms). Frozen (``gc.freeze``), start-up objects are skipped by
-    every collection; collected every 20,000 net allocations instead of 700, the youngest generation
-    cost ~1 us per job. Reference cycles still get collected, only later (httpx's per-response cycle,
-    the one that was made per job, is cut in ``bus.hop``).
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 10, 10)
-
-
 @bridge_app.command("start")
 def start(
-    concurrency: Annotated[int, typer.Option(help="Jobs served at once by this bridge.", min=1)] = 64,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Jobs served at once by this bridge (EXAMLOPS_BUS__CONCURRENCY, 64).", min=1)
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
     record: Annotated[
         bool,
@@ -150,43 +120,17 @@ def start(
     ] = None,
 ) -> None:
     """Run one bridge in the foreground until SIGTERM or Ctrl-C: one handler per catalog model UUID."""
-    import contextlib
-    import signal
-
-    from examlops.adapters.redis import connect_async as connect
-    from examlops.bootstrap import bridge_recording, catalog
-    from examlops.bus.bridge import Bridge
-    from examlops.bus.hop import http_client
+    from examlops.bootstrap.bridge import BridgeProcess
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = Settings()
+    if concurrency is not None:
+        settings = settings.model_copy(update={"bus": settings.bus.model_copy(update={"concurrency": concurrency})})
     with errors_as_exit():
-        served = catalog(settings) if models is None else catalog(settings).only(models)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        redis = connect(settings.redis_url)
-        if not record:
-            logging.getLogger(__name__).warning(
-                "recording is off (--no-record): served jobs leave no drift snapshot and no audit event"
-            )
-        recording = bridge_recording(settings) if record else contextlib.nullcontext(None)
+        bridge = BridgeProcess(settings, models=models, record=record)
         try:
-            with recording as recorder:
-                async with http_client(settings.http, concurrency) as http:
-                    bridge = Bridge(settings, served, redis, http, on_served=recorder, max_concurrency=concurrency)
-                    tune_garbage_collection()
-                    await bridge.run(stop)
-        finally:
-            await redis.aclose()
-
-    with errors_as_exit():
-        try:
-            run_event_loop(main())
+            bridge.run()
         except errors.StoreUnavailable as exc:
             hint = "start it with `exa up`" if settings.redis_owned else "check EXAMLOPS_REDIS__URL"
             fail(f"{exc}; {hint}", UNAVAILABLE)

@@ -1,7 +1,7 @@
 """`exa drift ...`, `exa flows serve`, `exa retrain` and `exa demo traffic`: the control plane from the shell.
 
 Thin: parse, call ``examlops.monitoring`` / ``examlops.registry`` (through
-``examlops.flows.wiring``) or Prefect, format. Heavy imports (prefect,
+``examlops.bootstrap.control``) or Prefect, format. Heavy imports (prefect,
 evidently, mlflow) happen inside the commands. Exit codes come from
 ``output.py``.
 """
@@ -95,7 +95,7 @@ def drift_report(
     """Run the drift report now, in this process, over the snapshots since each model's last report."""
     from rich.progress import Progress
 
-    from examlops.flows.wiring import ControlPlane
+    from examlops.bootstrap.control import ControlPlane
     from examlops.monitoring.drift import run_drift_report
 
     plane = ControlPlane(load_settings())
@@ -211,8 +211,8 @@ def retrain(
         return
     from dataclasses import asdict
 
+    from examlops.bootstrap.control import ControlPlane
     from examlops.flows.retrain import run_retrain
-    from examlops.flows.wiring import ControlPlane
 
     plane = ControlPlane(settings)
     with errors_as_exit(), console.status(f"retraining {model}") as status:
@@ -359,7 +359,7 @@ async def _send_traffic(
     Raises ``StoreUnavailable`` when Redis cannot be reached; every other failure is one job's outcome.
     """
     from examlops.bootstrap import catalog
-    from examlops.bus.client import BusClient
+    from examlops.bootstrap.bridge import bus_client
     from examlops.core.errors import ExamlopsError, StoreUnavailable
     from examlops.registry.demo import FAULTY_ALIAS
     from examlops.registry.synthetic import make_dataset
@@ -371,7 +371,7 @@ async def _send_traffic(
     pinned = set(random.sample(range(jobs), round(jobs * fail_rate)))
     tally = _TrafficTally(pinned_to_staging=len(pinned))
     gate = asyncio.Semaphore(concurrency)
-    async with BusClient.from_settings(settings, caller="exa-demo-traffic") as client:
+    async with bus_client(settings, caller="exa-demo-traffic") as client:
 
         async def one(i: int) -> None:
             spec = specs[i % len(specs)]

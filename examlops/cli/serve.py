@@ -31,19 +31,12 @@ def start(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Start serving in the foreground: load the hot set from MLflow and answer on HTTP."""
-    from examlops.api.server import run_server
-    from examlops.bootstrap import serving_app
+    from examlops.bootstrap.serving import ServingProcess
 
     settings = load_settings()
     with errors_as_exit():
-        app = serving_app(settings)
-    run_server(
-        app,
-        host=host or settings.serving.host,
-        port=port or settings.serving.port,
-        grace_s=settings.serving.drain_grace_s,
-        log_level=log_level,
-    )
+        serving = ServingProcess(settings, host=host, port=port, log_level=log_level)
+    serving.run()
 
 
 def _hot_set_rows(models: list[dict[str, Any]]) -> list[list[Any]]:

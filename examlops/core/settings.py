@@ -105,6 +105,22 @@ class RecordingSettings(_Section):
     """The recording process's nice value (0 keeps the bridge's priority)."""
 
 
+class BusSettings(_Section):
+    """The Redis bus and its bridges (seed 000, steps 1-3 and 8)."""
+
+    concurrency: int = Field(64, ge=1)
+    """Jobs one bridge serves at once; also the size of its HTTP keep-alive pool to serving."""
+    block_ms: int = Field(1000, ge=1)
+    """How long a bridge's read of new jobs waits for one before it looks again (bounds how long a stop takes)."""
+    handler_ttl_s: float = Field(30.0, gt=0)
+    """An address whose last bridge heartbeat is older than this counts as served by nobody."""
+    keepalive_s: float = Field(4.0, gt=0)
+    """Seconds an idle connection to serving is kept; below serving's own keep-alive, so the hop never writes
+    to a connection serving is closing."""
+    reply_ttl_s: int = Field(600, ge=1)
+    """Seconds a client's reply stream lives after its last reply (an abandoned client's stream vanishes)."""
+
+
 class ServingSettings(_Section):
     """The serving process (FastAPI on uvicorn)."""
 
@@ -187,6 +203,7 @@ class Settings(BaseSettings):
     failure: FailureSettings = FailureSettings()
     audit: AuditSettings = AuditSettings()
     recording: RecordingSettings = RecordingSettings()
+    bus: BusSettings = BusSettings()
     serving: ServingSettings = ServingSettings()
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()

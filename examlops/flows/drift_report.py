@@ -16,8 +16,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from examlops.bootstrap.control import ControlPlane
 from examlops.core.settings import Settings
-from examlops.flows.wiring import ControlPlane, artifact_key
+from examlops.flows.wiring import artifact_key
 from examlops.monitoring.drift import MIN_ROWS, DriftReport, run_drift_report
 
 

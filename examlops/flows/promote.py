@@ -14,8 +14,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from examlops.bootstrap.control import AuditHook, ControlPlane
 from examlops.core.settings import Settings
-from examlops.flows.wiring import AuditHook, ControlPlane, artifact_key
+from examlops.flows.wiring import artifact_key
 from examlops.monitoring.audit import ALIAS_MOVED
 from examlops.promotion.aliases import AliasMove
 from examlops.promotion.service import DEFAULT_TIMEOUT_S, promote

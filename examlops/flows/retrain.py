@@ -13,8 +13,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from examlops.bootstrap.control import AuditHook, ControlPlane
 from examlops.core.settings import Settings
-from examlops.flows.wiring import MODEL_RETRAINED, AuditHook, ControlPlane, artifact_key
+from examlops.flows.wiring import MODEL_RETRAINED, artifact_key
 from examlops.registry.retrain import RetrainResult, SyntheticDataSource, retrain
 
 

@@ -30,9 +30,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from examlops.adapters.redis import connect_async as connect
+from examlops.bootstrap.bridge import bus_client, sync_bus_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
-from examlops.bus.client import BusClient, SyncBusClient
 from examlops.bus.hop import http_client
 from examlops.bus.store import BusStore
 from examlops.core import records
@@ -124,7 +124,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int) -> Settings:
 @contextlib.asynccontextmanager
 async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
     redis_client = connect(settings.redis_url)
-    async with http_client(settings.http) as http:
+    async with http_client(settings.http, settings.bus) as http:
         bridge = Bridge(settings, catalog, redis_client, http, **options)
         stop = asyncio.Event()
         task = asyncio.create_task(bridge.run(stop))
@@ -166,7 +166,7 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
 async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
     assert reply == {
         "model": "JPCP",
@@ -185,7 +185,7 @@ async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url
 
 async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    async with running_bridge(settings, sweep_s=0.2), BusClient.from_settings(settings, caller="t") as client:
+    async with running_bridge(settings, sweep_s=0.2), bus_client(settings, caller="t") as client:
         reply = await client.request(uuid.uuid4(), PAYLOAD, 10)
     assert reply["code"] == "model_not_found"
     assert reply["prediction"] == 0.0 and reply["error"]
@@ -201,7 +201,7 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
     async with (
         running_bridge(settings, CATALOG.only(["JPCP"]), on_served=for_jpcp, sweep_s=0.2),
         running_bridge(settings, CATALOG.only(["crcp"]), on_served=for_crcp, sweep_s=0.2),
-        BusClient.from_settings(settings, caller="t") as client,
+        bus_client(settings, caller="t") as client,
     ):
         replies = await asyncio.gather(
             *(client.request(ADDRESS, PAYLOAD, 10, job_id=f"j-{i}") for i in range(5)),
@@ -219,7 +219,7 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
 async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     recorder = ListRecorder()
-    async with BusClient.from_settings(settings, caller="t") as client:
+    async with bus_client(settings, caller="t") as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="too-late")  # no bridge runs yet
         async with running_bridge(settings, on_served=recorder):
@@ -252,7 +252,7 @@ async def test_a_job_delivered_more_than_three_times_is_dead_lettered_with_an_er
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     stream = wire.jobs_stream(ADDRESS)
-    async with BusClient.from_settings(settings, caller="t") as client:
+    async with bus_client(settings, caller="t") as client:
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
             sync_redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
             waiting = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 20, job_id="cursed"))
@@ -273,7 +273,7 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     stream = wire.jobs_stream(ADDRESS)
-    async with BusClient.from_settings(settings, caller="t") as client:
+    async with bus_client(settings, caller="t") as client:
         async with running_bridge(settings):
             assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
         # The same signed job, taken by a bridge that died before acking it: pending and idle for a minute.
@@ -293,7 +293,7 @@ async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
         # A copy (a client's retry, or a replay by anyone who can write to Redis) is acked without serving it.
         with pytest.raises(DeadlineExceeded):
@@ -337,7 +337,7 @@ async def test_a_reply_whose_answer_was_lost_is_retried_and_the_job_still_record
 
     monkeypatch.setattr(BusStore, "finish", losing_the_first_answer)
     recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), BusClient.from_settings(settings, caller="t") as client:
+    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="fine"))["error"] is None
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="lossy"))["error"] is None
     assert lost and standin.seen == ["fine", "lossy"]
@@ -433,7 +433,7 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
         survivor, survivor_log = None, None
         try:
             await wait_logged(doomed, doomed_log, "ready")
-            async with BusClient.from_settings(settings, caller="t") as client:
+            async with bus_client(settings, caller="t") as client:
                 jobs = [f"job-{i}" for i in range(12)]
                 waits = [asyncio.create_task(client.request(ADDRESS, PAYLOAD, 40, job_id=j)) for j in jobs[:4]]
                 await until(lambda: len(slow.seen) >= 1)
@@ -464,7 +464,7 @@ async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(tmp_path: P
     server.start()
     try:
         settings = bus_settings(tmp_path, server.url, standin.port)
-        async with BusClient.from_settings(settings, caller="t") as client:
+        async with bus_client(settings, caller="t") as client:
             async with running_bridge(settings):
                 assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None
                 standin.delay = 1.0
@@ -514,7 +514,7 @@ def test_the_sync_client_gets_a_reply(tmp_path: Path, redis_url: str, standin: S
 
     thread = threading.Thread(target=asyncio.run, args=(serve_one(),))
     thread.start()
-    with SyncBusClient(settings, caller="sync") as client:
+    with sync_bus_client(settings, caller="sync") as client:
         reply = client.request(JPCP.seanerbus_uuid, PAYLOAD, 10)
     thread.join(30)
     assert reply["error"] is None and reply["model"] == "JPCP"
@@ -550,7 +550,7 @@ async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
     tmp_path: Path, redis_url: str, serving: Any
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, serving.port)
-    async with BusClient.from_settings(settings, caller="t") as client:
+    async with bus_client(settings, caller="t") as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
         before = requests_total(serving.url)

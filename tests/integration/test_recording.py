@@ -22,7 +22,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from examlops.adapters.redis import connect
-from examlops.bus.client import BusClient
+from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import Settings
@@ -245,7 +245,7 @@ async def test_the_bridge_records_every_bus_job_once_through_its_on_served_hook(
     recorder = Recorder(AuditTrail(sync_client, SECRET)).start()
     try:
         async with (
-            BusClient.from_settings(settings, caller="t") as bus_client,
+            make_bus_client(settings, caller="t") as bus_client,
             running_bridge(settings, on_served=recorder),
         ):
             good = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(60)]

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from examlops.adapters.redis import connect
+from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.bootstrap.recording import bridge_recording, recording_process_argv, settings_json
-from examlops.bus.client import BusClient
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
 from examlops.monitoring.audit_verify import verify
@@ -215,7 +215,7 @@ async def test_the_bridge_records_every_bus_job_once_through_the_recording_proce
     with bridge_recording(settings) as recorder:
         assert isinstance(recorder, RecorderProcess)
         async with (
-            BusClient.from_settings(settings, caller="t") as bus_client,
+            make_bus_client(settings, caller="t") as bus_client,
             running_bridge(settings, on_served=recorder),
         ):
             jobs = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(80)]

@@ -14,7 +14,7 @@ import pytest
 
 from examlops.bus import wire
 from examlops.bus.hop import ModelHandler, http_client
-from examlops.core.settings import HttpSettings
+from examlops.core.settings import BusSettings, HttpSettings
 from examlops.registry.catalog import ModelSpec, load_catalog
 from tests.unit.bus.loopback import reply, server
 
@@ -55,7 +55,7 @@ async def silent() -> AsyncIterator[str]:
 
 
 def handler(spec: ModelSpec, url: str, timeouts: HttpSettings) -> ModelHandler:
-    return ModelHandler(spec, http_client(timeouts), url, timeouts, time.time)
+    return ModelHandler(spec, http_client(timeouts, BusSettings()), url, timeouts, time.time)
 
 
 async def test_a_reply_from_serving_is_passed_on_with_the_job_sent_once(spec: ModelSpec) -> None:

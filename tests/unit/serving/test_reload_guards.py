@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
+from examlops.core.messages import ModelRef
 from examlops.core.settings import HotSetSettings, Settings
 from examlops.serving.hotset import HotSet
 from examlops.serving.pipeline import Pipeline, poll_backoff_ceiling
@@ -65,10 +68,20 @@ def test_the_backoff_ceiling_is_eight_intervals_and_at_most_ten_minutes() -> Non
     assert poll_backoff_ceiling(900) == 900
 
 
+@pytest.mark.looptime
 async def test_polling_backs_off_while_the_registry_is_unreachable_and_resumes_after(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
     source = InMemoryModelSource()
     source.add("JPCP", "1", "Production")
-    settings = Settings(home=tmp_path, hotset=HotSetSettings(reload_poll_s=0.02))
+    polls: list[float] = []
+    aliases = source.aliases
+
+    def timed_aliases(name: str) -> Mapping[str, ModelRef]:
+        polls.append(loop.time())
+        return aliases(name)
+
+    source.aliases = timed_aliases  # type: ignore[method-assign]  # a fake of ours, timed
+    settings = Settings(home=tmp_path, hotset=HotSetSettings(reload_poll_s=60))
     pipeline = Pipeline(
         settings,
         make_catalog("JPCP"),
@@ -81,18 +94,18 @@ async def test_polling_backs_off_while_the_registry_is_unreachable_and_resumes_a
     )
     await pipeline.start()
     try:
+        start = polls[-1]
         source.unavailable = True
-        before = len(source.calls)
-        await asyncio.sleep(0.6)
-        down = len(source.calls) - before
-        # Without back-off about 30 polls; with it 0.04 + 0.08 + 0.16 + 0.16 ... s: about 5.
-        assert 2 <= down <= 8, down
+        await asyncio.sleep(1000)
+        # Every 60 s, then doubling while unreachable: 60, 120, 240, then the ceiling of 8 intervals (480).
+        assert [round(t - start) for t in polls[1:]] == [60, 180, 420, 900]
         assert all("stale since" in (e.reason or "") for e in pipeline.hot_set() if e.version)
         source.unavailable = False
         source.add("JPCP", "2", "Production")
-        async with asyncio.timeout(2):
-            while next(e.version for e in pipeline.hot_set() if e.alias == "Production") != "2":  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+        await asyncio.sleep(900 + 480 - 1000 + 1)  # the next poll, at the ceiling, reaches the registry
+        assert next(e.version for e in pipeline.hot_set() if e.alias == "Production") == "2"
         assert not any(e.reason and "stale" in e.reason for e in pipeline.hot_set())
+        await asyncio.sleep(60)
+        assert round(polls[-1] - start) == 900 + 480 + 60  # back to every 60 s
     finally:
         await pipeline.close()

@@ -14,6 +14,9 @@ from examlops.core.messages import InferenceRequest
 from examlops.serving.transformer import Features, MicroBatcher, validate_features
 from tests.unit.serving.fakes import make_spec
 
+# The batcher's clock is its event loop's: on looptime's virtual clock every wait below is exact and instant.
+pytestmark = pytest.mark.looptime
+
 
 class Doubler:
     """A handler that records its batches; odd values fail alone when ``odd_fails``."""
@@ -33,19 +36,26 @@ class Doubler:
 async def test_batch_flushes_at_size() -> None:
     handler = Doubler()
     batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=4, max_wait_s=60)
-    async with asyncio.timeout(5):  # the 60 s wait must never be reached
-        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
     assert results == [i * 2 for i in range(8)]
     assert [len(b) for b in handler.batches] == [4, 4]
+    assert loop.time() == start  # full batches never wait for the 60 s
     await batcher.close()
 
 
 async def test_batch_flushes_after_max_wait_when_not_full() -> None:
     handler = Doubler()
-    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=0.01)
-    async with asyncio.timeout(5):
-        assert await asyncio.gather(*(batcher.submit(i) for i in range(3))) == [0, 2, 4]
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=0.05)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    pending = asyncio.gather(*(batcher.submit(i) for i in range(3)))
+    await asyncio.sleep(0.049)
+    assert handler.batches == []  # not before the wait is over
+    assert await pending == [0, 2, 4]
     assert handler.batches == [[0, 1, 2]]
+    assert loop.time() == pytest.approx(start + 0.05)
     await batcher.close()
 
 
