@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from examlops.core import keys
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
 from examlops.core.jsoncodec import ascii_array, canonical
 
@@ -48,7 +49,7 @@ FORMAT = "1"
 PREFIX = "examlops:bus"
 GROUP = "bridges"
 DEAD_STREAM = f"{PREFIX}:dead"
-HANDLERS_KEY = f"{PREFIX}:handlers"
+HANDLERS_KEY = keys.BUS_HANDLERS
 ADDRESSES_KEY = f"{PREFIX}:addresses"
 JOBS_PREFIX = f"{PREFIX}:jobs:"
 REPLIES_PREFIX = f"{PREFIX}:replies:"

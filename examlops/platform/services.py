@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from examlops.core import keys
 from examlops.core.settings import Settings
 from examlops.platform.process import ManagedProcess
 from examlops.platform.redis_server import EmbeddedRedis
@@ -158,17 +159,13 @@ def serving_spec(settings: Settings) -> ServiceSpec:
     )  # fmt: skip
 
 
-HANDLERS_KEY = "examlops:bus:handlers"
-"""The bridge's heartbeat hash (``examlops.serving.bus.HANDLERS_KEY``; platform may not import serving)."""
-
-
 def _bridge_heartbeat(redis_url: str, started_at: float) -> Callable[[], bool]:
     def check() -> bool:
         import redis
 
         client = redis.Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
         try:
-            beats = client.hvals(HANDLERS_KEY)
+            beats = client.hvals(keys.BUS_HANDLERS)
         except redis.RedisError:
             return False
         finally:
