@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import redis
 
 from examlops.adapters.redis import translated
+from examlops.core.backoff import Backoff
 from examlops.core.errors import DependencyUnavailable, StoreUnavailable
 from examlops.monitoring.audit import RETRAIN_REQUESTED, AuditTrail
 
@@ -124,10 +125,14 @@ def last_record(request: RetrainRequest) -> dict[str, Any]:
     return {**asdict(request), "delivered_at": None, "flow_run_id": None, "attempts": 0, "error": None}
 
 
+DELIVERY = Backoff(1.0, 60.0)
+"""Waits between deliveries of one retrain request that the control plane did not accept."""
+
+
 class OutboxDelivery:
     """Sends queued requests until accepted: ``deliver_due`` is one pass; ``start`` runs passes in a thread.
 
-    Backoff per request: ``base_s`` doubling to ``max_backoff_s`` after each failure, on the injected clock.
+    Backoff per request (``backoff``: 1 s doubling to 60 s by default) after each failure, on the injected clock.
     After acceptance the ``retrain.requested`` event is appended (once per key), then the entry is removed:
     a crash in between re-delivers, and Prefect's idempotency key and the once key absorb it.
     """
@@ -138,16 +143,14 @@ class OutboxDelivery:
         requester: RetrainRequester,
         trail: AuditTrail | None = None,
         *,
-        base_s: float = 1.0,
-        max_backoff_s: float = 60.0,
+        backoff: Backoff = DELIVERY,
         poll_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.requester = requester
         self.trail = trail
-        self.base_s = base_s
-        self.max_backoff_s = max_backoff_s
+        self.backoff = backoff
         self.poll_s = poll_s
         self.clock = clock
         self._failures: dict[str, tuple[int, float]] = {}
@@ -168,7 +171,7 @@ class OutboxDelivery:
                 run_id = self.requester.request(request.model, request.reason, key)
             except Exception as exc:
                 attempts += 1
-                delay = min(self.max_backoff_s, self.base_s * 2 ** (attempts - 1))
+                delay = self.backoff.delay(attempts)
                 self._failures[key] = (attempts, self.clock() + delay)
                 (log.warning if attempts == 1 else log.info)(
                     "retrain request %s for %s not accepted (attempt %d, next in %.0f s): %s",

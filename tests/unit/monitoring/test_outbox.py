@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from examlops.core.backoff import Backoff
 from examlops.monitoring.retrain import OutboxDelivery, RetrainRequest
 from tests.unit.monitoring.fakes import Clock, FakeRequester, InMemoryOutbox
 
@@ -15,7 +16,7 @@ def request(key: str = "examlops-retrain-jpcp-1", at: float = 0.0) -> RetrainReq
 def test_a_request_stays_queued_while_the_requester_fails_and_is_delivered_once_it_accepts() -> None:
     clock, outbox, requester = Clock(), InMemoryOutbox(), FakeRequester(fail_first=3)
     outbox.add(request())
-    delivery = OutboxDelivery(outbox, requester, base_s=1.0, max_backoff_s=60.0, clock=clock)
+    delivery = OutboxDelivery(outbox, requester, backoff=Backoff(1.0, 60.0), clock=clock)
     assert delivery.deliver_due() == 0
     assert outbox.last["jpcp"]["attempts"] == 1 and "cannot be reached" in outbox.last["jpcp"]["error"]
     assert [r.idempotency_key for r in outbox.pending()] == ["examlops-retrain-jpcp-1"]
@@ -35,7 +36,7 @@ def test_a_request_stays_queued_while_the_requester_fails_and_is_delivered_once_
 def test_the_backoff_is_capped() -> None:
     clock, outbox, requester = Clock(), InMemoryOutbox(), FakeRequester(fail_first=100)
     outbox.add(request())
-    delivery = OutboxDelivery(outbox, requester, base_s=1.0, max_backoff_s=8.0, clock=clock)
+    delivery = OutboxDelivery(outbox, requester, backoff=Backoff(1.0, 8.0), clock=clock)
     for _ in range(20):
         delivery.deliver_due()
         clock.advance(8.0)
