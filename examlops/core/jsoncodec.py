@@ -1,8 +1,8 @@
 """Compact JSON for the hot paths (bus jobs, audit events): orjson, with the standard library's refusals.
 
-orjson encodes a 384-float embedding in ~0.01 ms where ``json.dumps`` takes
-~0.25 ms. Where the two differ, this keeps what ``json.dumps(allow_nan=False)``
-accepts and refuses:
+orjson is the encoder (far cheaper than ``json.dumps`` for an embedding;
+``bench/RESULTS.md``). Where the two differ, this keeps what
+``json.dumps(allow_nan=False)`` accepts and refuses:
 
 - NaN and infinity: orjson writes them as ``null``, so output holding
   ``null`` is checked once more by the standard library, which raises
@@ -51,8 +51,7 @@ def ascii_array(items: list[str | int]) -> bytes:
     For the messages that are hashed or signed (audit events, bus jobs), whose bytes are fixed by their
     format: strings and integers only. For ASCII text orjson writes exactly what the standard library
     does with ``ensure_ascii``, except DEL, which only the latter escapes; anything else (non-ASCII, DEL,
-    a lone surrogate) takes the standard library's way, about four times slower (a bus job's 8 KB
-    payload: ~40 us instead of ~3).
+    a lone surrogate) takes the standard library's slower way.
     """
     if any(type(item) is not str and type(item) is not int for item in items):
         raise TypeError("ascii_array takes strings and integers only (floats differ between the encoders)")

@@ -43,8 +43,8 @@ def load_sklearn_model(location: str) -> Estimator:
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # ships no type information
 
     model = mlflow.sklearn.load_model(location)
-    # Process-wide on purpose: parallelism comes from the pool's processes. OpenMP threads on
-    # top oversubscribe the cores; measured on 2 busy cores, 32 rows took 4.6 ms with them, 0.5 ms without.
+    # Process-wide on purpose: parallelism comes from the pool's processes; OpenMP threads on top
+    # oversubscribe the cores (bench/RESULTS.md).
     threadpool_limits(limits=1, user_api="openmp")
     if not callable(getattr(model, "predict", None)):
         raise ModelLoadError(f"the model in {location} has no predict method ({type(model).__name__})")
