@@ -22,6 +22,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ENV_PREFIX = "EXAMLOPS_"
 NESTED_DELIMITER = "__"
 DEV_SECRET = "dev-only-change-me"
+DEFAULT_EMBEDDING_DIM = 384
+"""Seed 000, step 5: every embedding has 384 values unless the catalog or ``EXAMLOPS_EMBEDDING_DIM`` says otherwise."""
 
 
 class _Section(BaseModel):
@@ -176,8 +178,8 @@ class Settings(BaseSettings):
     """development or production; production refuses the development secret."""
     secret: SecretStr = SecretStr(DEV_SECRET)
     """Key for job signatures and audit checkpoints."""
-    embedding_dim: int = Field(384, ge=1)
-    """Length of every embedding (seed 000, step 5)."""
+    embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
+    """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 
     http: HttpSettings = HttpSettings()
     batch: BatchSettings = BatchSettings()
