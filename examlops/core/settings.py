@@ -11,10 +11,7 @@ folder, ``.examlops/`` under the working directory by default).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -258,48 +255,3 @@ class Settings(BaseSettings):
     @property
     def prefect_api_url(self) -> str:
         return self.prefect.api_url or f"http://127.0.0.1:{self.prefect.port}/api"
-
-
-def setting_sources(settings: Settings, environ: dict[str, str] | None = None) -> Iterator[tuple[str, Any, str]]:
-    """Yield ``(dotted name, effective value, where it came from)`` for every leaf setting.
-
-    The source is ``env EXAMLOPS_...`` when that variable is set, else ``default``.
-    Secrets are shown masked.
-    """
-    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
-
-    def walk(model: BaseModel, prefix: list[str]) -> Iterator[tuple[str, Any, str]]:
-        for name in type(model).model_fields:
-            value = getattr(model, name)
-            path = [*prefix, name]
-            if isinstance(value, BaseModel):
-                yield from walk(value, path)
-                continue
-            var = ENV_PREFIX + NESTED_DELIMITER.join(p.upper() for p in path)
-            section_var = ENV_PREFIX + path[0].upper()
-            if var in env:
-                source = f"env {var}"
-            elif len(path) > 1 and section_var in env:
-                source = f"env {section_var}"
-            else:
-                source = "default"
-            if isinstance(value, SecretStr):
-                value = "**********"
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            yield ".".join(path), value, source
-
-    yield from walk(settings, [])
-
-
-def setting_description(dotted: str) -> str:
-    """The docstring of one setting, for ``exa config show``."""
-    model: type[BaseModel] = Settings
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        annotation = model.model_fields[part].annotation
-        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
-        model = annotation
-    return model.model_fields[parts[-1]].description or ""
