@@ -69,7 +69,7 @@ def test_direct_predictions_write_no_snapshot_and_no_served_event(serving: Servi
     answered = 0
     for i, model in enumerate(("JPCP", "crcp", "AC")):
         direct = httpx.post(f"{serving.url}/v1/models/{model}/predict", json=body(i), timeout=30)
-        piped = httpx.post(f"{serving.url}/infer-pipeline/infer", json=body(i, model=model, job_id=f"j-{i}"), timeout=30)
+        piped = httpx.post(f"{serving.url}/infer-pipeline/infer", json=body(i, model=model, job_id=f"j{i}"), timeout=30)
         canary = httpx.post(f"{serving.url}/v1/models/{model}/predict", json=body(i, alias="Canary"), timeout=30)
         answered += sum(reply.status_code == 200 for reply in (direct, piped, canary))
     # The demo's Staging version fails on purpose: a failure the bridge would record too.

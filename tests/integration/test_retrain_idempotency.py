@@ -77,9 +77,6 @@ def test_a_request_delivered_twice_makes_exactly_one_flow_run(prefect_api: str, 
     assert run_ids[0] is not None and run_ids[0] == run_ids[1]
 
     with get_client(sync_client=True) as prefect:
-        runs = prefect.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
-        )
+        runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     assert [(str(run.id), run.idempotency_key) for run in runs] == [(run_ids[0], key)]
     assert (runs[0].parameters["model"], runs[0].parameters["reason"]) == ("CRCP", "failure rate 0.6 over 50")
-
