@@ -20,11 +20,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from examlops.api.errors import (
     describe_validation,
     error_response,
     handle_examlops,
+    handle_http,
     handle_unexpected,
     handle_validation,
 )
@@ -125,6 +127,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     app.state.draining = False
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
     app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
     app.add_exception_handler(ExamlopsError, handle_examlops)
     app.add_exception_handler(Exception, handle_unexpected)
 
@@ -232,10 +235,5 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     async def prometheus() -> Response:
         """Prometheus metrics: requests by model, alias and outcome; latency; batch sizes; in flight."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
-
-    @app.exception_handler(404)
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        body = ErrorReply(error=f"no route {request.url.path}", code="not_found")
-        return JSONResponse(body.model_dump(), status_code=404)
 
     return app

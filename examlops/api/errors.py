@@ -2,17 +2,23 @@
 
 No bad input may yield a 500 or a 2xx, and no reply echoes the input back:
 a validation error names the field and what was wrong with it, nothing more.
+Errors that FastAPI and Starlette answer themselves (an unknown route, a
+method the route does not take, any ``HTTPException``) get the same body as
+ours, their headers (``Allow`` on a 405) kept.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from examlops.api.schemas import ErrorReply
 from examlops.core import errors
@@ -87,6 +93,29 @@ async def handle_examlops(request: Request, exc: Exception) -> JSONResponse:
     if status_of(exc) >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
     return error_response(exc)
+
+
+def _http_message(request: Request, exc: HTTPException) -> tuple[str, str]:
+    """(code, message) of an error the framework raised; at most a short prefix of the path or method."""
+    if exc.status_code == 404 and exc.detail == HTTPStatus.NOT_FOUND.phrase:
+        return "not_found", f"no route {request.url.path[:64]!r}"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "none")
+        return "method_not_allowed", f"{request.method[:16]} is not allowed here (allowed: {allowed})"
+    try:
+        code = re.sub(r"[^a-z0-9]+", "_", HTTPStatus(exc.status_code).phrase.lower()).strip("_")
+    except ValueError:
+        code = f"http_{exc.status_code}"
+    return code, str(exc.detail)[:200]
+
+
+async def handle_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code in (204, 304):  # no body allowed
+        return Response(status_code=exc.status_code, headers=exc.headers)
+    code, message = _http_message(request, exc)
+    body = ErrorReply(error=message, code=code)
+    return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:

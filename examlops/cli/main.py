@@ -13,9 +13,9 @@ from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
-from examlops.cli.output import console, errors_as_exit, load_settings, print_json, print_table
+from examlops.cli.output import console, errors_as_exit, load_settings, print_json
 from examlops.cli.serve import predict, serve_app
-from examlops.core.settings import setting_description, setting_sources
+from examlops.core.setting_sources import setting_description, setting_sources
 
 app = typer.Typer(
     name="exa",
@@ -59,17 +59,22 @@ def _process_environment() -> None:
 
 @config_app.command("show")
 def config_show(as_json: JsonOption = False) -> None:
-    """Every setting: its effective value, where it came from (env or default) and what it does."""
+    """Every setting: its effective value (derived ones too), where it came from and what it does."""
+    from rich.table import Table
+
     settings = load_settings()
     rows = list(setting_sources(settings))
     if as_json:
         print_json({name: {"value": value, "source": source} for name, value, source in rows})
         return
-    print_table(
-        "examlops settings (EXAMLOPS_<SECTION>__<NAME>)",
-        ["setting", "value", "source", "meaning"],
-        [[name, json.dumps(value), source, setting_description(name)] for name, value, source in rows],
-    )
+    table = Table(title="examlops settings (EXAMLOPS_<SECTION>__<NAME>)", title_justify="left")
+    table.add_column("setting", overflow="fold")
+    table.add_column("value", overflow="fold")  # a path or URL is shown whole, folded, never cut
+    table.add_column("source")
+    table.add_column("meaning")
+    for name, value, source in rows:
+        table.add_row(name, json.dumps(value), source, setting_description(name))
+    console.print(table)
 
 
 @demo_app.command("seed")

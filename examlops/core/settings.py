@@ -11,10 +11,7 @@ folder, ``.examlops/`` under the working directory by default).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +19,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ENV_PREFIX = "EXAMLOPS_"
 NESTED_DELIMITER = "__"
 DEV_SECRET = "dev-only-change-me"
+DEFAULT_EMBEDDING_DIM = 384
+"""Seed 000, step 5: every embedding has 384 values unless the catalog or ``EXAMLOPS_EMBEDDING_DIM`` says otherwise."""
 
 
 class _Section(BaseModel):
@@ -192,8 +191,8 @@ class Settings(BaseSettings):
     """development or production; production refuses the development secret."""
     secret: SecretStr = SecretStr(DEV_SECRET)
     """Key for job signatures and audit checkpoints."""
-    embedding_dim: int = Field(384, ge=1)
-    """Length of every embedding (seed 000, step 5)."""
+    embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
+    """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 
     http: HttpSettings = HttpSettings()
     batch: BatchSettings = BatchSettings()
@@ -273,48 +272,3 @@ class Settings(BaseSettings):
     @property
     def prefect_api_url(self) -> str:
         return self.prefect.api_url or f"http://127.0.0.1:{self.prefect.port}/api"
-
-
-def setting_sources(settings: Settings, environ: dict[str, str] | None = None) -> Iterator[tuple[str, Any, str]]:
-    """Yield ``(dotted name, effective value, where it came from)`` for every leaf setting.
-
-    The source is ``env EXAMLOPS_...`` when that variable is set, else ``default``.
-    Secrets are shown masked.
-    """
-    env = {k.upper(): v for k, v in (os.environ if environ is None else environ).items()}
-
-    def walk(model: BaseModel, prefix: list[str]) -> Iterator[tuple[str, Any, str]]:
-        for name in type(model).model_fields:
-            value = getattr(model, name)
-            path = [*prefix, name]
-            if isinstance(value, BaseModel):
-                yield from walk(value, path)
-                continue
-            var = ENV_PREFIX + NESTED_DELIMITER.join(p.upper() for p in path)
-            section_var = ENV_PREFIX + path[0].upper()
-            if var in env:
-                source = f"env {var}"
-            elif len(path) > 1 and section_var in env:
-                source = f"env {section_var}"
-            else:
-                source = "default"
-            if isinstance(value, SecretStr):
-                value = "**********"
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            yield ".".join(path), value, source
-
-    yield from walk(settings, [])
-
-
-def setting_description(dotted: str) -> str:
-    """The docstring of one setting, for ``exa config show``."""
-    model: type[BaseModel] = Settings
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        annotation = model.model_fields[part].annotation
-        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
-        model = annotation
-    return model.model_fields[parts[-1]].description or ""

@@ -4,7 +4,9 @@ A catalog entry names the model, its bus address (``seanerbus_uuid``), its
 default alias, its input schema and the tasks it serves. Loading refuses the
 whole catalog on the first problem, with a message that names the file and
 the field: a bad UUID, a duplicate name or UUID, an unknown field type.
-Names match case-insensitively everywhere (``jpcp`` is ``JPCP``).
+An embedding without a ``length`` takes the catalog's default, ``EXAMLOPS_EMBEDDING_DIM``
+(``settings.embedding_dim``, 384 unless set). Names match case-insensitively everywhere
+(``jpcp`` is ``JPCP``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from examlops.core.errors import CatalogError, ModelNotFound
 from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
+from examlops.core.settings import DEFAULT_EMBEDDING_DIM
 
 
 class FloatArrayField(BaseModel):
@@ -51,6 +54,16 @@ class InputSchema(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     embedding: FloatArrayField
     node_count: IntegerField
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_embedding_length(cls, data: Any, info: ValidationInfo) -> Any:
+        """An embedding without ``length`` takes the ``embedding_dim`` of the validation context, if any."""
+        default = (info.context or {}).get("embedding_dim")
+        embedding = data.get("embedding") if isinstance(data, dict) else None
+        if default is not None and isinstance(embedding, dict) and "length" not in embedding:
+            return {**data, "embedding": {**embedding, "length": default}}
+        return data
 
 
 class ModelSpec(BaseModel):
@@ -134,12 +147,15 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(document)"
 
 
-def parse_model_spec(data: Any, file: str) -> ModelSpec:
-    """Validate one catalog document; the error names the file and the first bad field."""
+def parse_model_spec(data: Any, file: str, *, embedding_dim: int = DEFAULT_EMBEDDING_DIM) -> ModelSpec:
+    """Validate one catalog document; the error names the file and the first bad field.
+
+    An embedding that gives no ``length`` gets ``embedding_dim``.
+    """
     if not isinstance(data, dict):
         raise CatalogError("the document must be a mapping of fields", file=file)
     try:
-        return ModelSpec.model_validate(data)
+        return ModelSpec.model_validate(data, context={"embedding_dim": embedding_dim})
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = tuple(first["loc"])
@@ -151,8 +167,12 @@ def parse_model_spec(data: Any, file: str) -> ModelSpec:
         raise CatalogError(message, file=file, field=_field_path(loc)) from exc
 
 
-def load_catalog(folder: Path) -> Catalog:
-    """Load every ``*.yaml``/``*.yml`` in ``folder``; refuse the catalog on the first problem."""
+def load_catalog(folder: Path, *, embedding_dim: int = DEFAULT_EMBEDDING_DIM) -> Catalog:
+    """Load every ``*.yaml``/``*.yml`` in ``folder``; refuse the catalog on the first problem.
+
+    ``embedding_dim`` is the length of every embedding whose YAML gives none (``bootstrap.catalog`` passes
+    ``settings.embedding_dim``); a length a YAML gives wins.
+    """
     if not folder.is_dir():
         raise CatalogError(f"catalog folder {folder} does not exist")
     files = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
@@ -166,7 +186,7 @@ def load_catalog(folder: Path) -> Catalog:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise CatalogError(f"not valid YAML ({exc})", file=path.name) from exc
-        spec = parse_model_spec(data, path.name)
+        spec = parse_model_spec(data, path.name, embedding_dim=embedding_dim)
         if spec.name.lower() in names:
             raise CatalogError(
                 f"duplicate model name {spec.name!r} (also in {names[spec.name.lower()]})",

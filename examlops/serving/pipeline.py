@@ -6,8 +6,9 @@
 are validated in micro-batches (``settings.batch``); after validation each one is routed on its own
 (traffic split, pin), then the requests of one batch that resolved to the same loaded version are
 predicted together in ONE ``runtime.predict`` call and each caller gets its own row. A failed group
-predict fails every request of that group with the same error; a retryable one (``WorkerLost``,
-``DependencyUnavailable``) re-routes the group up to ``settings.traffic.route_retries`` times. A
+predict fails every request of that group with the same error; a transport error (a
+``DependencyUnavailable``: a worker lost, a connection refused) re-routes the group up to
+``settings.traffic.route_retries`` times, nothing else does (``NotReady`` is the caller's to retry). A
 request in flight keeps the version it was routed to until its prediction ends, even across a reload.
 
 Replies: a success carries model, alias, version, run id and prediction; a request pinned to a raw
@@ -29,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from examlops.core.errors import (
     DeadlineExceeded,
+    DependencyUnavailable,
     ExamlopsError,
     InferenceFailed,
     InvalidInput,
@@ -320,8 +322,8 @@ class Pipeline:
 
     @staticmethod
     def _settle(jobs: list[_Job], exc: BaseException, replies: list[_Reply | None], *, last: bool) -> list[_Job]:
-        """Fail ``jobs`` with ``exc``, or hand them back for another route when it is retryable."""
-        if isinstance(exc, ExamlopsError) and exc.retryable and not last:
+        """Fail ``jobs`` with ``exc``, or hand them back for another route after a transport error."""
+        if isinstance(exc, DependencyUnavailable) and not last:
             return jobs
         if not isinstance(exc, ExamlopsError):
             log.error("prediction failed unexpectedly", exc_info=exc)

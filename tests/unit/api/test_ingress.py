@@ -181,3 +181,55 @@ async def test_direct_predict_uses_the_path_model(client: httpx.AsyncClient, pip
     assert reply.status_code == 200
     assert pipeline.seen[0].model == "jpcp"
     assert pipeline.seen[0].alias == "canary"
+
+
+def assert_error_body(data: dict[str, Any], code: str) -> None:
+    """The one error body: the same keys for our errors and the framework's own."""
+    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
+    assert (data["prediction"], data["code"], data["inference_failed"]) == (0.0, code, False)
+    assert data["error"]
+
+
+async def test_a_method_the_route_does_not_take_is_a_405_with_our_body_and_its_allow_header(
+    client: httpx.AsyncClient,
+) -> None:
+    reply = await client.get("/infer-pipeline/infer")
+    assert reply.status_code == 405
+    assert reply.headers["allow"] == "POST"
+    assert_error_body(reply.json(), "method_not_allowed")
+
+
+async def test_an_unknown_route_is_a_404_with_our_body_echoing_only_a_prefix_of_the_path(
+    client: httpx.AsyncClient,
+) -> None:
+    reply = await client.post("/v2/" + "p" * 5000, json=body())
+    assert reply.status_code == 404
+    assert_error_body(reply.json(), "not_found")
+    assert "p" * 100 not in reply.text
+    assert len(reply.content) < 400
+
+
+async def test_a_route_level_http_exception_gets_our_body_and_keeps_its_headers(
+    settings: Settings, pipeline: FakePipeline
+) -> None:
+    from fastapi import HTTPException
+
+    app = create_app(settings, pipeline, CollectorRegistry())
+
+    async def teapot() -> None:
+        raise HTTPException(status_code=418, detail="t" * 5000, headers={"Retry-After": "7"})
+
+    app.add_api_route("/teapot", teapot)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as c:
+        reply = await c.get("/teapot")
+    assert reply.status_code == 418
+    assert reply.headers["retry-after"] == "7"
+    assert_error_body(reply.json(), "i_m_a_teapot")
+    assert len(reply.content) < 400
+
+
+async def test_a_bad_body_on_a_route_fastapi_parses_is_a_422_with_our_body(client: httpx.AsyncClient) -> None:
+    reply = await client.put("/v1/traffic/JPCP", json={"Production": "x" * 5000})
+    assert reply.status_code == 422
+    assert_error_body(reply.json(), "invalid_input")
+    assert "x" * 100 not in reply.text

@@ -31,6 +31,28 @@ def test_config_show_json_gives_each_value_and_its_source(monkeypatch: pytest.Mo
     assert data["serving.port"]["value"] == 18001
 
 
+def test_config_show_gives_derived_locations_their_effective_value_and_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "400")  # rich reads it on each print: one line per row
+    home = tmp_path.resolve()
+    data = json.loads(runner.invoke(app, ["config", "show", "--json"]).stdout)
+    assert data["mlflow.tracking_uri"] == {"value": f"sqlite:///{home}/mlflow/mlflow.db", "source": "derived from home"}
+    assert data["database_url"] == {"value": f"sqlite:///{home}/examlops.db", "source": "derived from home"}
+    assert data["redis.url"]["value"] == "redis://127.0.0.1:18004/0"
+    assert data["prefect.api_url"]["value"] == "http://127.0.0.1:18003/api"
+    assert [name for name, row in data.items() if row["value"] is None] == []
+
+    table = runner.invoke(app, ["config", "show"])
+    assert table.exit_code == 0, table.output
+    assert "null" not in table.output
+    [row] = [line for line in table.output.splitlines() if " mlflow.tracking_uri " in line]
+    assert f"sqlite:///{home}/mlflow/mlflow.db" in row and "derived from home" in row
+    [row] = [line for line in table.output.splitlines() if " redis.url " in line]
+    assert "redis://127.0.0.1:18004/0" in row and "default (embedded, on redis.port)" in row
+
+
 def test_config_show_table_explains_each_setting() -> None:
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 0

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from examlops.core.settings import Settings, setting_description, setting_sources
+from examlops.core.setting_sources import setting_description, setting_sources
+from examlops.core.settings import Settings
 
 
 def test_every_seed_limit_has_the_seed_default() -> None:
@@ -72,3 +73,22 @@ def test_sources_say_where_each_value_came_from(monkeypatch: pytest.MonkeyPatch)
 def test_every_setting_has_a_description() -> None:
     for name, _value, _source in setting_sources(Settings()):
         assert setting_description(name), name
+
+
+def test_unset_locations_show_the_value_the_platform_derives_and_say_so(tmp_path: Path) -> None:
+    s = Settings(home=tmp_path)
+    sources = {name: (value, source) for name, value, source in setting_sources(s, environ={})}
+    assert sources["mlflow.tracking_uri"] == (s.mlflow_tracking_uri, "derived from home")
+    assert sources["database_url"] == (s.sql_url, "derived from home")
+    assert sources["redis.url"] == ("redis://127.0.0.1:18004/0", "default (embedded, on redis.port)")
+    assert sources["prefect.api_url"] == ("http://127.0.0.1:18003/api", "default (embedded, on prefect.port)")
+    assert sources["catalog_dir"] == (str(s.catalog_path), "default (the demo catalog shipped with examlops)")
+    assert [name for name, (value, _) in sources.items() if value is None] == []
+
+
+def test_a_derived_location_follows_the_settings_it_is_derived_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_REDIS__PORT", "7001")
+    monkeypatch.setenv("EXAMLOPS_PREFECT__API_URL", "http://prefect.example/api")
+    sources = {name: (value, source) for name, value, source in setting_sources(Settings())}
+    assert sources["redis.url"] == ("redis://127.0.0.1:7001/0", "default (embedded, on redis.port)")
+    assert sources["prefect.api_url"] == ("http://prefect.example/api", "env EXAMLOPS_PREFECT__API_URL")

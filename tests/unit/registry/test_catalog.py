@@ -109,3 +109,27 @@ def test_only_keeps_the_named_models_in_catalog_order_and_names_every_unknown_on
     assert "'nope', 'other'" in str(caught.value) and "known: " in str(caught.value)
     with pytest.raises(ModelNotFound):
         catalog.only([])
+
+
+def test_an_embedding_without_a_length_takes_the_embedding_dim_setting(tmp_path: Path) -> None:
+    from examlops import bootstrap
+
+    entry = _entry()
+    del entry["input_schema"]["embedding"]["length"]
+    _write(tmp_path, "jpcp.yaml", entry)
+    _write(tmp_path, "crcp.yaml", _entry(name="CRCP", uuid="11111111-1111-1111-1111-111111111111"))
+    catalog = bootstrap.catalog(Settings(catalog_dir=tmp_path, embedding_dim=16))
+    assert catalog.get("JPCP").embedding_dim == 16
+    assert catalog.get("CRCP").embedding_dim == 384  # a length the YAML gives wins over the setting
+    assert load_catalog(tmp_path).get("JPCP").embedding_dim == Settings().embedding_dim == 384
+
+
+def test_the_embedding_dim_setting_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from examlops import bootstrap
+
+    entry = _entry()
+    del entry["input_schema"]["embedding"]["length"]
+    _write(tmp_path, "jpcp.yaml", entry)
+    monkeypatch.setenv("EXAMLOPS_CATALOG_DIR", str(tmp_path))
+    monkeypatch.setenv("EXAMLOPS_EMBEDDING_DIM", "8")
+    assert bootstrap.catalog(Settings()).get("jpcp").embedding_dim == 8

@@ -18,6 +18,7 @@ from examlops.core.errors import (
     InvalidInput,
     ModelNotFound,
     NotReady,
+    PipelineUnavailable,
     WorkerLost,
 )
 from examlops.core.messages import InferenceRequest
@@ -212,6 +213,23 @@ async def test_retries_stop_after_route_retries(world: World) -> None:
     with pytest.raises(WorkerLost):
         await pipeline.infer(req())
     assert len(world.runtime.predicts) == 3  # the first try and 2 retries
+
+
+async def test_a_refused_connection_is_retried_like_a_lost_worker(world: World) -> None:
+    world.runtime.predict_errors = [PipelineUnavailable("connection refused")]
+    pipeline = world.pipeline()
+    await pipeline.start()
+    assert (await pipeline.infer(req())).prediction == 1003
+    assert len(world.runtime.predicts) == 2
+
+
+async def test_not_ready_is_not_retried_though_it_is_retryable_for_the_caller(world: World) -> None:
+    world.runtime.predict_errors = [NotReady("the predict pool is not started")]
+    pipeline = world.pipeline()
+    await pipeline.start()
+    with pytest.raises(NotReady):
+        await pipeline.infer(req())
+    assert len(world.runtime.predicts) == 1
 
 
 async def test_a_request_in_flight_finishes_on_its_version_across_a_reload(world: World) -> None:
