@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def catalog(settings: Settings) -> Catalog:
-    return load_catalog(settings.catalog_path)
+    return load_catalog(settings.catalog_path, embedding_dim=settings.embedding_dim)
 
 
 def model_registry(settings: Settings) -> MlflowRegistry:

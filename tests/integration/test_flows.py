@@ -19,6 +19,13 @@ import pytest
 import redis
 
 from examlops.core.settings import Settings
+from examlops.monitoring.retrain import (
+    DEFAULT_DEPLOYMENT,
+    OutboxDelivery,
+    PrefectRetrainRequester,
+    RedisOutbox,
+    RetrainRequest,
+)
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
@@ -207,3 +214,36 @@ def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:
 
 def test_nothing_is_written_outside_the_state_folder(plane: Plane) -> None:
     assert not (Path(os.getcwd()) / "mlflow.db").exists() and not (Path(os.getcwd()) / "mlruns").exists()
+
+
+def test_a_retrain_request_delivered_twice_makes_exactly_one_flow_run(plane: Plane) -> None:
+    """The bridge's real path (the Redis outbox, ``OutboxDelivery``, ``PrefectRetrainRequester``) against the
+    harness: the retrain deployment of prefect.yaml is registered but not served, so its runs stay scheduled
+    and can be counted."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.settings import PREFECT_API_URL
+
+    from examlops.flows.deployments import default_path, load_deployments
+
+    [deployment] = [d for d in load_deployments(default_path()) if d.name == "retrain"]
+    assert f"{deployment.flow_name}/{deployment.name}" == DEFAULT_DEPLOYMENT
+    deployment_id = deployment.apply()
+    api_url = PREFECT_API_URL.value()
+    assert api_url, "the harness set no API URL"
+    outbox = RedisOutbox(plane.redis)
+    delivery = OutboxDelivery(outbox, PrefectRetrainRequester(str(api_url)))
+    key = "retrain:crcp:1700000000"
+    request = RetrainRequest("CRCP", "failure rate 0.6 over 50", key, 1_700_000_000.0)
+
+    run_ids = []
+    for _ in range(2):  # queued again after its delivery, as a second bridge or a replayed outbox would
+        assert outbox.add(request)
+        assert delivery.deliver_due() == 1
+        run_ids.append(outbox.last()["crcp"]["flow_run_id"])
+    assert run_ids[0] is not None and run_ids[0] == run_ids[1]
+
+    with get_client(sync_client=True) as prefect:
+        runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    assert [(str(run.id), run.idempotency_key) for run in runs] == [(run_ids[0], key)]
+    assert (runs[0].parameters["model"], runs[0].parameters["reason"]) == ("CRCP", "failure rate 0.6 over 50")
