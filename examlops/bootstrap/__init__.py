@@ -7,20 +7,22 @@ an ASGI server) call only these:
 - ``serving``: ``ServingProcess`` (``run()``/``close()``), ``serving_app`` (the ASGI app alone),
   ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first).
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
-- ``recording``: what a bridge records through, and the recording child.
+- ``recording``: ``RecordingProcess`` (the recorder, ``run()``/``close()``), a bridge's ``RecordingChild``.
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
 - ``sql``: the SQL engine.
 """
 
 from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
-from examlops.bootstrap.recording import bridge_recording, redis_recorder, run_recording_process
+from examlops.bootstrap.recording import RecordingChild, RecordingProcess, bridge_recording
 from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
 from examlops.bootstrap.sql import sql_engine
 
 __all__ = [
     "BridgeProcess",
     "ControlPlane",
+    "RecordingChild",
+    "RecordingProcess",
     "ServingProcess",
     "audit_trail",
     "bridge_recording",
@@ -29,8 +31,6 @@ __all__ = [
     "control_events",
     "model_registry",
     "prepare_platform",
-    "redis_recorder",
-    "run_recording_process",
     "serving_app",
     "sql_engine",
     "sync_bus_client",

@@ -1,9 +1,10 @@
 """The bus: the bridge assembly (its Redis client, the HTTP hop to serving, recording, the ``Bridge``) and clients.
 
-``BridgeProcess(settings, models=..., record=...)`` builds nothing until ``run()``; ``run()`` serves in the
-foreground until ``close()`` (from any thread) or SIGTERM/SIGINT, then finishes the jobs in flight, flushes
-recording and closes every client. It raises ``StoreUnavailable`` when Redis cannot be reached at start-up;
-later outages are waited out by the bridge.
+``BridgeProcess(settings, models=..., record=...)`` builds nothing until ``run()``; ``run()`` starts the
+recording child (``bootstrap.recording``), serves in the foreground until ``close()`` (from any thread) or
+SIGTERM/SIGINT, then finishes the jobs in flight, lets the child drain the records and closes every client.
+With ``record`` off the bridge writes no records and runs no child. It raises ``StoreUnavailable`` when
+Redis cannot be reached at start-up; later outages are waited out by the bridge.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
+import socket
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +59,13 @@ class BridgeProcess:
         if not self.record:
             log.warning("recording is off: served jobs leave no drift snapshot, no audit event and no failure count")
         redis = connect_async(self.settings.redis_url)
-        recording = bridge_recording(self.settings) if self.record else contextlib.nullcontext(None)
+        # One consumer name per bridge process: a recording child started again reads what the last one left.
+        consumer = f"{socket.gethostname()}-{os.getpid()}"
+        recording = bridge_recording(self.settings, consumer) if self.record else contextlib.nullcontext(None)
         try:
-            with recording as recorder:
+            with recording:
                 async with http_client(self.settings.http, self.settings.bus) as http:
-                    bridge = Bridge(self.settings, self.catalog, redis, http, on_served=recorder)
+                    bridge = Bridge(self.settings, self.catalog, redis, http, record=self.record)
                     tune_garbage_collection()
                     await bridge.run(self._stop)
         finally:

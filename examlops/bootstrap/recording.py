@@ -1,96 +1,182 @@
-"""The bridge's recording: the recorder (a child process or a thread), the retrain outbox's delivery."""
+"""Recording's assemblies: the recorder that drains the records stream, and the child a bridge runs it in.
+
+- ``RecordingProcess(settings, consumer)``: one recorder (``monitoring.recording``) on the settings'
+  Redis, writing snapshots, audit events and failure windows; ``run()`` until ``close()`` or SIGTERM,
+  then it drains and checkpoints. `exa bridge recorder` runs it in the foreground.
+- ``RecordingChild(settings, consumer)``: a bridge's recording child (``core.children``): ``start()``
+  spawns it with multiprocessing; it reads its settings from its own environment (the bridge's, inherited;
+  it refuses to run when they differ from the bridge's, checked by digest, so no secret crosses a pipe),
+  lowers itself to ``settings.recording.nice`` once connected, and is started again when it dies or goes
+  silent. ``close(timeout)`` asks it to drain and stop (SIGTERM), then kills it.
+- ``bridge_recording(settings, consumer)``: the child and the retrain outbox's delivery, for a bridge.
+"""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+import hashlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, BinaryIO
+from multiprocessing.process import BaseProcess
 
 from examlops.bootstrap.control import audit_trail
+from examlops.core import children
+from examlops.core.errors import ConfigError, StoreUnavailable
 from examlops.core.settings import Settings
 
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+log = logging.getLogger(__name__)
 
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.recorder import Backlog, Recorder, Tuning
-
-
-def settings_json(settings: Settings) -> str:
-    """The settings as JSON that ``Settings.model_validate_json`` reads back whole, the secret included."""
-    import json
-
-    data = settings.model_dump(mode="json")
-    data["secret"] = settings.secret.get_secret_value()
-    return json.dumps(data)
+SUPERVISE_S = 1.0
+"""How often the bridge checks its recording child (and ticks its own audit checkpoints)."""
+SILENCE_S = 60.0
+"""A child whose heartbeat stopped this long is taken for stuck, killed and started again."""
 
 
-def recording_process_argv() -> list[str]:
-    """`exa bridge recorder`, logging at the level of this process's root logger."""
-    import logging
+class RecordingProcess:
+    """One recorder draining the records stream as ``consumer``; built on ``run()``."""
 
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-    return [sys.executable, "-m", "examlops.cli.main", "bridge", "recorder", "--log-level", level]
+    def __init__(self, settings: Settings, consumer: str, *, beat: Callable[[], None] = lambda: None) -> None:
+        self.settings = settings
+        self.consumer = consumer
+        self.beat = beat
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        from examlops.adapters.redis import translated
+        from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+        from examlops.monitoring.recording import AuditRecordSink, Recorder, RedisRecordStream
+
+        recording = self.settings.recording
+        with audit_trail(self.settings) as trail:
+            recorder = Recorder(
+                RedisRecordStream(trail.redis),
+                AuditRecordSink(trail, FailureTracker(RedisFailureStore(trail.redis), self.settings.failure)),
+                self.consumer,
+                batch=recording.batch,
+                linger_s=recording.linger_s,
+                reclaim_idle_s=recording.reclaim_idle_s,
+                beat=self.beat,
+            )
+            try:
+                with translated("connecting"):
+                    trail.redis.ping()  # connect while still at normal priority
+            except StoreUnavailable as exc:
+                log.warning("recorder %s: %s; waiting for it", self.consumer, exc)
+            children.lower_priority(recording.nice)
+            recorder.run(self._stop)
+
+    def close(self) -> None:
+        """Ask ``run()`` to drain and return (thread-safe and signal-safe)."""
+        self._stop.set()
+
+
+def settings_digest(settings: Settings) -> str:
+    """A digest of every setting, the secret included: the child compares its own with its bridge's."""
+    data = settings.model_dump_json(exclude={"secret"}) + "\0" + settings.secret.get_secret_value()
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def child_main(consumer: str, heartbeat: children.Heartbeat, log_level: int, digest: str) -> None:
+    """The recording child's entry (multiprocessing): settings from the environment, then the recorder."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the bridge, which stops this child after it
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    heartbeat.beat()
+    children.exit_with_parent(os.getppid())
+    settings = Settings()
+    if settings_digest(settings) != digest:
+        raise ConfigError(
+            "the recording child's environment gives other settings than its bridge's: give the bridge its "
+            "settings through EXAMLOPS_* variables"
+        )
+    process = RecordingProcess(settings, consumer, beat=heartbeat.beat)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: process.close())
+    process.run()
+
+
+class RecordingChild:
+    """A bridge's recording child, kept alive by a supervision thread; the module docstring states the contract."""
+
+    def __init__(self, settings: Settings, consumer: str, *, tick: Callable[[], None] = lambda: None) -> None:
+        self.settings = settings
+        self.consumer = consumer
+        self.tick = tick
+        self._heartbeat = children.Heartbeat()
+        self._kept = children.KeptAlive(
+            self._spawn, name="recording child", heartbeat=self._heartbeat.last, silence_s=SILENCE_S
+        )
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        process = self._kept.process
+        return None if process is None else process.pid
+
+    @property
+    def restarts(self) -> int:
+        return self._kept.restarts
+
+    def start(self) -> RecordingChild:
+        self._check()
+        self._thread = threading.Thread(target=self._supervise, name="examlops-recording-child", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop supervising, ask the child to drain and exit; True when it exited by itself within ``timeout``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            process = self._kept.process
+            self._kept.process = None
+        if process is None:
+            return True
+        assert isinstance(process, BaseProcess), "KeptAlive holds what _spawn started"
+        code = children.stop_child(process, timeout)
+        if code != 0:
+            log.error("the recording child did not stop cleanly (code %s)", code)
+        return code == 0
+
+    def _spawn(self) -> BaseProcess:
+        level = logging.getLogger().getEffectiveLevel()
+        args = (self.consumer, self._heartbeat, level, settings_digest(self.settings))
+        process = children.start_child(child_main, args, name="examlops-recorder")
+        log.info("recording child %s started (consumer %s)", process.pid, self.consumer)
+        return process
+
+    def _check(self) -> None:
+        with self._lock:
+            if not self._stop.is_set():
+                self._kept.check()
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(SUPERVISE_S):
+            self._check()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("the bridge's audit checkpoint failed")
 
 
 @contextmanager
-def bridge_recording(settings: Settings, metrics: CollectorRegistry | None = None) -> Iterator[Backlog]:
-    """What the bridge records through: snapshots, audit events, the failure windows and retrain requests.
+def bridge_recording(settings: Settings, consumer: str) -> Iterator[RecordingChild]:
+    """A bridge's recording: its child (records), and the retrain outbox delivered to Prefect by a thread.
 
-    The records are written by a child process at a low CPU priority (``settings.recording``; see
-    ``monitoring.recorder_process``), or by a thread of the bridge; retrain requests go through a Redis
-    outbox delivered to the Prefect deployment `retrain/retrain` by another thread. Both are flushed and
-    stopped on exit.
+    Both are stopped on exit, the child after draining what the bridge recorded.
     """
-    from examlops.monitoring.recorder_process import RecorderProcess
     from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox
 
     with audit_trail(settings) as trail:
-        recorder: Backlog
-        if settings.recording.process:
-            recorder = RecorderProcess(
-                recording_process_argv(),
-                settings_json(settings),
-                nice=settings.recording.nice,
-                tick=trail.tick,  # the bridge's own events (retrain requests) get checkpointed
-                registry=metrics,
-            ).start()
-        else:
-            recorder = redis_recorder(settings, trail, registry=metrics).start()
+        child = RecordingChild(settings, consumer, tick=trail.tick).start()  # the bridge's own events get signed
         delivery = OutboxDelivery(RedisOutbox(trail.redis), PrefectRetrainRequester(settings.prefect_api_url), trail)
         delivery.start()
         try:
-            yield recorder
+            yield child
         finally:
-            recorder.close(10)
+            child.close(10)
             delivery.close()
-
-
-def redis_recorder(
-    settings: Settings, trail: AuditTrail, tuning: Tuning | None = None, *, registry: CollectorRegistry | None = None
-) -> Recorder:
-    """The recorder that writes to Redis (snapshots, audit events, failure windows), not yet started."""
-    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
-    from examlops.monitoring.recorder import DEFAULT_TUNING, Recorder
-
-    tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)
-    return Recorder(trail, tracker, tuning or DEFAULT_TUNING, registry=registry)
-
-
-def run_recording_process(frames: BinaryIO, reports: BinaryIO) -> bool:
-    """The recording process (``exa bridge recorder``): the hello frame's settings, then ``serve`` until EOF.
-
-    Returns False when records were left unwritten.
-    """
-    from examlops.monitoring.recorder_process import ignore_stop_signals, lower_priority, read_hello, serve
-
-    ignore_stop_signals()
-    hello = read_hello(frames)
-    if hello is None:
-        return True  # the bridge went away before saying anything
-    settings = Settings.model_validate_json(hello.config)
-    with audit_trail(settings) as trail:
-        recorder = redis_recorder(settings, trail, hello.tuning)
-        lower_priority(hello.nice)
-        return serve(recorder.start(), frames, reports)

@@ -1,17 +1,20 @@
 """The bus's Lua scripts: each is one atomic step in Redis (``store.BusStore`` runs them).
 
-- ``REPLY_SCRIPT``: one reply per job id, the done key, XACK and XDEL together.
+- ``REPLY_SCRIPT``: one reply per job id, the job's record, the done key, XACK and XDEL together.
 - ``PRUNE_SCRIPT``: forget an address whose job stream is gone or empty.
 - ``SUBMIT_SCRIPT``: put a job on its stream and note its address.
 """
 
 REPLY_SCRIPT = """
--- KEYS: job stream, done key, reply stream ('' when unreadable), dead stream
+-- KEYS: job stream, done key, reply stream ('' when unreadable), dead stream, records stream ('' = no record),
+-- records dropped counter.
 -- ARGV: group, entry id, done ttl, reply maxlen, reply ttl, dead maxlen, dead json ('' = none), token,
--- reply k/v... Writes the reply only when the done key is new, XACKs and XDELs the job either way. The check
--- comes before the writes, and the done key is set last: a failed XADD leaves the job pending, never
--- half-done. The done key holds the caller's token (one per finish, kept across its retries): 1 = this call
--- wrote the reply, 2 = an earlier try of this same call did (its answer was lost), 0 = someone else did.
+-- record ('' = none), records bound, reply k/v... Writes the reply (and the job's record) only when the done
+-- key is new, XACKs and XDELs the job either way. The check comes before the writes, and the done key is set
+-- last: a failed XADD leaves the job pending, never half-done. The record goes to the records stream with the
+-- reply's own fields, unless the stream holds its bound (then the counter counts it). The done key holds the
+-- caller's token (one per finish, kept across its retries): 1 = this call wrote the reply, 2 = an earlier try
+-- of this same call did (its answer was lost), 0 = someone else did.
 local held = redis.call('GET', KEYS[2])
 local first = not held
 if first then
@@ -19,8 +22,15 @@ if first then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'entry', ARGV[2], 'job', ARGV[7])
   end
   if KEYS[3] ~= '' then
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 9))
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 11))
     redis.call('EXPIRE', KEYS[3], ARGV[5])
+  end
+  if KEYS[5] ~= '' then
+    if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[10]) then
+      redis.call('XADD', KEYS[5], '*', 'r', ARGV[9], unpack(ARGV, 11))
+    else
+      redis.call('INCR', KEYS[6])
+    end
   end
   redis.call('SET', KEYS[2], ARGV[8], 'EX', ARGV[3])
 end
@@ -28,8 +38,9 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if first then return 1 elseif held == ARGV[8] then return 2 else return 0 end
 """
-"""One reply per job id, however often the job was delivered. Acked entries are deleted at once: Redis 6.2
-has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops a pending job."""
+"""One reply (and one record) per job id, however often the job was delivered. Acked entries are deleted at
+once: Redis 6.2 has no ACKED trim, and deleting exactly what was acked, in the same atomic step, never drops
+a pending job. The record is written with the reply or not at all: served and recorded cannot part."""
 
 PRUNE_SCRIPT = """
 -- KEYS: job stream, addresses set. ARGV: address. Forgets an address whose stream is gone or empty, in one

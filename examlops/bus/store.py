@@ -24,6 +24,7 @@ from examlops.adapters.redis import translated
 from examlops.bus import scripts, wire
 from examlops.bus.redis_pipe import PipelinedRedis
 from examlops.core.jsoncodec import canonical
+from examlops.core.records import RECORDS_DROPPED, RECORDS_STREAM
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +124,22 @@ class BusStore:
         dead: Mapping[str, Any] | None = None,
         done_ttl_s: int = wire.DONE_TTL_S,
         token: str = "",
+        record: str = "",
+        records_bound: int = 0,
     ) -> bool:
         """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first.
 
         ``token`` names this finish (unique, the same on each of its retries): a retry after an answer that was
         lost on the way back (the script ran) is still told True. Without one, every retry is told False.
+        ``record`` (``ServedInference.packed``) goes to the records stream with the reply, in the same step,
+        unless the stream holds ``records_bound`` entries (then it is counted as dropped).
         """
         token = token or secrets.token_hex(8)
         keys = [stream, wire.done_key(done_id), reply_to or "", wire.DEAD_STREAM]
+        keys += [RECORDS_STREAM if record else "", RECORDS_DROPPED]
         args: list[str | int] = [wire.GROUP, entry_id, done_ttl_s, wire.REPLY_STREAM_MAXLEN]
         args += [self.reply_ttl_s, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
+        args += [record, records_bound]
         for name, value in reply.items():
             args += [name, value]
         with translated("writing a reply"):

@@ -136,27 +136,24 @@ def start(
             fail(f"{exc}; {hint}", UNAVAILABLE)
 
 
-@bridge_app.command("recorder", hidden=True)
+@bridge_app.command("recorder")
 def recorder(
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "info",
 ) -> None:
-    """The recording process a bridge starts (`bridge start`): records from stdin, counters on stdout.
+    """Drain the records stream in the foreground until SIGTERM or Ctrl-C (every bridge runs one already).
 
-    Not for use by hand: it speaks the frames of examlops.monitoring.recorder_process on its stdin and stdout.
+    Writes each served bus job's drift snapshot and audit event; useful to catch up a backlog with no bridge
+    running, or to add a recorder beside the bridges' own.
     """
-    import contextlib
     import os
-    import sys
+    import signal
 
-    from examlops.bootstrap import run_recording_process
+    from examlops.bootstrap import RecordingProcess
 
-    # The reports go to the bridge on the original stdout; anything else printed goes to stderr.
-    reports = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        flushed = run_recording_process(sys.stdin.buffer, reports)
-    finally:
-        with contextlib.suppress(OSError):  # the bridge is gone: a last report stays unsent
-            reports.close()
-    raise typer.Exit(0 if flushed else 1)
+    settings = Settings()
+    process = RecordingProcess(settings, f"{socket.gethostname()}-{os.getpid()}-cli")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: process.close())
+    with errors_as_exit():
+        process.run()

@@ -95,13 +95,20 @@ class AuditSettings(_Section):
 
 
 class RecordingSettings(_Section):
-    """How a bridge writes its records (seed 000, step 9)."""
+    """How bus jobs are recorded (seed 000, step 9): the records stream and the bridge's recording child."""
 
-    process: bool = True
-    """Write them from a child process at a low CPU priority (else from a thread in the bridge): on cores the
-    bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
     nice: int = Field(19, ge=0, le=19)
-    """The recording process's nice value (0 keeps the bridge's priority)."""
+    """The recording child's nice value, taken once it is connected (0 keeps the bridge's priority): on cores
+    the bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
+    batch: int = Field(256, ge=1)
+    """Records a recorder writes at most in one step (one audit append, one failure-window update)."""
+    linger_s: float = Field(0.1, ge=0)
+    """How long a recorder that read fewer than ``batch`` records waits for more before writing them."""
+    bound: int = Field(100_000, ge=1)
+    """Records the stream holds at most while no recorder keeps up; past it, a served job's record is not
+    written and is counted as dropped (``examlops:records:dropped``), so Redis memory stays bounded."""
+    reclaim_idle_s: float = Field(60.0, gt=0)
+    """A record read by a recorder and not written for this long (the recorder died) is taken by another."""
 
 
 class BusSettings(_Section):

@@ -2,9 +2,9 @@
 
 Processes, not threads, because a prediction that times out in a thread keeps running and
 keeps its thread, while a process can be killed (``bench/pool_timeout.py`` measures both).
-Workers are started with the "spawn" context (the parent runs an event loop and threads, so
-fork is unsafe) and talk over one pipe each; replies come back through ``loop.add_reader``
-on the pipe, matched to futures by request id, so the event loop never blocks on a worker.
+Workers are started and reaped with ``core.children`` (the "spawn" context) and talk over one
+pipe each; replies come back through ``loop.add_reader`` on the pipe, matched to futures by
+request id, so the event loop never blocks on a worker.
 
 Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 
@@ -47,7 +47,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from examlops.core.children import CONTEXT, start_child, stop_child
 from examlops.core.errors import (
     ExamlopsError,
     InferenceFailed,
@@ -113,7 +113,6 @@ class ProcessPredictPool:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be at least 1 and timeout_s positive")
         self._loader, self._size, self._timeout_s = loader, workers, timeout_s
-        self._ctx = multiprocessing.get_context("spawn")
         self._active: list[_Worker] = []
         self._spare: _Worker | None = None
         self._idle: collections.deque[_Worker] = collections.deque()
@@ -246,15 +245,11 @@ class ProcessPredictPool:
         self._idle.append(worker)
 
     def _spawn(self) -> _Worker:
-        parent_end, child_end = self._ctx.Pipe()
-        process = self._ctx.Process(
-            target=pool_worker.serve,
-            args=(child_end, self._loader, os.getpid()),
-            name="examlops-predict-worker",
-            daemon=True,
-        )
+        parent_end, child_end = CONTEXT.Pipe()
         try:
-            process.start()
+            process = start_child(
+                pool_worker.serve, (child_end, self._loader, os.getpid()), name="examlops-predict-worker"
+            )
         except BaseException:
             parent_end.close()
             raise
@@ -377,12 +372,8 @@ class ProcessPredictPool:
 
     @staticmethod
     async def _reap(process: BaseProcess) -> None:
-        await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
-        if process.exitcode is None:
-            process.kill()
-            await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
-        if process.exitcode is not None:
-            process.close()
+        """Wait for a worker that was killed or whose pipe was closed (it exits on EOF); SIGKILL it after a while."""
+        await asyncio.to_thread(stop_child, process, REAP_TIMEOUT_S, ask=False)
 
     @staticmethod
     def _watch(future: asyncio.Future[Any], what: str) -> None:

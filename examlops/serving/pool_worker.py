@@ -20,31 +20,29 @@ from __future__ import annotations
 import numbers
 import os
 import signal
-import sys
-import threading
-import time
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from examlops.core.children import exit_now, exit_with_parent
 
 if TYPE_CHECKING:  # the child imports only what it runs
     from examlops.serving.ports import ModelLoader, Predictor
 
-PARENT_CHECK_S = 0.5
 MESSAGE_CHARS = 200
 
 
 def serve(conn: Connection, loader: ModelLoader, parent_pid: int) -> None:
     """Run requests until the parent closes the pipe or dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="parent-watch", daemon=True).start()
+    exit_with_parent(parent_pid)
     models: dict[str, Predictor] = {}
     while True:
         try:
             request_id, op, key, argument = conn.recv()
         except EOFError:
-            _exit(0)
+            exit_now(0)
         status, value = _handle(models, loader, op, key, argument)
         conn.send((request_id, status, value))
 
@@ -92,17 +90,3 @@ def _checked(result: Any, rows: int) -> np.ndarray[Any, np.dtype[np.float64]]:
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    # A stuck prediction never reads the pipe again, so EOF alone would not end it.
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_CHECK_S)
-    _exit(1)
-
-
-def _exit(code: int) -> NoReturn:
-    # Skip interpreter finalization: it costs ~0.6 s with sklearn loaded and a worker keeps no state.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -90,12 +90,10 @@ class StandIn:
         self.thread.join(10)
 
 
-class ListRecorder:
-    def __init__(self) -> None:
-        self.served: list[records.ServedInference] = []
-
-    def record(self, served: Any) -> None:
-        self.served.extend(served)
+def recorded(redis_url: str) -> list[records.ServedInference]:
+    """The records the bridges wrote with their replies, in stream order (no recorder drains them here)."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        return [records.read_record(i, f) for i, f in client.xrange(records.RECORDS_STREAM)]
 
 
 @pytest.fixture
@@ -165,8 +163,7 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
 
 async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings, caller="t") as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
     assert reply == {
         "model": "JPCP",
@@ -178,7 +175,10 @@ async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url
         "job_id": "job-one",
     }
     assert standin.seen == ["job-one"]
-    assert [(s.job_id, s.model, s.caller, s.node_count) for s in recorder.served] == [("job-one", "JPCP", "t", 12)]
+    [record] = recorded(redis_url)  # written with the reply, in the same step
+    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "t", 12)
+    assert record.reply == reply and record.status == 200 and record.address == ADDRESS
+    assert (record.norm, record.mean, record.std) == pytest.approx((0.01 * 384**0.5, 0.01, 0.0), abs=1e-9)
     with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin
         assert wire.DONE_MARGIN_S < sync_redis.ttl(wire.done_key("job-one")) <= 10 + wire.DONE_MARGIN_S
 
@@ -196,11 +196,10 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    for_jpcp, for_crcp = ListRecorder(), ListRecorder()
     crcp, ac = CATALOG.get("CRCP"), CATALOG.get("AC")
     async with (
-        running_bridge(settings, CATALOG.only(["JPCP"]), on_served=for_jpcp, sweep_s=0.2),
-        running_bridge(settings, CATALOG.only(["crcp"]), on_served=for_crcp, sweep_s=0.2),
+        running_bridge(settings, CATALOG.only(["JPCP"]), sweep_s=0.2),
+        running_bridge(settings, CATALOG.only(["crcp"]), sweep_s=0.2),
         bus_client(settings, caller="t") as client,
     ):
         replies = await asyncio.gather(
@@ -209,24 +208,21 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
         )
         unserved = await client.request(ac.seanerbus_uuid, PAYLOAD, 10, job_id="a-0")
     assert all(reply["error"] is None for reply in replies)
-    assert sorted(s.job_id for s in for_jpcp.served) == [f"j-{i}" for i in range(5)]
-    assert {s.model for s in for_jpcp.served} == {"JPCP"}
-    assert sorted(s.job_id for s in for_crcp.served) == [f"c-{i}" for i in range(5)]
-    assert {s.model for s in for_crcp.served} == {"CRCP"}
+    models = {s.job_id: s.model for s in recorded(redis_url)}
+    assert models == {f"j-{i}": "JPCP" for i in range(5)} | {f"c-{i}": "CRCP" for i in range(5)}
     assert unserved["code"] == "model_not_found" and "a-0" not in standin.seen
 
 
 async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    recorder = ListRecorder()
     async with bus_client(settings, caller="t") as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="too-late")  # no bridge runs yet
-        async with running_bridge(settings, on_served=recorder):
+        async with running_bridge(settings):
             await until(lambda: replies_per_job(redis_url, client.reply_stream)["too-late"] == 1)
             assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="in-time"))["error"] is None
     assert standin.seen == ["in-time"]
-    assert [s.job_id for s in recorder.served] == ["in-time"]
+    assert [s.job_id for s in recorded(redis_url)] == ["in-time"]
 
 
 async def test_an_altered_job_is_refused_and_dead_lettered(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
@@ -292,15 +288,14 @@ async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings, caller="t") as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
         # A copy (a client's retry, or a replay by anyone who can write to Redis) is acked without serving it.
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 1, job_id="again")
     assert standin.seen == ["again"]
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"again": 1})
-    assert [served.job_id for served in recorder.served] == ["again"]
+    assert [served.job_id for served in recorded(redis_url)] == ["again"]
 
 
 async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answered_and_recorded_once(
@@ -308,17 +303,16 @@ async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answer
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     standin.delay = 0.3  # both copies pass the check for a done key before either is answered
-    recorder = ListRecorder()
     reply_stream = wire.replies_stream("copies")
     job = signed_job(settings, "copied", reply_stream, deadline_in=10)
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
         sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
         sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
-        async with running_bridge(settings, on_served=recorder):
+        async with running_bridge(settings):
             await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 0)
     assert standin.seen == ["copied", "copied"]
     assert replies_per_job(redis_url, reply_stream) == Counter({"copied": 1})
-    assert [served.job_id for served in recorder.served] == ["copied"]
+    assert [served.job_id for served in recorded(redis_url)] == ["copied"]
 
 
 async def test_a_reply_whose_answer_was_lost_is_retried_and_the_job_still_recorded_once(
@@ -336,13 +330,12 @@ async def test_a_reply_whose_answer_was_lost_is_retried_and_the_job_still_record
         return first
 
     monkeypatch.setattr(BusStore, "finish", losing_the_first_answer)
-    recorder = ListRecorder()
-    async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings, caller="t") as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="fine"))["error"] is None
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="lossy"))["error"] is None
     assert lost and standin.seen == ["fine", "lossy"]
     assert replies_per_job(redis_url, client.reply_stream) == Counter({"fine": 1, "lossy": 1})
-    assert [served.job_id for served in recorder.served] == ["fine", "lossy"]
+    assert [served.job_id for served in recorded(redis_url)] == ["fine", "lossy"]
 
 
 async def test_a_copy_of_a_job_older_than_its_done_key_gets_no_second_reply(

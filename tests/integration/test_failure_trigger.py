@@ -22,9 +22,9 @@ from examlops.core.settings import FailureSettings
 from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail
 from examlops.monitoring.audit_verify import verify
 from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
-from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
 from tests.integration.conftest import free_port
+from tests.integration.test_recording import add_records, drain, recorder_on
 from tests.unit.monitoring.fakes import Clock, FakeRequester
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -130,23 +130,21 @@ def test_recorded_replies_feed_the_shared_window_as_seed_000_classifies_them(
 ) -> None:
     tracker_client = connect(redis_server)
     tracker = FailureTracker(RedisFailureStore(tracker_client), FailureSettings(window=50))
-    recorder = Recorder(AuditTrail(tracker_client, SECRET), tracker).start()
     kinds: list[ExamlopsError | None] = (
         [InferenceFailed("model raised")] * 25 + [InvalidInput("bad embedding")] * 20 + [None] * 5
     )
     kinds += [PipelineUnavailable("serving down")] * 30  # ignored: the window stays at 25/50
+    records = []
+    for i, kind in enumerate(kinds):
+        status_code, reply = reply_of(kind)
+        records.append(ServedInference(f"t-{i}", "addr", "JPCP", "u", 3, reply, status_code, time.time()))
     try:
-        for i, kind in enumerate(kinds):
-            status_code, reply = reply_of(kind)
-            recorder.record(
-                [ServedInference(f"t-{i}", "addr", "JPCP", "u", (0.1,) * 4, 3, reply, status_code, time.time())]
-            )
-        recorder.record([ServedInference("t-0", "addr", "JPCP", "u", (), 0, reply_of(kinds[0])[1], 500, time.time())])
-        assert recorder.close(20)
+        add_records(client, records)
+        drain(recorder_on(tracker_client, "me", tracker=tracker, batch=16, linger_s=0))
     finally:
         tracker_client.close()
     window = RedisFailureStore(client).window("JPCP", 50)
-    assert (window.size, window.failures) == (50, 25), "the duplicate of t-0 counted once, outages not at all"
+    assert (window.size, window.failures) == (50, 25), "outages not counted at all"
     assert len(RedisOutbox(client).pending()) == 1
 
 

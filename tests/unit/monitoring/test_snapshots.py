@@ -6,14 +6,14 @@ import dataclasses
 import json
 import math
 import statistics
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from examlops.core.records import ServedInference, embedding_stats
 from examlops.monitoring.audit import Entry
-from examlops.monitoring.recorder import _row
-from examlops.monitoring.snapshots import PACKED, Snapshot, embedding_stats, snapshot_of, stream_of
+from examlops.monitoring.recording import row_of, written_key
+from examlops.monitoring.snapshots import PACKED, Snapshot, snapshot_of, stream_of
 
 
 def test_embedding_stats_are_l2_norm_mean_and_population_std() -> None:
@@ -115,11 +115,12 @@ def test_an_error_reply_is_marked_with_its_code() -> None:
     ],
 )
 def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: dict[str, Any], status: int) -> None:
-    served = SimpleNamespace(
-        job_id="j1", model="JPCP", caller="u", embedding=(1.0, 2.0, -0.5), node_count=7, reply=reply,
-        status=status, served_at=1732900000.25,
+    norm, mean, std = embedding_stats((1.0, 2.0, -0.5))
+    served = ServedInference(
+        job_id="j1", address="a", model="JPCP", caller="u", node_count=7, reply=reply, status=status,
+        served_at=1732900000.25, norm=norm, mean=mean, std=std, entry_id="5-0",
     )  # fmt: skip
-    row = _row(served)
+    row = row_of(served)
     snapshot = snapshot_of(
         model="JPCP", reply=reply, status=status, embedding=[1.0, 2.0, -0.5], node_count=7, job_id="j1",
         user_id="u", ts=1732900000.25,
@@ -132,8 +133,9 @@ def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: 
     }  # fmt: skip
     assert json.loads(row[8]) == data
     # Exactly what the generic path (an Entry with the snapshot as its side write) hands the append script.
-    assert row == Entry("inference.served", "JPCP", data, 1732900000.25, side=snapshot.side_write()).row()
-    assert row[0] == "", "no once key per job"
+    side = snapshot.side_write()
+    assert row == Entry("inference.served", "JPCP", data, 1732900000.25, written_key("5-0"), side).row()
+    assert row[0] == "examlops:recorded:5-0", "the once key of its record entry"
 
 
 def test_statistics_that_overflow_to_infinity_are_stored_and_read_back() -> None:

@@ -1,0 +1,135 @@
+"""The records stream as a recorder sees it: the ``RecordStream`` port and its Redis adapter.
+
+Keys::
+
+    examlops:records             stream of served records (``core.records``); consumer group ``recorders``
+    examlops:records:dropped     counter of records the bridges did not add (the stream held its bound)
+    examlops:recorded:{entry id} set (by the audit append) when a record's event is written; deleted when the
+                                 record is settled; lives 4200 s when its recorder died in between
+
+``RedisRecordStream`` raises ``StoreUnavailable`` when Redis cannot be reached; a record entry that
+cannot be read comes back as None in place of its record (its caller settles it as dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import redis
+from redis.exceptions import ResponseError
+
+from examlops.adapters.redis import translated
+from examlops.core.records import RECORDERS_GROUP, RECORDS_DROPPED, RECORDS_STREAM, ServedInference, read_record
+
+WRITTEN_PREFIX = "examlops:recorded:"
+STALE_CONSUMER_S = 3600.0
+"""A recorder consumer holding nothing and idle this long (its bridge is gone) is removed from the group."""
+
+Read = list[tuple[str, ServedInference | None]]
+"""(entry id, its record or None when the entry cannot be read), in stream order."""
+
+
+def written_key(entry_id: str) -> str:
+    """The once key of one record's audit event: set by the write, deleted when the record is settled."""
+    return WRITTEN_PREFIX + entry_id
+
+
+class RecordStream(Protocol):
+    """Where a recorder takes records from. Every method may raise ``StoreUnavailable``."""
+
+    def ensure_group(self) -> None: ...
+
+    def read(self, consumer: str, count: int, block_ms: int | None, *, own: bool = False) -> Read:
+        """New records for ``consumer`` (waits up to ``block_ms``; None: not at all); ``own``: the records
+        delivered to ``consumer`` before and not settled (a previous run of it died), from the start."""
+
+    def claim(self, consumer: str, min_idle_s: float, count: int) -> Read:
+        """Records another consumer read and left unsettled for ``min_idle_s`` (it died): now ``consumer``'s."""
+
+    def written_among(self, entry_ids: Sequence[str]) -> set[str]:
+        """Those of ``entry_ids`` whose audit event was written (by a recorder that died before settling)."""
+
+    def settle(self, entry_ids: Sequence[str]) -> None:
+        """Done with these records: acknowledged, deleted from the stream, their once keys removed."""
+
+    def dropped(self) -> int:
+        """Records the bridges could not add since the stream was created (it held its bound)."""
+
+    def prune(self, consumer: str) -> int:
+        """Remove stale consumers (no records held, idle ``STALE_CONSUMER_S``) other than ``consumer``."""
+
+
+class RedisRecordStream:
+    """``RecordStream`` on a sync redis-py client (decoded strings)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def ensure_group(self) -> None:
+        with translated("creating the recorders group"):
+            try:
+                self.redis.xgroup_create(RECORDS_STREAM, RECORDERS_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def read(self, consumer: str, count: int, block_ms: int | None, *, own: bool = False) -> Read:
+        with translated("reading records"):
+            found: Any = self.redis.xreadgroup(
+                RECORDERS_GROUP, consumer, {RECORDS_STREAM: "0" if own else ">"}, count=count, block=block_ms
+            )
+        return _records([entry for _name, entries in found or [] for entry in entries])
+
+    def claim(self, consumer: str, min_idle_s: float, count: int) -> Read:
+        with translated("reclaiming records"):
+            reply: Any = self.redis.xautoclaim(
+                RECORDS_STREAM, RECORDERS_GROUP, consumer, int(min_idle_s * 1000), "0-0", count=count
+            )
+        return _records(reply[1])
+
+    def written_among(self, entry_ids: Sequence[str]) -> set[str]:
+        if not entry_ids:
+            return set()
+        with translated("checking written records"):
+            found: Any = self.redis.mget([written_key(entry_id) for entry_id in entry_ids])
+        return {entry_id for entry_id, value in zip(entry_ids, found, strict=True) if value is not None}
+
+    def settle(self, entry_ids: Sequence[str]) -> None:
+        if not entry_ids:
+            return
+        with translated("settling records"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(RECORDS_STREAM, RECORDERS_GROUP, *entry_ids)
+            pipe.xdel(RECORDS_STREAM, *entry_ids)
+            pipe.delete(*[written_key(entry_id) for entry_id in entry_ids])
+            pipe.execute()
+
+    def dropped(self) -> int:
+        with translated("reading the dropped records count"):
+            value: Any = self.redis.get(RECORDS_DROPPED)
+        return int(value or 0)
+
+    def prune(self, consumer: str) -> int:
+        removed = 0
+        with translated("pruning recorder consumers"):
+            consumers: Any = self.redis.xinfo_consumers(RECORDS_STREAM, RECORDERS_GROUP)
+            for info in consumers:
+                name = str(info["name"])
+                if name != consumer and int(info["pending"]) == 0 and int(info["idle"]) >= STALE_CONSUMER_S * 1000:
+                    removed += int(self.redis.xgroup_delconsumer(RECORDS_STREAM, RECORDERS_GROUP, name))
+        return removed
+
+
+def _records(entries: Sequence[Any]) -> Read:
+    """(id, record) per entry; None for one that cannot be read (or was deleted: its fields are nil)."""
+    found: Read = []
+    for entry in entries:
+        if entry is None:
+            continue
+        entry_id, fields = entry
+        try:
+            found.append((entry_id, read_record(entry_id, fields or {})))
+        except ValueError:
+            found.append((entry_id, None))
+    return found
