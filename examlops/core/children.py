@@ -60,9 +60,16 @@ def stop_child(process: BaseProcess, timeout_s: float, *, ask: bool = True) -> i
 
 
 def lower_priority(nice: int) -> None:
-    """Lower this process's CPU priority by ``nice`` (every thread started after the call inherits it)."""
-    if nice > 0 and hasattr(os, "nice"):
-        os.nice(nice)
+    """Lower the CPU priority of every thread of this process by ``nice`` (threads started later inherit it).
+
+    Per thread: on Linux a nice value is a thread's, and ``os.nice`` would lower the calling thread only.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    for thread in threading.enumerate():
+        if thread.native_id is not None:
+            now = os.getpriority(os.PRIO_PROCESS, thread.native_id)
+            os.setpriority(os.PRIO_PROCESS, thread.native_id, min(19, now + nice))
 
 
 def exit_with_parent(parent_pid: int) -> None:

@@ -390,11 +390,12 @@ async def test_an_unknown_address_whose_only_job_a_dead_bridge_holds_does_not_st
 
 
 def start_bridge_process(
-    home: Path, redis_url: str, port: int, concurrency: int
+    home: Path, redis_url: str, port: int, concurrency: int, extra: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    log = home / f"bridge-{port}-{concurrency}.log"
+    log = home / f"bridge-{port}-{concurrency}-{uuid.uuid4().hex[:6]}.log"
     env = examlops_env(
         home,
+        **(extra or {}),
         EXAMLOPS_REDIS__URL=redis_url,
         EXAMLOPS_SERVING__PORT=str(port),
         EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
