@@ -26,11 +26,10 @@ between them. After a segment with recording on the bench waits until the
 recorder has written every snapshot, so no recording work spills into the next
 segment; the CPU each process spent (read from /proc after that wait) is
 divided by the segment's jobs, so it includes all of the recording's work.
-A bridge's CPU includes its children's: by default recording is written by a
-child process at nice 19 (``EXAMLOPS_RECORDING__PROCESS``), and the bridge's
-own threads only ship batches to it; the loaded bridge's figures are printed
-per thread (main: the event loop; threads: the shipping thread) and for its
-children (the recording process).
+A bridge's CPU includes its children's: the bridge writes each job's record
+with its reply (one atomic script) and its recording child, at nice 19, writes
+the snapshots and events; the loaded bridge's figures are printed per thread
+(main: the event loop) and for its children (the recording child).
 
 Redis rewrites its AOF under this load (the bus appends ~9.6 KB a job to it,
 most of it the job's payload; recording adds ~0.9 KB), and a rewrite's child
@@ -49,12 +48,7 @@ now runs as many rounds of each order, shuffled (``--seed``).
 the bench's own bias and noise, and should be ~0.
 
     .venv/bin/python bench/recording_cost.py [--jobs 1000] [--concurrency 32] [--rounds 12] [--seed 1]
-        [--control] [--thread | --versus-thread]
-
-``--thread`` records from a thread of the bridge instead of the recording
-process (``EXAMLOPS_RECORDING__PROCESS=false``): the design it replaced.
-``--versus-thread`` compares the two directly: the 'off' bridge records from
-its thread, the 'on' bridge through the recording process.
+        [--control]
 
 ``--rounds`` is the number of on/off pairs per phase (two phases). The
 recorder's backlog while the load runs is measured from outside: jobs answered
@@ -241,11 +235,7 @@ def run_phase(
     snaps_on, snaps_off = snapshots(client, recording_model), snapshots(client, plain_model)
     events = served_events(client)
     try:
-        if args.versus_thread:  # the 'off' bridge records too, from its own thread
-            off_env = env | {"EXAMLOPS_RECORDING__PROCESS": "false"}
-            bridges["off"] = start([*base, "--model", plain_model], off_env, logs["off"])
-        else:
-            bridges["off"] = start([*base, "--no-record", "--model", plain_model], env, logs["off"])
+        bridges["off"] = start([*base, "--no-record", "--model", plain_model], env, logs["off"])
         on_argv = [*base, "--model", recording_model] + (["--no-record"] if args.control else [])
         bridges["on"] = start(on_argv, env, logs["on"])
         for flag, log in logs.items():
@@ -270,7 +260,7 @@ def run_phase(
                         forks_loaded, rewriting_at_end, _ = aof_forks(client)
                         segment.started = forks_loaded - forks_before
                         segment.touched = bool(segment.started or rewriting or rewriting_at_end)
-                        if (record or args.versus_thread) and not args.control:
+                        if record and not args.control:
                             ended = time.perf_counter()
                             target = snaps_before + segment.jobs
                             while snapshots(client, model) < target:
@@ -331,16 +321,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12, help="On/off pairs per phase (two phases).")
     parser.add_argument("--control", action="store_true", help="Both bridges without recording: the bench's bias.")
     parser.add_argument("--seed", type=int, default=1, help="Seeds the order of the rounds (printed).")
-    parser.add_argument(
-        "--versus-thread",
-        action="store_true",
-        help="The 'off' bridge records from its thread: the cost printed is the process's against the thread's.",
-    )
-    parser.add_argument(
-        "--thread",
-        action="store_true",
-        help="Record from a thread of the bridge (EXAMLOPS_RECORDING__PROCESS=false), not the recording process.",
-    )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-recording"))
     args = parser.parse_args()
 
@@ -366,8 +346,6 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server.url}
     env["EXAMLOPS_SERVING__PORT"] = str(serving_port)
-    if args.thread:
-        env["EXAMLOPS_RECORDING__PROCESS"] = "false"
     exa = [sys.executable, "-m", "examlops.cli.main"]
     serving = start([*exa, "serve", "start"], env, home / "serving.log")
     url = f"http://127.0.0.1:{serving_port}"
@@ -415,9 +393,6 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     )
     if args.control:
         print("CONTROL RUN: the 'on' bridge records nothing too (off*); any cost below is the bench's own bias")
-    print(f"recording written from {'a thread of the bridge' if args.thread else 'the recording process'}")
-    if args.versus_thread:
-        print("VERSUS-THREAD RUN: 'off' records from a thread of its bridge; the cost is 'on' against that")
     print(f"\n{'seg':<4} {'rec':<4} {'model':<5} {'jobs/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'err':>4}", end="")
     print(f" {'backlog p50/max':>16} {'drain s':>7}  cpu ms per job")
     for i, seg in enumerate(segments):
@@ -492,7 +467,7 @@ def report(segments: list[Segment], phases: list[Phase], args: argparse.Namespac
     print("\ncounts per phase (new snapshots == new inference.served events == jobs answered with recording on):")
     for phase in phases:
         expected = 0 if args.control else phase.answered_on
-        expected_off = phase.answered_off if args.versus_thread else 0
+        expected_off = 0
         ok = (
             phase.new_snapshots_on == expected
             and phase.new_events == expected + expected_off

@@ -107,7 +107,7 @@ async def test_a_bridge_killed_between_reply_and_record_leaves_every_served_job_
             assert SnapshotStream(client).read("JPCP") == [] and served_events(client) == []
             os.killpg(doomed.pid, signal.SIGKILL)  # the bridge and its (stopped) child
             doomed.wait()
-            survivor, survivor_log = start_bridge_process(tmp_path, redis_server, serving.port, 64, env)
+            survivor, _ = start_bridge_process(tmp_path, redis_server, serving.port, 64, env)
             await until(lambda: client.xlen(RECORDS_STREAM) == 0, 60)
         finally:
             for proc in (doomed, survivor):
