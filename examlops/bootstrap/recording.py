@@ -7,7 +7,8 @@
   spawns it with multiprocessing; it reads its settings from its own environment (the bridge's, inherited;
   it refuses to run when they differ from the bridge's, checked by digest, so no secret crosses a pipe),
   lowers itself to ``settings.recording.nice`` once connected, and is started again when it dies or goes
-  silent. ``close(timeout)`` asks it to drain and stop (SIGTERM), then kills it.
+  silent. ``close(timeout)`` asks it to drain and stop (a shared event: it ignores SIGTERM and SIGINT, which
+  reach the bridge's whole process group), then kills it after ``timeout``.
 - ``bridge_recording(settings, consumer)``: the child and the retrain outbox's delivery, for a bridge.
 """
 
@@ -29,8 +30,11 @@ from examlops.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
+
 SUPERVISE_S = 1.0
 """How often the bridge checks its recording child (and ticks its own audit checkpoints)."""
+DRAIN_S = 5.0
+"""How long a stopping recorder keeps writing what is left; its bridge waits 10 s for it."""
 SILENCE_S = 60.0
 """A child whose heartbeat stopped this long is taken for stuck, killed and started again."""
 
@@ -58,6 +62,7 @@ class RecordingProcess:
                 batch=recording.batch,
                 linger_s=recording.linger_s,
                 reclaim_idle_s=recording.reclaim_idle_s,
+                drain_s=DRAIN_S,
                 beat=self.beat,
             )
             try:
@@ -79,9 +84,15 @@ def settings_digest(settings: Settings) -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
 
-def child_main(consumer: str, heartbeat: children.Heartbeat, log_level: int, digest: str) -> None:
-    """The recording child's entry (multiprocessing): settings from the environment, then the recorder."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the bridge, which stops this child after it
+def child_main(consumer: str, stop: children.Flag, heartbeat: children.Heartbeat, log_level: int, digest: str) -> None:
+    """The recording child's entry (multiprocessing): settings from the environment, then the recorder.
+
+    It stops when ``stop`` is set (by its bridge, once the bridge has written its last records) or when its
+    bridge dies; it ignores SIGINT and SIGTERM, which reach its whole process group (Ctrl-C, `exa down`),
+    so that it does not stop before its bridge.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     heartbeat.beat()
     children.exit_with_parent(os.getppid())
@@ -92,7 +103,12 @@ def child_main(consumer: str, heartbeat: children.Heartbeat, log_level: int, dig
             "settings through EXAMLOPS_* variables"
         )
     process = RecordingProcess(settings, consumer, beat=heartbeat.beat)
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: process.close())
+
+    def stop_when_asked() -> None:
+        stop.wait()
+        process.close()
+
+    threading.Thread(target=stop_when_asked, name="stop-watch", daemon=True).start()
     process.run()
 
 
@@ -104,6 +120,7 @@ class RecordingChild:
         self.consumer = consumer
         self.tick = tick
         self._heartbeat = children.Heartbeat()
+        self._child_stop = children.Flag()
         self._kept = children.KeptAlive(
             self._spawn, name="recording child", heartbeat=self._heartbeat.last, silence_s=SILENCE_S
         )
@@ -137,14 +154,15 @@ class RecordingChild:
         if process is None:
             return True
         assert isinstance(process, BaseProcess), "KeptAlive holds what _spawn started"
-        code = children.stop_child(process, timeout)
+        self._child_stop.set()
+        code = children.stop_child(process, timeout, ask=False)
         if code != 0:
             log.error("the recording child did not stop cleanly (code %s)", code)
         return code == 0
 
     def _spawn(self) -> BaseProcess:
         level = logging.getLogger().getEffectiveLevel()
-        args = (self.consumer, self._heartbeat, level, settings_digest(self.settings))
+        args = (self.consumer, self._child_stop, self._heartbeat, level, settings_digest(self.settings))
         process = children.start_child(child_main, args, name="examlops-recorder")
         log.info("recording child %s started (consumer %s)", process.pid, self.consumer)
         return process

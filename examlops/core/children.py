@@ -10,6 +10,8 @@ Shared by the predict pool's workers and the bridge's recording child.
 - In the child: ``lower_priority(nice)`` once its start-up is done (start-up at normal priority, so a busy
   machine does not leave a new child starting for long), ``exit_with_parent(pid)`` (a thread that ends
   the child within ``PARENT_CHECK_S`` of its parent's death, even mid-work).
+- ``Heartbeat`` and ``Flag``: shared memory between parent and child (a time the child sets; a flag the
+  parent sets), so neither a lock nor a pipe can leave one side waiting on a dead other.
 - ``KeptAlive`` supervises one long-lived child: ``check()`` (call it periodically) starts it again after
   it exited or went silent (its heartbeat, ``Heartbeat``, stopped moving for ``silence_s``), after a delay
   that doubles while children keep dying young. The clock is injected.
@@ -101,6 +103,25 @@ class Heartbeat:
 
     def last(self) -> float:
         return float(self._value.value)
+
+
+class Flag:
+    """A flag the parent sets and the child polls; shared memory, no lock (``multiprocessing.Event`` is not
+    used: its ``set`` waits for every waiter to wake, forever when one was killed while waiting)."""
+
+    def __init__(self) -> None:
+        self._value = CONTEXT.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def wait(self, poll_s: float = 0.1) -> None:
+        """Return once the flag is set (polls every ``poll_s``)."""
+        while not self.is_set():
+            time.sleep(poll_s)
 
 
 class Process(Protocol):

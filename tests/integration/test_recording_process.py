@@ -70,6 +70,21 @@ def test_the_bridges_recording_child_runs_at_nice_19_and_writes_each_record_once
     assert verify(client, SECRET.encode(), None).ok
 
 
+def test_the_child_ignores_sigint_and_sigterm_sent_to_its_group_and_stops_only_after_its_bridge(
+    settings: Settings, client: redis.Redis
+) -> None:
+    with bridge_recording(settings, "test-bridge") as child:
+        pid = child.pid
+        assert pid is not None
+        wait_for(lambda: priorities(pid) == {19}, "the child connected")
+        os.kill(pid, signal.SIGINT)  # Ctrl-C, or `exa down`, reaches the bridge's whole group
+        os.kill(pid, signal.SIGTERM)
+        add_records(client, [served(i) for i in range(50)])
+        wait_for(lambda: client.xlen(RECORDS_STREAM) == 0, "the child drained the stream")
+        assert child.pid == pid and child.restarts == 0
+    assert len(SnapshotStream(client).read("JPCP")) == 50
+
+
 def test_a_killed_child_is_started_again_and_writes_what_it_had_read(settings: Settings, client: redis.Redis) -> None:
     with bridge_recording(settings, "test-bridge") as child:
         first = child.pid
