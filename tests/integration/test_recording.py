@@ -244,3 +244,20 @@ def test_snapshots_are_trimmed_only_below_the_drift_checkpoint(client: redis.Red
     assert [s.entry_id for s in stream.read("JPCP")] == ids[4:]
     assert stream.trim_below("JPCP", ids[2]) == 0
     assert stream.checkpoint("JPCP") == ids[4] and stream.length("JPCP") == 6
+
+
+def test_entries_that_are_not_records_or_were_deleted_do_not_stall_the_recorder(client: redis.Redis) -> None:
+    ids = add_records(client, [served(i) for i in range(3)])
+    client.xadd(RECORDS_STREAM, {"x": "not a record"})
+    stream = RedisRecordStream(client)
+    stream.ensure_group()
+    stream.read("dead", 10, None)
+    client.xdel(RECORDS_STREAM, ids[0])  # pending with a dead consumer, and gone
+    alive = recorder_on(client, "alive", linger_s=0, reclaim_idle_s=0.05)
+    time.sleep(0.1)
+    drain(alive)
+    # Redis 6.2 hands the deleted entry over in the claim (then it is settled as dropped); 7.0 forgets it.
+    assert alive.stats().recorded == 2 and alive.stats().dropped in (1, 2)
+    assert_one_to_one(client, ["job-1", "job-2"])
+    assert client.xlen(RECORDS_STREAM) == 0
+    assert client.xpending(RECORDS_STREAM, "recorders")["pending"] == 0

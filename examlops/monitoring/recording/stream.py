@@ -122,10 +122,13 @@ class RedisRecordStream:
 
 
 def _records(entries: Sequence[Any]) -> Read:
-    """(id, record) per entry; None for one that cannot be read (or was deleted: its fields are nil)."""
+    """(id, record) per entry; None for one that cannot be read (or was deleted: its fields are nil).
+
+    Redis 6.2's XAUTOCLAIM names no id for a deleted entry (redis-py gives ``(None, None)``): skipped.
+    """
     found: Read = []
     for entry in entries:
-        if entry is None:
+        if entry is None or entry[0] is None:
             continue
         entry_id, fields = entry
         try:
