@@ -87,10 +87,10 @@ def read_record(entry_id: str, fields: Mapping[str, str]) -> ServedInference:
     address, model, caller, node_count, served_at, norm, mean, std = row
     if not all(type(v) is str for v in (address, model, caller)) or type(node_count) is not int:
         raise ValueError(f"record {entry_id}: a text field is not a string or the node count not an integer")
+    served_at, norm, mean, std = map(stored_float, (served_at, norm, mean, std))
     return ServedInference(
-        job_id, address, model, caller, node_count, body, status, _number(served_at), _number(norm), _number(mean),
-        _number(std), entry_id,
-    )  # fmt: skip
+        job_id, address, model, caller, node_count, body, status, served_at, norm, mean, std, entry_id
+    )
 
 
 class RecordSink(Protocol):
@@ -114,7 +114,8 @@ def _float_text(value: float) -> float | str:
     return value if math.isfinite(value) else repr(value)
 
 
-def _number(value: Any) -> float:
+def stored_float(value: Any) -> float:
+    """A stored float: a JSON number, or the repr of infinity or NaN; ``ValueError`` for anything else."""
     if type(value) in (int, float):
         return float(value)
     if type(value) is str and value in ("inf", "-inf", "nan"):

@@ -31,7 +31,7 @@ import orjson
 import redis
 
 from examlops.adapters.redis import translated
-from examlops.core.records import embedding_stats
+from examlops.core.records import embedding_stats, stored_float
 from examlops.monitoring.audit import SideWrite
 
 PREFIX = "examlops:snapshots:"
@@ -105,10 +105,9 @@ class Snapshot:
         if not all(type(row[i]) is int for i in _INTS):
             raise ValueError(f"snapshot {entry_id}: a count or status is not an integer")
         model, alias, version, run_id, prediction, norm, mean, std, nodes, job_id, user_id, ts, status, code = row
-        return cls(
-            model, alias, version, run_id, _float(prediction), _float(norm), _float(mean), _float(std), nodes, job_id,
-            user_id, _float(ts), status, code, entry_id,
-        )  # fmt: skip
+        prediction, norm, mean, std, ts = map(stored_float, (prediction, norm, mean, std, ts))
+        return cls(model, alias, version, run_id, prediction, norm, mean, std, nodes, job_id, user_id, ts, status, code,
+                   entry_id)  # fmt: skip
 
     @classmethod
     def _from_legacy_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
@@ -131,15 +130,6 @@ def packed(row: tuple[str | float | int, ...]) -> str:
     if not all(map(math.isfinite, [row[i] for i in _FLOATS])):  # type: ignore[arg-type]  # floats by position
         row = tuple(repr(v) if i in _FLOATS and not math.isfinite(v) else v for i, v in enumerate(row))  # type: ignore[arg-type]
     return orjson.dumps(row).decode()
-
-
-def _float(value: Any) -> float:
-    """A stored float: a JSON number, or the repr of infinity or NaN; ``ValueError`` for anything else."""
-    if type(value) in (int, float):
-        return float(value)
-    if type(value) is str and value in ("inf", "-inf", "nan"):
-        return float(value)
-    raise ValueError(f"not a number: {value!r}")
 
 
 def number(value: Any) -> float:
