@@ -86,6 +86,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
 
+from examlops.bootstrap.bridge import bus_client
 from examlops.bus.client import BusClient
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import INFERENCE_SERVED
@@ -244,7 +245,7 @@ def run_phase(
         meter = CpuMeter(pids | {"serving": context["serving_pid"], "redis": context["redis_pid"]})
 
         async def load() -> None:
-            async with BusClient.from_settings(context["settings"], caller="bench-recording") as bus:
+            async with bus_client(context["settings"], caller="bench-recording") as bus:
                 for round_no, order in enumerate(round_orders(args.rounds, args.seed + phase_no)):
                     for record in order:
                         model = recording_model if record else plain_model

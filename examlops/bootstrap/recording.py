@@ -79,9 +79,11 @@ class RecordingProcess:
 
 
 def settings_digest(settings: Settings) -> str:
-    """A digest of every setting, the secret included: the child compares its own with its bridge's."""
-    data = settings.model_dump_json(exclude={"secret"}) + "\0" + settings.secret.get_secret_value()
-    return hashlib.sha256(data.encode()).hexdigest()
+    """A digest of the settings a recorder reads (Redis, SQL, the secret, recording, audit and failure sections):
+    the child compares its own with its bridge's. Settings the child does not read may differ (a CLI flag's)."""
+    parts = [settings.redis_url, settings.sql_url, settings.secret.get_secret_value()]
+    parts += [section.model_dump_json() for section in (settings.recording, settings.audit, settings.failure)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def child_main(consumer: str, stop: children.Flag, heartbeat: children.Heartbeat, log_level: int, digest: str) -> None:
@@ -99,8 +101,8 @@ def child_main(consumer: str, stop: children.Flag, heartbeat: children.Heartbeat
     settings = Settings()
     if settings_digest(settings) != digest:
         raise ConfigError(
-            "the recording child's environment gives other settings than its bridge's: give the bridge its "
-            "settings through EXAMLOPS_* variables"
+            "the recording child's environment gives other Redis, SQL, secret, recording, audit or failure settings "
+            "than its bridge's: give the bridge those settings through EXAMLOPS_* variables"
         )
     process = RecordingProcess(settings, consumer, beat=heartbeat.beat)
 
