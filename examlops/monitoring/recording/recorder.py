@@ -7,8 +7,9 @@ Contract of ``Recorder.run(stop)``:
 - Every ``reclaim_every_s`` it claims records another consumer read and left unsettled for
   ``reclaim_idle_s`` (that recorder died): those whose event was written already (its once key is set)
   are settled without writing; the rest are written like new ones.
-- A batch is written (``sink.write``), then settled (acknowledged, deleted, once keys removed). A crash
-  in between leaves it pending: whoever claims it finds its once keys and writes nothing twice.
+- A batch is written (``sink.write``), then settled (acknowledged, deleted, once keys removed). An outage
+  in between makes the next step write the same batch again; a crash leaves it pending: whoever claims
+  it finds its once keys and writes nothing twice.
 - While Redis is unavailable it retries with backoff (``core.backoff.RECONNECT``); nothing is lost, the
   records wait in the stream. A write that fails otherwise (a bug, a refused script) settles the batch as
   dropped, logged, so that one bad batch cannot stall the stream.
@@ -84,6 +85,7 @@ class Recorder:
         self._own_done = False
         self._next_reclaim = 0.0
         self._dropped_seen: int | None = None
+        self._unsettled: Read = []
 
     def stats(self) -> RecorderStats:
         return RecorderStats(self.recorded, self.reclaimed, self.retried, self.dropped, self.cpu_s)
@@ -115,6 +117,10 @@ class Recorder:
         """
         began = time.thread_time()
         try:
+            if self._unsettled:  # a batch an outage interrupted: the same one again, under the same keys
+                read = self._unsettled
+                self._write(read)
+                return len(read)
             claimed = self._claim()
             if claimed:
                 return self._settle_claimed(claimed)
@@ -160,6 +166,7 @@ class Recorder:
     def _write(self, read: Read) -> None:
         if not read:
             return
+        self._unsettled = read  # until settled: an outage in between makes the next step write it again
         records: list[ServedInference] = [record for _, record in read if record is not None]
         unreadable = len(read) - len(records)
         if unreadable:
@@ -176,6 +183,7 @@ class Recorder:
             unreadable += len(records)
             records = []
         self.stream.settle([entry_id for entry_id, _ in read])
+        self._unsettled = []
         self.recorded += len(records)
         self.dropped += unreadable
 

@@ -172,6 +172,20 @@ def test_an_outage_is_waited_out_and_the_batch_written_once(stream: InMemoryReco
     assert done == 3 and rec.stats().retried == 3 and sink.ids == ["0-0", "1-0", "2-0"]
 
 
+def test_a_batch_interrupted_by_an_outage_is_written_again_whole_before_anything_new(
+    stream: InMemoryRecordStream,
+) -> None:
+    stream.add(*[served(n) for n in range(6)])
+    sink = CollectingSink(stream, fail_with=StoreUnavailable("lost while writing"))
+    rec = recorder(stream, sink)
+    stop = threading.Event()
+    with pytest.raises(StoreUnavailable):
+        rec.step(None, None)
+    sink.fail_with = None
+    assert rec._retried(lambda: rec.step(None, None), stop) == 4
+    assert sink.batches == [["0-0", "1-0", "2-0", "3-0"]] and stream.settled == ["0-0", "1-0", "2-0", "3-0"]
+
+
 def test_a_batch_the_sink_refuses_is_settled_as_dropped_so_the_stream_moves_on(
     stream: InMemoryRecordStream, caplog: pytest.LogCaptureFixture
 ) -> None:
