@@ -113,7 +113,7 @@ def test_a_fail_rate_of_1_fills_the_window_with_model_failures_and_a_retrain_is_
         "pinned_to_staging": 60,
     }
 
-    # The bridge records from a background thread: its last outcomes may land just after the replies.
+    # The bridge's recording child counts the outcomes: its last ones may land just after the replies.
     deadline = time.monotonic() + 20
     while True:
         row = next(m for m in bridge_status(runner, stack.env)["models"] if m["model"].lower() == "jpcp")
