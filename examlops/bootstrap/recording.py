@@ -1,14 +1,15 @@
 """Recording's assemblies: the recorder that drains the records stream, and the child a bridge runs it in.
 
 - ``RecordingProcess(settings, consumer)``: one recorder (``monitoring.recording``) on the settings'
-  Redis, writing snapshots, audit events and failure windows; ``run()`` until ``close()`` or SIGTERM,
-  then it drains and checkpoints. `exa bridge recorder` runs it in the foreground.
+  Redis, writing snapshots, audit events and failure windows; ``run()`` until ``close()`` (thread- and
+  signal-safe), then it drains and checkpoints. `exa bridge recorder` runs it in the foreground.
 - ``RecordingChild(settings, consumer)``: a bridge's recording child (``core.children``): ``start()``
   spawns it with multiprocessing; it reads its settings from its own environment (the bridge's, inherited;
   it refuses to run when they differ from the bridge's, checked by digest, so no secret crosses a pipe),
   lowers itself to ``settings.recording.nice`` once connected, and is started again when it dies or goes
-  silent. ``close(timeout)`` asks it to drain and stop (a shared event: it ignores SIGTERM and SIGINT, which
-  reach the bridge's whole process group), then kills it after ``timeout``.
+  silent. ``close(timeout)`` asks it to drain and stop (a shared flag: it ignores SIGTERM and SIGINT, which
+  reach the bridge's whole process group), then kills it after ``timeout``; it also exits when its bridge
+  dies (the records it held are reclaimed by another recorder).
 - ``bridge_recording(settings, consumer)``: the child and the retrain outbox's delivery, for a bridge.
 """
 
@@ -29,7 +30,6 @@ from examlops.core.errors import ConfigError, StoreUnavailable
 from examlops.core.settings import Settings
 
 log = logging.getLogger(__name__)
-
 
 SUPERVISE_S = 1.0
 """How often the bridge checks its recording child (and ticks its own audit checkpoints)."""
