@@ -201,7 +201,7 @@ class HotSet:
     ) -> None:
         self._catalog = catalog
         self._source = source
-        # Rows are the embedding then the node count (``transformer.validate_features``).
+        # Rows are the embedding then the node count (``features.validate_features``).
         self._residency = _Residency(source, runtime, lambda ref: catalog.get(ref.name).embedding_dim + 1)
         self._cache_size = version_cache_size
         self._clock = clock

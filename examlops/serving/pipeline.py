@@ -39,11 +39,12 @@ from examlops.core.errors import (
 from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceResult, canonical_alias
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.serving.batcher import MicroBatcher
+from examlops.serving.features import Features, validate_features
 from examlops.serving.hotset import Entry, EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
-from examlops.serving.transformer import Features, MicroBatcher, validate_features
 
 log = logging.getLogger(__name__)
 
