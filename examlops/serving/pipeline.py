@@ -41,9 +41,10 @@ from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.serving.batcher import MicroBatcher
 from examlops.serving.features import Features, validate_features
-from examlops.serving.hotset import Entry, EntryInfo, HotSet, ReloadChange
+from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
+from examlops.serving.residency import Entry
 from examlops.serving.router import Router, validate_split
 
 log = logging.getLogger(__name__)
