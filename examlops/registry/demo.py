@@ -34,7 +34,8 @@ import numpy as np
 from examlops.core.errors import ExamlopsError, ModelNotFound
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, ModelSpec
-from examlops.registry.mlflow_registry import MlflowRegistry, import_mlflow, translate_error
+from examlops.registry.mlflow_client import import_mlflow, translate_error
+from examlops.registry.mlflow_registry import MlflowRegistry
 from examlops.registry.synthetic import feature_count, features, make_dataset
 
 DEMO_EXPERIMENT = "examlops-demo"
