@@ -87,7 +87,7 @@ def drift_report(
     from rich.progress import Progress
 
     from examlops.bootstrap.control import ControlPlane
-    from examlops.monitoring.drift import run_drift_report
+    from examlops.monitoring.drift_report import run_drift_report
 
     plane = ControlPlane(load_settings())
     results: list[dict[str, Any]] = []
