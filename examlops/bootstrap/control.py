@@ -21,8 +21,9 @@ from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
     from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.drift import ProjectedSnapshotReader, TrainingReference
+    from examlops.monitoring.drift_reference import TrainingReference
     from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
@@ -97,7 +98,7 @@ class ControlPlane:
     @cached_property
     def snapshots(self) -> ProjectedSnapshotReader:
         from examlops.adapters.redis import connect
-        from examlops.monitoring.drift import ProjectedSnapshotReader
+        from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
         from examlops.monitoring.snapshots import SnapshotStream
 
         return ProjectedSnapshotReader(SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0)))
@@ -110,7 +111,7 @@ class ControlPlane:
 
     @cached_property
     def references(self) -> TrainingReference:
-        from examlops.monitoring.drift import TrainingReference
+        from examlops.monitoring.drift_reference import TrainingReference
 
         return TrainingReference(self.registry, self.catalog, self.drift_dir / "references")
 

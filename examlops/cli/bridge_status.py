@@ -1,7 +1,7 @@
 """`exa bridge status`: per model, the failure rate, how full the window is, the cooldown left, the last retrain.
 
 Thin: reads the shared windows, cooldowns and retrain records in Redis through
-``examlops.monitoring.failures``; works from any process, whichever bridges run.
+``examlops.monitoring.failure_store``; works from any process, whichever bridges run.
 The lead registers ``status`` on the ``bridge`` group.
 """
 
@@ -21,7 +21,8 @@ def status(as_json: JsonOption = False) -> None:
     """Per model: failure rate over the shared window, its fill, the retrain cooldown left and the last request."""
     from examlops.adapters.redis import connect
     from examlops.bootstrap import catalog
-    from examlops.monitoring.failures import RedisFailureStore, failure_status
+    from examlops.monitoring.failure_store import RedisFailureStore
+    from examlops.monitoring.failures import failure_status
 
     settings = load_settings()
     with errors_as_exit():

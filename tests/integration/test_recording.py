@@ -290,7 +290,7 @@ def test_a_recorder_closed_while_redis_is_down_counts_what_it_could_not_write(tm
 
 
 def test_the_drift_flows_projected_reader_reads_one_field_and_legacy_snapshots(client: redis.Redis) -> None:
-    from examlops.monitoring.drift import ProjectedSnapshotReader
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import snapshot_of, stream_of
 
     reply = {"alias": "Production", "version": "4", "run_id": "r", "prediction": 0.625, "error": None}
