@@ -1,15 +1,16 @@
-"""The control plane's adapters (for the flows and their CLI twins) and the audit trail of control actions.
+"""The control plane's adapters (for the flows and their CLI twins) and the audit trail's.
 
 ``ControlPlane(settings)`` builds each adapter on first use: the catalog, the MLflow registry, the snapshot
-reader, the drift store, the training references and the audit hook. No Prefect import: `exa drift report`
-and `exa retrain` run the same services in process.
+stream and reader, the drift store, the training references and the audit hook. ``audit_trail`` is the
+appender; ``audit_access`` what reads, verifies and archives the trail (`exa audit`, the retention flow).
+No Prefect import: `exa drift report` and `exa retrain` run the same services in process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,9 +21,14 @@ from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
-    from examlops.monitoring.audit import AuditTrail
+    from examlops.monitoring.audit.archive import Archiver
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.segments import ArchiveFiles
+    from examlops.monitoring.audit.store import RedisAuditStore
+    from examlops.monitoring.audit.trail import AuditTrail
     from examlops.monitoring.drift import ProjectedSnapshotReader, TrainingReference
     from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.monitoring.snapshots import SnapshotStream
     from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
@@ -37,8 +43,8 @@ def control_events(settings: Settings, engine: Engine) -> AuditHook:
     leaves unsigned events of its own behind. Redis is reached on first use.
     """
     from examlops.adapters.redis import connect
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.audit_store import SqlCheckpointStore
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.trail import AuditTrail
 
     trail = AuditTrail(
         connect(settings.redis_url), settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine)
@@ -55,8 +61,8 @@ def control_events(settings: Settings, engine: Engine) -> AuditHook:
 def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
     """The audit trail on the settings' Redis, with checkpoints in SQL; closes both on exit."""
     from examlops.adapters.redis import connect
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.audit_store import SqlCheckpointStore
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.trail import AuditTrail
 
     client = connect(settings.redis_url)
     engine = sql_engine(settings)
@@ -72,6 +78,43 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
     finally:
         with suppress(Exception):  # a last checkpoint is best effort when Redis or SQL is gone
             trail.checkpoint_now()
+        client.close()
+        engine.dispose()
+
+
+def audit_archive_dir(settings: Settings) -> Path:
+    return settings.state_dir / "audit" / "archive"
+
+
+@dataclass(frozen=True)
+class AuditAccess:
+    """The audit trail as `exa audit` and the retention flow read it: the live chain, the checkpoints, the
+    archive, and the archiver over them."""
+
+    store: RedisAuditStore
+    checkpoints: SqlCheckpointStore
+    archive: ArchiveFiles
+    secret: bytes = field(repr=False)
+    archiver: Archiver
+
+
+@contextmanager
+def audit_access(settings: Settings) -> Iterator[AuditAccess]:
+    """``AuditAccess`` on the settings' Redis and SQL, archiving under ``<state>/audit/archive``; closes both."""
+    from examlops.adapters.redis import connect
+    from examlops.monitoring.audit.archive import Archiver
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.segments import ArchiveFiles
+    from examlops.monitoring.audit.store import RedisAuditStore
+
+    client = connect(settings.redis_url, socket_timeout_s=30.0)
+    engine = sql_engine(settings)
+    store, checkpoints = RedisAuditStore(client), SqlCheckpointStore(engine)
+    archive = ArchiveFiles(audit_archive_dir(settings))
+    secret = settings.secret.get_secret_value().encode()
+    try:
+        yield AuditAccess(store, checkpoints, archive, secret, Archiver(store, checkpoints, secret, archive))
+    finally:
         client.close()
         engine.dispose()
 
@@ -95,12 +138,17 @@ class ControlPlane:
         return model_registry(self.settings)
 
     @cached_property
-    def snapshots(self) -> ProjectedSnapshotReader:
+    def snapshot_stream(self) -> SnapshotStream:
         from examlops.adapters.redis import connect
-        from examlops.monitoring.drift import ProjectedSnapshotReader
         from examlops.monitoring.snapshots import SnapshotStream
 
-        return ProjectedSnapshotReader(SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0)))
+        return SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0))
+
+    @cached_property
+    def snapshots(self) -> ProjectedSnapshotReader:
+        from examlops.monitoring.drift import ProjectedSnapshotReader
+
+        return ProjectedSnapshotReader(self.snapshot_stream)
 
     @cached_property
     def drift_store(self) -> SqlDriftStore:

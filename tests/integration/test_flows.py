@@ -163,7 +163,7 @@ def test_drift_report_publishes_a_table_artifact(flow_env: Plane) -> None:
 
 def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_env: Plane) -> None:
     from examlops.flows.retrain import retrain_flow
-    from examlops.monitoring.audit_verify import tail
+    from examlops.monitoring.audit import tail
 
     before = [v.version for v in flow_env.registry.list_versions("CRCP")]
     result = retrain_flow(model="CRCP", reason="test", seed=7)
@@ -195,7 +195,7 @@ def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Pla
         assert flow_env.registry.resolve("AC", "Production").version == "2"
     finally:
         server.stop()
-    from examlops.monitoring.audit_verify import tail
+    from examlops.monitoring.audit import tail
 
     moved = [e for e in tail(flow_env.redis, 20) if e.type == "alias.moved"]
     assert moved and moved[-1].subject == "AC"
@@ -205,7 +205,7 @@ def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:
     from examlops.flows.deployments import default_path, load_deployments
 
     deployments = {d.name: d for d in load_deployments(default_path())}
-    assert set(deployments) == {"drift-report", "retrain", "promote"}
+    assert set(deployments) == {"drift-report", "retrain", "promote", "retention"}
     [schedule] = deployments["drift-report"].schedules
     assert schedule.schedule.cron == "*/15 * * * *"  # type: ignore[union-attr]
     assert deployments["retrain"].entrypoint == "examlops.flows.retrain.retrain_flow"
