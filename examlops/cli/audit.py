@@ -38,10 +38,12 @@ def verify(as_json: JsonOption = False) -> None:
             highlight=False,
         )
     else:
+        from rich.markup import escape
+
         broken = report.broken
+        where = f" [entry {broken.entry_id}]" if broken.entry_id else ""
         console.print(
-            f"[bold red]audit trail broken[/] at seq {broken.seq} ({broken.kind}): {broken.message}"
-            + (f" [entry {broken.entry_id}]" if broken.entry_id else ""),
+            f"[bold red]audit trail broken[/] at seq {broken.seq} ({broken.kind}): {escape(broken.message + where)}",
             highlight=False,
         )
     if report.broken is not None:

@@ -247,3 +247,36 @@ def test_a_retrain_request_delivered_twice_makes_exactly_one_flow_run(plane: Pla
         runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     assert [(str(run.id), run.idempotency_key) for run in runs] == [(run_ids[0], key)]
     assert (runs[0].parameters["model"], runs[0].parameters["reason"]) == ("CRCP", "failure rate 0.6 over 50")
+
+
+def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapshots(flow_env: Plane) -> None:
+    """Last in the module: it moves the trail that earlier tests read with ``tail`` out of Redis."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from examlops.bootstrap.control import ControlPlane, audit_access
+    from examlops.flows.retention import retention_flow
+    from examlops.monitoring.audit import verify
+    from examlops.monitoring.snapshots import MODELS, stream_of
+
+    settings = Settings()  # from the environment, as the flow's own
+    audit = ControlPlane(settings).audit  # signs every event at once
+    for i in range(3):
+        audit("traffic.changed", "AC", {"i": i, "by": "retention test"})
+    flow_env.redis.xadd(stream_of("AC"), {"s": "[]"}, id=f"{int((time.time() - 3600) * 1000)}-0")
+    flow_env.redis.sadd(MODELS, "ac")
+    recent = flow_env.redis.xadd(stream_of("AC"), {"s": "[]"})
+
+    result = retention_flow(snapshot_max_age_s=600)
+    head = int(flow_env.redis.hget("examlops:audit:head", "seq") or 0)
+    assert result["audit"]["archive_last_seq"] == head and flow_env.redis.xlen("examlops:audit:events") == 0
+    assert result["snapshots"]["ac"] >= 1
+    assert [entry_id for entry_id, _ in flow_env.redis.xrange(stream_of("AC"))][-1] == recent
+    with audit_access(settings) as access:
+        report = verify(access.store, access.secret, access.checkpoints, archive=access.archive)
+    assert report.ok and report.archived == report.events == head
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["retention"])))
+    assert artifacts and artifacts[0].type == "table"
