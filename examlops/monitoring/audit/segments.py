@@ -9,7 +9,8 @@ A segment is written under a temporary name, fsynced, then linked to its final
 name, which fails rather than replace an existing file: a segment is there
 whole or not at all, and nothing rewrites or deletes one. A temporary file left
 by a crash is removed by the next archive run. ``locked()`` lets one archive run
-at a time use the folder (``Conflict`` for a second one).
+at a time use the folder, and none while a reader holds ``reading()``
+(``Conflict`` for the run).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class ArchiveFiles:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the folder's lock for one archive run; ``Conflict`` when another run holds it."""
+        """Hold the folder's lock for one archive run; ``Conflict`` when another run or a reader holds it."""
         import fcntl
 
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -120,10 +121,24 @@ class ArchiveFiles:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise Conflict(f"another audit archive run holds {self.directory / LOCK}") from exc
+                raise Conflict(f"the audit archive is in use (an archive run or a verify): {self.directory}") from exc
             try:
                 for stale in self.directory.glob(f".*{TEMPORARY}"):  # left by a run that crashed
                     stale.unlink()
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Keep archive runs out while the archive and then the stream are read as one chain (a run would
+        move events from the stream into a segment already passed); waits for a run in progress."""
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / LOCK).open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            try:
                 yield
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)

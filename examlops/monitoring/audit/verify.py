@@ -90,8 +90,9 @@ def verify(
 ) -> VerifyReport:
     """Walk the chain from seq 1 (``archive`` first) and check it against the signed checkpoints.
 
-    Checkpoints, head and archive watermark are read before the events, so appends and archive runs going
-    on meanwhile never look like damage. Of several problems, the one at the lowest seq is reported.
+    Checkpoints, head and archive watermark are read before the events, so appends going on meanwhile
+    never look like damage; archive runs of ``archive``'s folder wait (or are refused) until the walk is
+    done. Of several problems, the one at the lowest seq is reported.
     """
     signed = checkpoints.all() if checkpoints is not None else []
     forged = [cp.seq for cp in signed if not checkpoint_is_genuine(secret, cp)]
@@ -100,16 +101,17 @@ def verify(
     if forged:
         problems.append(BrokenLink(forged[0], "forged_checkpoint", f"the checkpoint at seq {forged[0]} is not signed"))
     store = _source(client)
-    head_seq, head_hash = store.head()
-    mark = store.watermark()
     walk = ChainWalk(expected_at)
     archive_intact = False
-    for item in _chain(store, archive, page):
-        if item is None:
-            walk.end_archive()
-            archive_intact = walk.first_problem is None
-        elif not walk.step(*item):
-            break
+    with archive.reading() if archive is not None else contextlib.nullcontext():
+        head_seq, head_hash = store.head()
+        mark = store.watermark()
+        for item in _chain(store, archive, page):
+            if item is None:
+                walk.end_archive()
+                archive_intact = walk.first_problem is None
+            elif not walk.step(*item):
+                break
     if mark is not None and archive_intact and mark.seq > walk.archive_last:
         where = "no archive was given" if archive is None else f"the archive in {archive.directory}"
         problems.append(

@@ -199,11 +199,13 @@ def test_only_a_genuine_checkpoint_moves_events_out(
     assert archiver.run().last_seq == 10
 
 
-def test_a_second_archive_run_on_the_same_folder_is_refused(
+def test_an_archive_run_is_refused_while_the_archive_is_read_or_archived(
     store: InMemoryAuditStore, checkpoints: InMemoryCheckpoints, files: ArchiveFiles, archiver: Archiver
 ) -> None:
     store.fill(10, checkpoints, every=10)
-    with files.locked(), pytest.raises(Conflict, match="another audit archive run"):
+    with files.reading(), pytest.raises(Conflict, match="the audit archive is in use"):
+        archiver.run()
+    with files.locked(), pytest.raises(Conflict, match="the audit archive is in use"):
         archiver.run()
     assert archiver.run().archived == 10
 
