@@ -10,6 +10,7 @@
 The names other packages use are re-exported here.
 """
 
+from examlops.core.jsoncodec import canonical as canonical_json
 from examlops.monitoring.audit.chain import (
     ALIAS_MOVED,
     GENESIS,
@@ -22,7 +23,6 @@ from examlops.monitoring.audit.chain import (
     Entry,
     Row,
     SideWrite,
-    canonical_json,
     event_hash,
     format_ts,
 )

@@ -23,6 +23,7 @@ after the newest, which the trim never reaches.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -104,6 +105,8 @@ class Archiver:
             last_seq = done.seq if done is not None else 0
             trimmed = 0
             if done is not None and last_seq > marked:
+                if not re.fullmatch(r"\d+-\d+", done.entry_id):
+                    raise Conflict(f"the audit archive's last event ({last_seq}) names no stream entry to trim up to")
                 trimmed = self.source.trim_archived(marked, Watermark(done.seq, done.hash, done.entry_id))
             archived = last_seq - first + 1 if target is not None else 0
             if archived or trimmed:

@@ -33,12 +33,6 @@ MODEL_RELOADED = "model.reloaded"
 RELOAD_REFUSED = "reload.refused"
 RETRAIN_REQUESTED = "retrain.requested"
 
-__all__ = [
-    "ALIAS_MOVED", "FIELDS", "FORMAT", "GENESIS", "INFERENCE_SERVED", "MODEL_RELOADED", "RELOAD_REFUSED",
-    "RETRAIN_REQUESTED", "TRAFFIC_CHANGED", "AuditEvent", "Entry", "Row", "SideWrite", "canonical_json",
-    "event_hash", "format_ts",
-]  # fmt: skip
-
 
 def format_ts(ts: float) -> str:
     return f"{ts:.6f}"
