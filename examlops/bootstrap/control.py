@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +23,6 @@ from examlops.core.settings import Settings
 if TYPE_CHECKING:
     from examlops.monitoring.audit.archive import Archiver
     from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
-    from examlops.monitoring.audit.segments import ArchiveFiles
-    from examlops.monitoring.audit.store import RedisAuditStore
     from examlops.monitoring.audit.trail import AuditTrail
     from examlops.monitoring.drift import ProjectedSnapshotReader, TrainingReference
     from examlops.monitoring.drift_store import SqlDriftStore
@@ -86,37 +84,48 @@ def audit_archive_dir(settings: Settings) -> Path:
     return settings.state_dir / "audit" / "archive"
 
 
-@dataclass(frozen=True)
 class AuditAccess:
-    """The audit trail as `exa audit` and the retention flow read it: the live chain, the checkpoints, the
-    archive, and the archiver over them."""
+    """The audit trail as `exa audit` and the retention flow read it: the live chain and the archive; the
+    checkpoints (SQL) and the archiver over them built on first use, so that `exa audit tail` needs Redis only."""
 
-    store: RedisAuditStore
-    checkpoints: SqlCheckpointStore
-    archive: ArchiveFiles
-    secret: bytes = field(repr=False)
-    archiver: Archiver
+    def __init__(self, settings: Settings) -> None:
+        from examlops.adapters.redis import connect
+        from examlops.monitoring.audit.segments import ArchiveFiles
+        from examlops.monitoring.audit.store import RedisAuditStore
+
+        self.settings = settings
+        self.store = RedisAuditStore(connect(settings.redis_url, socket_timeout_s=30.0))
+        self.archive = ArchiveFiles(audit_archive_dir(settings))
+        self.secret = settings.secret.get_secret_value().encode()
+        self._engine: Engine | None = None
+
+    @cached_property
+    def checkpoints(self) -> SqlCheckpointStore:
+        from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+
+        self._engine = sql_engine(self.settings)
+        return SqlCheckpointStore(self._engine)
+
+    @cached_property
+    def archiver(self) -> Archiver:
+        from examlops.monitoring.audit.archive import Archiver
+
+        return Archiver(self.store, self.checkpoints, self.secret, self.archive)
+
+    def close(self) -> None:
+        self.store.redis.close()
+        if self._engine is not None:
+            self._engine.dispose()
 
 
 @contextmanager
 def audit_access(settings: Settings) -> Iterator[AuditAccess]:
-    """``AuditAccess`` on the settings' Redis and SQL, archiving under ``<state>/audit/archive``; closes both."""
-    from examlops.adapters.redis import connect
-    from examlops.monitoring.audit.archive import Archiver
-    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
-    from examlops.monitoring.audit.segments import ArchiveFiles
-    from examlops.monitoring.audit.store import RedisAuditStore
-
-    client = connect(settings.redis_url, socket_timeout_s=30.0)
-    engine = sql_engine(settings)
-    store, checkpoints = RedisAuditStore(client), SqlCheckpointStore(engine)
-    archive = ArchiveFiles(audit_archive_dir(settings))
-    secret = settings.secret.get_secret_value().encode()
+    """``AuditAccess`` on the settings' Redis and SQL, archiving under ``<state>/audit/archive``; closed on exit."""
+    access = AuditAccess(settings)
     try:
-        yield AuditAccess(store, checkpoints, archive, secret, Archiver(store, checkpoints, secret, archive))
+        yield access
     finally:
-        client.close()
-        engine.dispose()
+        access.close()
 
 
 @dataclass

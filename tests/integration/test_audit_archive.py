@@ -176,3 +176,15 @@ def test_the_retention_flows_tasks_archive_the_trail_and_trim_old_snapshots(
     with audit_access(redis_settings) as audit:
         assert verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive).ok
         assert [e.seq for e in tail(audit.store, 3, archive=audit.archive)] == [7, 8, 9]
+
+
+def test_exa_audit_tail_needs_redis_only(client: redis.Redis, redis_settings: Settings) -> None:
+    AuditTrail(client, SECRET).append("t", "s", {"i": 1})
+    env = {
+        "EXAMLOPS_REDIS__URL": redis_settings.redis_url,
+        "EXAMLOPS_HOME": str(redis_settings.home),
+        "EXAMLOPS_DATABASE_URL": "postgresql://127.0.0.1:1/unreachable",
+    }
+    result = CliRunner().invoke(audit_app, ["tail", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    assert [event["seq"] for event in json.loads(result.stdout)] == [1]
