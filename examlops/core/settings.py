@@ -102,6 +102,8 @@ class RecordingSettings(_Section):
     bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
     nice: int = Field(19, ge=0, le=19)
     """The recording process's nice value (0 keeps the bridge's priority)."""
+    snapshot_max_age_s: float = Field(7 * 86400.0, gt=0)
+    """Drift snapshots older than this are trimmed by the retention flow, whether the drift flow read them or not."""
 
 
 class BusSettings(_Section):

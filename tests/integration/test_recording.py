@@ -26,8 +26,7 @@ from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row
-from examlops.monitoring.audit_verify import verify
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, verify
 from examlops.monitoring.recorder import Recorder, Tuning
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
