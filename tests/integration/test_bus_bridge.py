@@ -119,7 +119,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "
         redis=RedisSettings(url=redis_url),
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
-        bus=BusSettings(redis_client=redis_client, http_client=http_client),  # type: ignore[arg-type]
+        bus=BusSettings(redis_client=redis_client, http_client=http_client),
     )
 
 

@@ -32,7 +32,7 @@ StoreFor = Callable[[str], BusStore]
 
 
 def settings_for(url: str, kind: str) -> Settings:
-    return Settings(redis=RedisSettings(url=url), bus=BusSettings(redis_client=kind))  # type: ignore[arg-type]
+    return Settings(redis=RedisSettings(url=url), bus=BusSettings(redis_client=kind))
 
 
 @pytest.fixture(params=CLIENTS)
