@@ -20,8 +20,8 @@ machine does not land on one path only:
   its jobs; the others' bridges idle meanwhile.
 
 The last table gives each path's req/s as a ratio to the first configuration's
-(and httpx library to lean), per concurrency: compare clients by these ratios
-within one run.
+(and each httpx path's to the first one's), per concurrency: compare clients
+by these ratios within one run.
 
 Every client runs on uvloop, as the bridge does. Printed per path: p50 and p99
 over all rounds, the median round's req/s, and for the bus the CPU time each
@@ -69,7 +69,7 @@ from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
-REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "lean")
+REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "aiohttp", "lean")
 
 
 @dataclass
@@ -175,15 +175,16 @@ def configuration(text: str) -> tuple[str, str]:
 
 
 def print_ratios(table: list[tuple[int, dict[str, dict[str, Any]]]], first: str) -> None:
-    """Each path's req/s as a ratio to the first configuration's bus (and httpx library to lean), per concurrency."""
+    """Each bus path's req/s as a ratio to the first configuration's, each httpx path's to the first's."""
     print(f"req/s relative to {first} (1.00 = the same; below 1 = slower)")
     for concurrency, figures in table:
         base = figures[first]["rps"]
         ratios = "  ".join(f"{p} {row['rps'] / base:.2f}" for p, row in figures.items() if p.startswith("bus"))
         print(f"{concurrency:>3} {ratios}")
-        if "httpx library" in figures and "httpx lean" in figures:
-            ratio = figures["httpx library"]["rps"] / figures["httpx lean"]["rps"]
-            print(f"{concurrency:>3} httpx library / httpx lean {ratio:.2f}")
+        direct = [path for path in figures if path.startswith("httpx")]
+        if len(direct) > 1:
+            ratios = "  ".join(f"{p} {figures[p]['rps'] / figures[direct[0]]['rps']:.2f}" for p in direct)
+            print(f"{concurrency:>3} {ratios}")
 
 
 def main() -> None:

@@ -5,9 +5,10 @@
   ``lean`` (``PipelinedRedis``), ``auto`` (lean for a ``redis://`` URL, else
   library). ``ConfigError`` for ``lean`` with a TLS or Unix-socket URL.
 - ``hop_client(settings)``: the bridge's one shared httpx client to serving,
-  ``EXAMLOPS_BUS__HTTP_CLIENT``: ``library`` (httpx's own transport) or
-  ``lean`` (``KeepAliveTransport``). Both keep at most ``bus.concurrency``
-  connections, drop idle ones after ``bus.keepalive_s`` and retry nothing.
+  ``EXAMLOPS_BUS__HTTP_CLIENT``: ``library`` (httpx's own transport),
+  ``aiohttp`` (httpx-aiohttp's, ``bus.aiohttp_transport``) or ``lean``
+  (``KeepAliveTransport``). Each keeps at most ``bus.concurrency``
+  connections, drops idle ones after ``bus.keepalive_s`` and retries nothing.
 
 Nothing connects until first used. Both paths stay until ``bench/bus_vs_http.py --clients`` shows one losing
 (``bench/RESULTS.md``).
@@ -49,6 +50,10 @@ def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     bus = settings.bus
     if bus.http_client == "lean":
         return KeepAliveTransport(max_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s)
+    if bus.http_client == "aiohttp":
+        from examlops.bus.aiohttp_transport import AiohttpTransport
+
+        return AiohttpTransport(max_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s)
     limits = httpx.Limits(
         max_connections=bus.concurrency, max_keepalive_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s
     )

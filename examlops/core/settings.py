@@ -122,9 +122,9 @@ class BusSettings(_Section):
     redis_client: Literal["auto", "library", "lean"] = "auto"
     """The bus's Redis client: `library` (redis-py with hiredis), `lean` (examlops' pipelined client, plain TCP
     only), `auto` (lean for a redis:// URL, else library). Compared by `bench/bus_vs_http.py --clients`."""
-    http_client: Literal["library", "lean"] = "lean"
-    """The transport under the bridge's httpx client to serving: `library` (httpx's own) or `lean` (examlops'
-    keep-alive transport). Compared by `bench/bus_vs_http.py --clients`."""
+    http_client: Literal["library", "aiohttp", "lean"] = "lean"
+    """The transport under the bridge's httpx client to serving: `library` (httpx's own), `aiohttp`
+    (httpx-aiohttp's) or `lean` (examlops' keep-alive transport). Compared by `bench/bus_vs_http.py --clients`."""
 
 
 class ServingSettings(_Section):

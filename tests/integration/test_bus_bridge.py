@@ -165,7 +165,7 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
         return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
 
 
-@pytest.mark.parametrize("clients", ["library/library", "lean/lean"])
+@pytest.mark.parametrize("clients", ["library/library", "library/aiohttp", "lean/lean"])
 async def test_a_job_is_answered_with_the_models_reply(
     tmp_path: Path, redis_url: str, standin: StandIn, clients: str
 ) -> None:

@@ -58,7 +58,7 @@ async def silent() -> AsyncIterator[str]:
 Hop = Callable[[ModelSpec, str, HttpSettings], ModelHandler]
 
 
-@pytest.fixture(params=["library", "lean"])
+@pytest.fixture(params=["library", "aiohttp", "lean"])
 def handler(request: pytest.FixtureRequest) -> Hop:
     """Handlers on the hop client bootstrap builds, once over each transport (``EXAMLOPS_BUS__HTTP_CLIENT``)."""
 
@@ -115,7 +115,7 @@ async def test_a_deadline_passing_while_serving_works_is_refused_and_not_recorde
     [
         b"",  # the connection closed without a reply
         b"NOT HTTP AT ALL\r\n\r\n",
-        # headers over both transports' caps: 64 KiB ours, 100 KiB httpcore's (checked between 64 KiB reads)
+        # headers over every transport's cap: ours 64 KiB, httpcore's 100 (checked between 64 KiB reads), aiohttp's 8
         b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 200_000 + b"\r\ncontent-length: 2\r\n\r\n{}",
     ],
     ids=["closed", "garbage", "header-too-long"],
