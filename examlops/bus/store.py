@@ -75,13 +75,11 @@ class BusStore:
 
     async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Entry]:
         """New jobs for ``consumer``; waits up to ``block_ms`` for one (None: returns at once)."""
-        command: list[str | int] = ["XREADGROUP", "GROUP", wire.GROUP, consumer, "COUNT", count]
-        command += ["STREAMS", *streams, *[">"] * len(streams)]
+        wait: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
+        command = ["XREADGROUP", "GROUP", wire.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams]
+        command += [">"] * len(streams)
         with translated("reading jobs"):
-            if block_ms is None:
-                raw = await self.redis.execute(*command)
-            else:
-                raw = await self.redis.wait(*command[:6], "BLOCK", block_ms, *command[6:])
+            raw = await (self.redis.execute(*command) if block_ms is None else self.redis.wait(*command))
         return _entries(raw)
 
     async def done_among(self, job_ids: Sequence[str]) -> set[str]:
