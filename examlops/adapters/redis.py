@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,6 +111,17 @@ def connect_async(
     )
 
 
+async def evalsha_loading(
+    execute: Callable[..., Awaitable[Any]], script: LuaScript, keys: Sequence[str], args: Sequence[Arg]
+) -> Any:
+    """EVALSHA of ``script`` through ``execute``; a Redis that forgot it (NOSCRIPT) is sent it and asked again."""
+    try:
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await execute("SCRIPT", "LOAD", script.source)
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
 class RedisPyCommands:
     """``RedisCommands`` over redis-py's asyncio client (``connect_async``), whose reply parsers are cleared so
     that every command answers its raw reply, as ``PipelinedRedis`` does. Blocking reads take a connection of
@@ -128,11 +139,7 @@ class RedisPyCommands:
         return await self._command(*args)
 
     async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        try:
-            return await self._command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self._command("SCRIPT", "LOAD", script.source)
-            return await self._command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await evalsha_loading(self.execute, script, keys, args)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -42,7 +42,7 @@ from redis.exceptions import AuthenticationError, BusyLoadingError, NoScriptErro
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from examlops.adapters.redis import Arg, LuaScript
+from examlops.adapters.redis import Arg, LuaScript, evalsha_loading
 
 
 def _error(reply: ResponseError) -> Exception:
@@ -177,11 +177,7 @@ class PipelinedRedis:
         return protocol
 
     async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        try:
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.execute("SCRIPT", "LOAD", script.source)
-            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await evalsha_loading(self.execute, script, keys, args)
 
     async def wait(self, *args: Arg) -> Any:
         """A blocking command, on a second connection of the same settings (opened on first use)."""
