@@ -163,3 +163,16 @@ async def test_a_handled_reply_is_freed_by_reference_counting_not_left_to_the_co
                 gc.set_debug(0)
                 gc.garbage.clear()
     assert cyclic == []
+
+
+async def test_the_switch_builds_the_transport_it_names() -> None:
+    from examlops.bootstrap.clients import hop_transport
+    from examlops.bus.aiohttp_transport import AiohttpTransport
+    from examlops.bus.http_transport import KeepAliveTransport
+
+    expected = {"library": httpx.AsyncHTTPTransport, "aiohttp": AiohttpTransport, "lean": KeepAliveTransport}
+    for kind, transport_class in expected.items():
+        transport = hop_transport(Settings(bus=BusSettings(http_client=kind)))
+        assert isinstance(transport, transport_class)
+        await transport.aclose()
+    assert Settings().bus.http_client == "lean"
