@@ -5,9 +5,13 @@ retrain requests, the drift flow's snapshot reads) gets its client here and
 wraps its commands in ``translated(what)``:
 
 - ``connect(url)``: a sync client (decoded strings); ``connect_async(url)``:
-  an asyncio one. Nothing connects until the first command. Connecting is
-  retried briefly with backoff by redis-py itself; a command whose connection
-  dropped while it was in flight is not sent again (it may have run).
+  an asyncio one. Nothing connects until the first command. A connection
+  error (refused, dropped, timed out) is retried briefly with backoff by
+  redis-py's ``Retry``, also when the command was already sent (it may run
+  twice: what is sent through these clients is safe to repeat).
+- ``RedisCommands``: the port the bus store speaks, raw RESP2 replies;
+  ``RedisPyCommands`` is its adapter over redis-py (``bus.redis_pipe``'s
+  ``PipelinedRedis`` is the other).
 - ``translated(what)``: a refused, dropped or timed-out connection (and a
   Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
   other redis-py errors pass unchanged. It works around ``await`` too.
@@ -19,8 +23,10 @@ wraps its commands in ``translated(what)``:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import hiredis
 import redis
@@ -36,6 +42,42 @@ from redis.retry import Retry
 from examlops.core.errors import StoreUnavailable
 
 CONNECT_TIMEOUT_S = 2.0
+Arg = str | int | float | bytes
+"""One argument of a Redis command."""
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """A Lua script and the SHA1 that EVALSHA names it by."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest())
+
+
+class RedisCommands(Protocol):
+    """Redis commands with their raw RESP2 replies: strings decoded as UTF-8, None for nil, lists, ints.
+
+    Errors are redis-py's classes: ``ConnectionError``/``TimeoutError`` when Redis cannot be reached or did not
+    answer in time (connecting was retried with backoff first; a command that was in flight may have run, and
+    an adapter may send it again), ``ResponseError`` for an error reply. ``aclose`` closes every connection.
+    """
+
+    async def execute(self, *args: Arg) -> Any:
+        """One command's reply."""
+        ...
+
+    async def wait(self, *args: Arg) -> Any:
+        """A command that blocks its connection (XREAD ... BLOCK): sent where it holds up no other command."""
+        ...
+
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """EVALSHA of ``script``; a Redis that does not know it (NOSCRIPT, after a restart) is sent it first."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> redis.Redis:
@@ -50,10 +92,12 @@ def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> red
     )
 
 
-def connect_async(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> aioredis.Redis:
+def connect_async(
+    url: str, *, retries: int = 5, socket_timeout_s: float = 10.0, protocol: int | None = None
+) -> aioredis.Redis:
     """An asyncio client that retries connection errors with backoff (0.05 s doubling to 1 s).
 
-    ``socket_timeout_s`` must exceed every BLOCK sent on it.
+    ``socket_timeout_s`` must exceed every BLOCK sent on it; ``protocol``: RESP 2 or 3 (None: redis-py's default).
     """
     return aioredis.Redis.from_url(
         url,
@@ -63,7 +107,42 @@ def connect_async(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0)
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=socket_timeout_s,
         health_check_interval=30,
+        protocol=protocol,
     )
+
+
+async def evalsha_loading(
+    execute: Callable[..., Awaitable[Any]], script: LuaScript, keys: Sequence[str], args: Sequence[Arg]
+) -> Any:
+    """EVALSHA of ``script`` through ``execute``; a Redis that forgot it (NOSCRIPT) is sent it and asked again."""
+    try:
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await execute("SCRIPT", "LOAD", script.source)
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+class RedisPyCommands:
+    """``RedisCommands`` over redis-py's asyncio client (``connect_async``), whose reply parsers are cleared so
+    that every command answers its raw reply, as ``PipelinedRedis`` does. Blocking reads take a connection of
+    the pool of their own. Retries are redis-py's (see the module docstring)."""
+
+    def __init__(self, url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> None:
+        self.client = connect_async(url, retries=retries, socket_timeout_s=socket_timeout_s, protocol=2)
+        self.client.response_callbacks.clear()  # this client's own table: raw RESP2 replies, parsed by the store
+        self._command: Any = self.client.execute_command  # untyped in redis-py
+
+    async def execute(self, *args: Arg) -> Any:
+        return await self._command(*args)
+
+    async def wait(self, *args: Arg) -> Any:
+        return await self._command(*args)
+
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return await evalsha_loading(self.execute, script, keys, args)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 @contextlib.contextmanager
