@@ -15,9 +15,6 @@ wraps its commands in ``translated(what)``:
 - ``translated(what)``: a refused, dropped or timed-out connection (and a
   Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
   other redis-py errors pass unchanged. It works around ``await`` too.
-- ``run_script(script, keys, args)``: EVALSHA of a registered script on a
-  pooled connection, loading the script again when a restarted Redis forgot
-  it (see its docstring for why it bypasses redis-py's command layer).
 """
 
 from __future__ import annotations
@@ -28,12 +25,10 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import hiredis
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.commands.core import Script
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -152,33 +147,3 @@ def translated(what: str) -> Iterator[None]:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
-
-
-def run_script(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-    """``script(keys=keys, args=args)`` packed once with hiredis and run on a pooled connection.
-
-    Used on the recorder's hot path, where redis-py's per-command layer costs more CPU than the command
-    (``bench/recording_cost.py``). A send that fails is tried once more on a fresh connection (the server
-    never saw the command); a failed read is not retried (the script may have run). NOSCRIPT (a restarted
-    Redis) loads the script and runs it again. Connection errors are redis-py's.
-    """
-    client = script.registered_client
-    command: Any = ("EVALSHA", script.sha, len(keys), *keys, *args)  # the stub types it as a 1-tuple
-    packed = [hiredis.pack_command(command)]
-    assert isinstance(client, redis.Redis), "scripts run on a plain sync Redis client"
-    pool = client.connection_pool
-    connection: Any = pool.get_connection()  # redis-py leaves its send and disconnect untyped
-    try:
-        try:
-            connection.send_packed_command(packed)
-        except (RedisConnectionError, RedisTimeoutError):
-            connection.disconnect()
-            connection.send_packed_command(packed)
-        try:
-            return connection.read_response()
-        except NoScriptError:
-            client.script_load(script.script)
-            connection.send_packed_command(packed)
-            return connection.read_response()
-    finally:
-        pool.release(connection)

@@ -2,7 +2,8 @@
 
 ``ControlPlane(settings)`` builds each adapter on first use: the catalog, the MLflow registry, the snapshot
 stream and reader, the drift store, the training references and the audit hook. ``audit_trail`` is the
-appender; ``audit_access`` what reads, verifies and archives the trail (`exa audit`, the retention flow).
+appender; ``audit_access`` what reads, verifies and archives the trail (`exa audit`, the retention flow);
+``failure_store`` the shared failure windows that `exa bridge status` reads.
 No Prefect import: `exa drift report` and `exa retrain` run the same services in process.
 """
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from examlops.monitoring.audit.trail import AuditTrail
     from examlops.monitoring.drift_reference import TrainingReference
     from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.monitoring.failure_store import RedisFailureStore
     from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import SnapshotStream
     from examlops.registry.catalog import Catalog
@@ -54,6 +56,19 @@ def control_events(settings: Settings, engine: Engine) -> AuditHook:
         trail.checkpoint_now()
 
     return append
+
+
+@contextmanager
+def failure_store(settings: Settings) -> Iterator[RedisFailureStore]:
+    """The shared failure windows, cooldowns and retrain records on the settings' Redis; closes it on exit."""
+    from examlops.adapters.redis import connect
+    from examlops.monitoring.failure_store import RedisFailureStore
+
+    client = connect(settings.redis_url)
+    try:
+        yield RedisFailureStore(client)
+    finally:
+        client.close()
 
 
 @contextmanager

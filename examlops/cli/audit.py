@@ -11,14 +11,12 @@ from typing import Annotated
 
 import typer
 
-from examlops.cli.output import UNWELL, console, errors_as_exit, load_settings, print_json, print_table
+from examlops.cli.output import UNWELL, JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 
 audit_app = typer.Typer(
     help="The hash-chained audit trail: verify it, show its last events, archive it out of Redis.",
     no_args_is_help=True,
 )
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @audit_app.command("verify")

@@ -15,10 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from examlops.cli.output import console, errors_as_exit, load_settings, print_json, print_table
+from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 from examlops.core.settings import Settings
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def demo_traffic(

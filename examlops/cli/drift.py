@@ -10,12 +10,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from examlops.cli.output import console, errors_as_exit, load_settings, print_json, print_table
+from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 
 if TYPE_CHECKING:
     from examlops.monitoring.drift_store import StatusRow
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 drift_app = typer.Typer(help="Drift of each model's bus traffic (Evidently, K-S p < 0.05).", no_args_is_help=True)
 drift_input_app = typer.Typer(help="Drift of the input embeddings (norm, mean, std).", no_args_is_help=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated
 
 import typer
 
@@ -15,7 +14,7 @@ from examlops.cli.bus import bridge_app, bus_app
 from examlops.cli.demo_traffic import demo_traffic
 from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
-from examlops.cli.output import console, errors_as_exit, load_settings, print_json
+from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
 from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
 from examlops.core.setting_sources import setting_description, setting_sources
@@ -44,8 +43,6 @@ app.command("retrain", help="Train a candidate, compare it with Production, regi
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)
 promote.register(app)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.callback()

@@ -12,10 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from examlops.cli.output import console, errors_as_exit, fail, load_settings, print_json
+from examlops.cli.output import JsonOption, console, errors_as_exit, fail, load_settings, print_json
 from examlops.core.settings import Settings
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def retrain(

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from examlops.adapters.redis import run_script, translated
+from examlops.adapters.redis import translated
 from examlops.monitoring.failures import WindowState
 from examlops.monitoring.retrain import LAST, OUTBOX, RetrainRequest, last_record
 
@@ -137,7 +137,7 @@ class RedisFailureStore:
         for names, positions in groups.values():
             args += [len(names), *names, "".join("1" if outcomes[p][1] else "0" for p in positions)]
         with translated("updating failure windows"):
-            reply: Any = run_script(self._push_many, keys, args)
+            reply: Any = self._push_many(keys=keys, args=args)  # its call key makes a resend safe
         states: list[WindowState] = [WindowState(0, 0, capacity)] * len(outcomes)
         at = 0
         for _names, positions in groups.values():
