@@ -7,12 +7,14 @@ an ASGI server) call only these:
 - ``serving``: ``ServingProcess`` (``run()``/``close()``), ``serving_app`` (the ASGI app alone),
   ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first).
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
+- ``clients``: the bus's protocol clients by the settings' switches: ``bus_redis``, ``hop_client``.
 - ``recording``: ``RecordingProcess`` (the recorder, ``run()``/``close()``), a bridge's ``RecordingChild``.
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
 - ``sql``: the SQL engine.
 """
 
 from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
+from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import RecordingChild, RecordingProcess, bridge_recording
 from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
@@ -27,8 +29,10 @@ __all__ = [
     "audit_trail",
     "bridge_recording",
     "bus_client",
+    "bus_redis",
     "catalog",
     "control_events",
+    "hop_client",
     "model_registry",
     "prepare_platform",
     "serving_app",

@@ -50,7 +50,8 @@ class RecordingProcess:
 
     def run(self) -> None:
         from examlops.adapters.redis import translated
-        from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+        from examlops.monitoring.failure_store import RedisFailureStore
+        from examlops.monitoring.failures import FailureTracker
         from examlops.monitoring.recording import AuditRecordSink, Recorder, RedisRecordStream
 
         recording = self.settings.recording

@@ -28,7 +28,7 @@ def sql_engine(settings: Settings) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     # Import the table modules so that create_all knows every table.
-    import examlops.monitoring.audit_store
+    import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store  # noqa: F401
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 
+from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.hop import ModelHandler
 from examlops.bus.jobs import JobRunner
@@ -52,7 +52,7 @@ class Bridge:
         self,
         settings: Settings,
         catalog: Catalog,
-        redis: aioredis.Redis,
+        redis: RedisCommands,
         http_client: httpx.AsyncClient,
         *,
         record: bool = True,

@@ -26,9 +26,9 @@ from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.records import RECORDS_STREAM, ServedInference, embedding_stats
 from examlops.core.settings import FailureSettings, Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail
-from examlops.monitoring.audit_verify import verify
-from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, verify
+from examlops.monitoring.failure_store import RedisFailureStore
+from examlops.monitoring.failures import FailureTracker
 from examlops.monitoring.recording import AuditRecordSink, Recorder, RedisRecordStream
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream
 from examlops.platform.redis_server import EmbeddedRedis
@@ -122,11 +122,10 @@ async def test_the_bridge_writes_one_record_per_served_job_and_a_recorder_makes_
 async def test_past_its_bound_the_stream_takes_no_more_records_and_counts_them(
     redis_server: str, client: redis.Redis
 ) -> None:
-    from examlops.adapters.redis import connect_async
+    from examlops.adapters.redis import RedisPyCommands
     from examlops.bus.store import BusStore
 
-    redis_client = connect_async(redis_server)
-    store = BusStore(redis_client)
+    store = BusStore(RedisPyCommands(redis_server))
     try:
         for i in range(5):
             await store.finish(
@@ -136,7 +135,6 @@ async def test_past_its_bound_the_stream_takes_no_more_records_and_counts_them(
             )  # fmt: skip
     finally:
         await store.aclose()
-        await redis_client.aclose()
     assert client.xlen(RECORDS_STREAM) == 3 and client.get("examlops:records:dropped") == "2"
     assert client.xlen("examlops:bus:replies:c") == 5, "every job is answered all the same"
 
@@ -261,3 +259,31 @@ def test_entries_that_are_not_records_or_were_deleted_do_not_stall_the_recorder(
     assert_one_to_one(client, ["job-1", "job-2"])
     assert client.xlen(RECORDS_STREAM) == 0
     assert client.xpending(RECORDS_STREAM, "recorders")["pending"] == 0
+
+
+def test_the_drift_flows_projected_reader_reads_one_field_and_legacy_snapshots(client: redis.Redis) -> None:
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
+    from examlops.monitoring.snapshots import snapshot_of, stream_of
+
+    reply = {"alias": "Production", "version": "4", "run_id": "r", "prediction": 0.625, "error": None}
+    packed = snapshot_of(
+        model="JPCP", reply=reply, status=200, embedding=[0.5, -0.25, 1.0], node_count=3, job_id="j1",
+        user_id="u", ts=1_700_000_000.5,
+    )  # fmt: skip
+    legacy = {
+        "model": "JPCP", "alias": "Production", "version": "3", "run_id": "r", "prediction": "0.5", "norm": "2.0",
+        "mean": "0.1", "std": "0.3", "node_count": "12", "job_id": "j0", "user_id": "u name", "ts": "1700000000.25",
+        "status": "200", "code": "",
+    }  # fmt: skip
+    stream = stream_of("JPCP")
+    client.delete(stream)
+    client.xadd(stream, legacy)  # type: ignore[arg-type]
+    client.xadd(stream, packed.fields())  # type: ignore[arg-type]
+    client.xadd(stream, {"s": '["not", "a snapshot"]'})
+    rows = ProjectedSnapshotReader(SnapshotStream(client)).read("JPCP")
+    assert [(r.version, r.ok, r.prediction, r.ts) for r in rows] == [
+        ("3", True, 0.5, 1_700_000_000.25),
+        ("4", True, 0.625, 1_700_000_000.5),
+        ("?", False, 0.0, 0.0),
+    ]
+    assert (rows[1].norm, rows[1].mean, rows[1].std) == (packed.norm, packed.mean, packed.std)

@@ -23,7 +23,7 @@ from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.core.records import RECORDS_STREAM
 from examlops.core.settings import Settings
-from examlops.monitoring.audit_verify import verify
+from examlops.monitoring.audit import verify
 from examlops.monitoring.snapshots import SnapshotStream
 from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, replies_per_job, start_bridge_process, until
 from tests.integration.test_recording import add_records, served, served_events

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import redis
 from redis.exceptions import ResponseError
 
-from examlops.adapters.redis import run_script, translated
+from examlops.adapters.redis import translated
 from examlops.core.records import RECORDERS_GROUP, RECORDS_DROPPED, RECORDS_STREAM, ServedInference, read_record
 
 WRITTEN_PREFIX = "examlops:recorded:"
@@ -28,7 +28,7 @@ STALE_CONSUMER_S = 3600.0
 
 SETTLE_SCRIPT = """
 -- KEYS: records stream. ARGV: group, once key prefix, entry ids... Acknowledges and deletes the entries and
--- removes their once keys, in one step (hiredis packs the ids alone: a third of a pipeline's bytes).
+-- removes their once keys, in one step. Sent again after a lost reply, it changes nothing.
 local ids = {unpack(ARGV, 3)}
 for i = 1, #ids, 1000 do
   local chunk = {unpack(ids, i, math.min(i + 999, #ids))}
@@ -114,7 +114,7 @@ class RedisRecordStream:
         if not entry_ids:
             return
         with translated("settling records"):
-            run_script(self._settle, [RECORDS_STREAM], [RECORDERS_GROUP, WRITTEN_PREFIX, *entry_ids])
+            self._settle(keys=[RECORDS_STREAM], args=[RECORDERS_GROUP, WRITTEN_PREFIX, *entry_ids])
 
     def dropped(self) -> int:
         with translated("reading the dropped records count"):
