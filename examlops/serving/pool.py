@@ -2,9 +2,9 @@
 
 Processes, not threads, because a prediction that times out in a thread keeps running and
 keeps its thread, while a process can be killed (``bench/pool_timeout.py`` measures both).
-Workers are started and reaped with ``core.children`` (the "spawn" context) and talk over one
-pipe each; replies come back through ``loop.add_reader`` on the pipe, matched to futures by
-request id, so the event loop never blocks on a worker.
+Each worker (``pool_workers.Worker``: its process and pipe) answers through ``loop.add_reader``,
+matched to futures by request id, so the event loop never blocks on a worker; which worker takes
+what, and what replaces a lost one, is decided here.
 
 Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 
@@ -35,10 +35,8 @@ Contract (``PredictRuntime`` of ``examlops.serving.ports``):
   (a reply it cannot read, a worker it cannot spawn, workers dying as they start), the pool
   breaks: every worker is stopped and every pending call and waiter gets an error.
 - Workers ignore SIGINT (the parent owns shutdown) and exit when the parent dies.
-- Not thread-safe: call every method from the event loop that ran ``start()``.
-
-Spawning a worker blocks the loop for about 5 ms (the start-up itself, about 0.3 s plus the
-model loads, happens in the child): only in ``start`` and when a worker is replaced.
+- Not thread-safe: call every method from the event loop that ran ``start()``. Spawning a worker
+  blocks the loop briefly (its start-up happens in the child): only in ``start`` and on a replacement.
 """
 
 from __future__ import annotations
@@ -47,20 +45,14 @@ import asyncio
 import collections
 import itertools
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from examlops.core.children import CONTEXT, start_child, stop_child
 from examlops.core.errors import (
     ExamlopsError,
-    InferenceFailed,
     InferenceTimeout,
     InvalidInput,
     ModelLoadError,
@@ -69,7 +61,7 @@ from examlops.core.errors import (
     VersionNotFound,
     WorkerLost,
 )
-from examlops.serving import pool_worker
+from examlops.serving.pool_workers import PoolStats, Worker, reap, watch
 from examlops.serving.ports import ModelLoader, Rows
 
 log = logging.getLogger(__name__)
@@ -77,33 +69,6 @@ log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
 """Workers in a row that die before answering once: then the pool breaks instead of respawning forever."""
 REAP_TIMEOUT_S = 5.0
-_ERRORS: dict[str, type[ExamlopsError]] = {
-    "failed": InferenceFailed,
-    "missing": VersionNotFound,
-    "load_error": ModelLoadError,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    workers: int
-    """Worker processes that take predictions (the warm spare is not counted)."""
-    busy: int
-    """Of those, how many are running a request or still starting."""
-    replaced: int
-    """Workers killed after a timeout or found dead since start."""
-    in_flight: int
-    """predict() calls not answered yet, running or waiting for a worker."""
-
-
-@dataclass(eq=False, slots=True)
-class _Worker:
-    process: BaseProcess
-    conn: Connection
-    pending: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
-    deadline: tuple[int, asyncio.TimerHandle] | None = None
-    started: bool = False
-    retired: bool = False
 
 
 class ProcessPredictPool:
@@ -113,10 +78,10 @@ class ProcessPredictPool:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be at least 1 and timeout_s positive")
         self._loader, self._size, self._timeout_s = loader, workers, timeout_s
-        self._active: list[_Worker] = []
-        self._spare: _Worker | None = None
-        self._idle: collections.deque[_Worker] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
+        self._active: list[Worker] = []
+        self._spare: Worker | None = None
+        self._idle: collections.deque[Worker] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[Worker]] = collections.deque()
         self._keys: dict[str, str] = {}
         self._loading: dict[str, str] = {}
         self._widths: dict[str, int | None] = {}
@@ -150,9 +115,8 @@ class ProcessPredictPool:
         self._loading[key] = location  # workers spawned meanwhile load it too
         results: list[Any] = []
         try:
-            # One worker at a time: a worker that loads cannot predict, so the others keep serving
-            # (a hot reload under load would otherwise stall every prediction for the load time),
-            # and a version that fails to load costs one worker's try, not all of them.
+            # One worker at a time: a worker that loads cannot predict, so the others keep serving (a hot
+            # reload under load would stall every prediction), and a bad version costs one worker's try.
             for worker in self._workers():
                 if worker.retired:
                     continue
@@ -172,8 +136,7 @@ class ProcessPredictPool:
             cause = failures[0].message if failures else "every worker died while loading it"
             raise ModelLoadError(f"cannot load model version {key!r} from {location!r}: {cause}")
         self._keys[key] = location
-        width = next((r for r in results if isinstance(r, int)), None)
-        self._widths[key] = width
+        self._widths[key] = width = next((r for r in results if isinstance(r, int)), None)
         return width
 
     async def unload(self, key: str) -> None:
@@ -181,7 +144,7 @@ class ProcessPredictPool:
         self._widths.pop(key, None)
         if self._loop is not None and self._stopped is None:
             for worker in self._workers():
-                self._watch(self._send(worker, "unload", key, None), f"unload {key!r}")
+                watch(self._send(worker, "unload", key, None), f"unload {key!r}")
 
     async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]:
         self._check_open()
@@ -215,17 +178,17 @@ class ProcessPredictPool:
         if self._loop is None:
             raise NotReady("the predict pool is not started")
 
-    def _workers(self) -> list[_Worker]:
+    def _workers(self) -> list[Worker]:
         return [*self._active, *([self._spare] if self._spare else [])]
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "start() sets the loop before any worker exists"
         return self._loop
 
-    async def _acquire(self) -> _Worker:
+    async def _acquire(self) -> Worker:
         if self._idle:
             return self._idle.popleft()
-        waiter: asyncio.Future[_Worker] = self._running_loop().create_future()
+        waiter: asyncio.Future[Worker] = self._running_loop().create_future()
         self._waiters.append(waiter)
         try:
             return await waiter
@@ -234,7 +197,7 @@ class ProcessPredictPool:
                 self._release(waiter.result())  # handed over just as the caller gave up
             raise
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: Worker) -> None:
         if worker.pending or worker.retired or worker not in self._active or worker in self._idle:
             return
         while self._waiters:
@@ -244,35 +207,24 @@ class ProcessPredictPool:
                 return
         self._idle.append(worker)
 
-    def _spawn(self) -> _Worker:
-        parent_end, child_end = CONTEXT.Pipe()
-        try:
-            process = start_child(
-                pool_worker.serve, (child_end, self._loader, os.getpid()), name="examlops-predict-worker"
-            )
-        except BaseException:
-            parent_end.close()
-            raise
-        finally:
-            child_end.close()  # so that the worker's death reads as EOF here
-        worker = _Worker(process, parent_end)
+    def _spawn(self) -> Worker:
+        worker = Worker.spawn(self._loader)
         loop = self._running_loop()
-        loop.add_reader(parent_end.fileno(), self._guarded, self._on_reply, worker)
-        loop.add_reader(process.sentinel, self._guarded, self._retire, worker, "the predict worker exited")
-        self._watch(self._send(worker, "ping", "", None), "start")
+        loop.add_reader(worker.conn.fileno(), self._guarded, self._on_reply, worker)
+        loop.add_reader(worker.process.sentinel, self._guarded, self._retire, worker, "the predict worker exited")
+        watch(self._send(worker, "ping", "", None), "start")
         for key, location in {**self._keys, **self._loading}.items():
-            self._watch(self._send(worker, "load", key, location), f"load {key!r}")
+            watch(self._send(worker, "load", key, location), f"load {key!r}")
         return worker
 
-    def _send(self, worker: _Worker, op: str, key: str, argument: Any, *, limit: bool = False) -> asyncio.Future[Any]:
+    def _send(self, worker: Worker, op: str, key: str, argument: Any, *, limit: bool = False) -> asyncio.Future[Any]:
         loop = self._running_loop()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
-        worker.pending[request_id] = future
         if worker in self._idle:
             self._idle.remove(worker)
         try:
-            worker.conn.send((request_id, op, key, argument))
+            worker.send(future, request_id, op, key, argument)
         except (OSError, ValueError):  # a broken pipe, or a worker retired already
             self._retire(worker, "the predict worker died")
         else:
@@ -281,52 +233,30 @@ class ProcessPredictPool:
                 worker.deadline = (request_id, timer)
         return future
 
-    def _on_reply(self, worker: _Worker) -> None:
+    def _on_reply(self, worker: Worker) -> None:
+        starting = not worker.started
         try:
-            request_id, status, value = worker.conn.recv()
+            worker.answer()
         except (EOFError, OSError):
             self._retire(worker, "the predict worker died under the call")
             return
-        if not worker.started:
-            worker.started, self._start_failures = True, 0
-        if worker.deadline is not None and worker.deadline[0] == request_id:
-            worker.deadline[1].cancel()
-            worker.deadline = None
-        future = worker.pending.pop(request_id, None)
-        if future is not None and not future.done():
-            if status == "ok":
-                future.set_result(value)
-            else:
-                future.set_exception(_ERRORS[status](value))
+        if starting:
+            self._start_failures = 0
         self._release(worker)
 
-    def _on_timeout(self, worker: _Worker, request_id: int, key: str) -> None:
-        worker.deadline = None
-        future = worker.pending.pop(request_id, None)
-        if future is not None and not future.done():
-            limit = f"{self._timeout_s:g} s"
-            future.set_exception(InferenceTimeout(f"predicting with {key!r} ran past the {limit} limit"))
+    def _on_timeout(self, worker: Worker, request_id: int, key: str) -> None:
+        limit = f"{self._timeout_s:g} s"
+        worker.expire(request_id, InferenceTimeout(f"predicting with {key!r} ran past the {limit} limit"))
         self._retire(worker, f"the predict worker was killed after predicting with {key!r} timed out")
 
-    def _retire(self, worker: _Worker, reason: str, error: type[ExamlopsError] = WorkerLost, kill: bool = True) -> None:
+    def _retire(self, worker: Worker, reason: str, error: type[ExamlopsError] = WorkerLost, kill: bool = True) -> None:
         """Stop a worker, fail what it held and, unless the pool is stopping, put the spare in its place."""
         kill = kill or bool(worker.pending)
-        for future in worker.pending.values():
-            if not future.done():
-                future.set_exception(error(reason))
-        worker.pending.clear()
+        worker.fail(error, reason)
         if worker.retired:
             return
-        worker.retired = True
         loop = self._running_loop()
-        loop.remove_reader(worker.conn.fileno())
-        loop.remove_reader(worker.process.sentinel)
-        if worker.deadline is not None:
-            worker.deadline[1].cancel()
-        if kill:
-            worker.process.kill()
-        worker.conn.close()  # an idle worker exits on EOF
-        task = loop.create_task(self._reap(worker.process))
+        task = loop.create_task(reap(worker.shut(loop, kill=kill), REAP_TIMEOUT_S))
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
         if self._stopped is not None:
@@ -339,8 +269,7 @@ class ProcessPredictPool:
         try:
             if worker in self._active:
                 self._active.remove(worker)
-                promoted = self._spare or self._spawn()
-                self._spare = None
+                promoted, self._spare = self._spare or self._spawn(), None
                 self._active.append(promoted)
                 self._release(promoted)
             elif worker is self._spare:
@@ -369,18 +298,3 @@ class ProcessPredictPool:
         except Exception as exc:
             log.exception("the predict pool failed")
             self._break(f"the predict pool failed: {exc!r}")
-
-    @staticmethod
-    async def _reap(process: BaseProcess) -> None:
-        """Wait for a worker that was killed or whose pipe was closed (it exits on EOF); SIGKILL it after a while."""
-        await asyncio.to_thread(stop_child, process, REAP_TIMEOUT_S, ask=False)
-
-    @staticmethod
-    def _watch(future: asyncio.Future[Any], what: str) -> None:
-        """Log the failure of a request nobody awaits (start-up loads, unloads)."""
-
-        def report(done: asyncio.Future[Any]) -> None:
-            if not done.cancelled() and (exc := done.exception()) is not None:
-                log.warning("a predict worker could not %s: %s", what, exc)
-
-        future.add_done_callback(report)
