@@ -9,14 +9,15 @@ an ASGI server) call only these:
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
 - ``recording``: what a bridge records through, and the recording child.
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
-- ``sql``: the SQL engine.
+- ``sql``: the SQL engine (it checks the schema and creates no table), ``upgrade_database``,
+  ``database_state``, ``table_metadata`` (the one list of table modules), ``write_migration``.
 """
 
 from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import bridge_recording, redis_recorder, run_recording_process
 from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
-from examlops.bootstrap.sql import sql_engine
+from examlops.bootstrap.sql import database_state, sql_engine, table_metadata, upgrade_database, write_migration
 
 __all__ = [
     "BridgeProcess",
@@ -27,6 +28,7 @@ __all__ = [
     "bus_client",
     "catalog",
     "control_events",
+    "database_state",
     "model_registry",
     "prepare_platform",
     "redis_recorder",
@@ -34,4 +36,7 @@ __all__ = [
     "serving_app",
     "sql_engine",
     "sync_bus_client",
+    "table_metadata",
+    "upgrade_database",
+    "write_migration",
 ]

@@ -13,6 +13,7 @@ from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
+from examlops.cli.db import db_app
 from examlops.cli.output import console, errors_as_exit, load_settings, print_json
 from examlops.cli.serve import predict, serve_app
 from examlops.core.setting_sources import setting_description, setting_sources
@@ -35,6 +36,7 @@ app.add_typer(bus_app, name="bus")
 bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
+app.add_typer(db_app, name="db")
 app.add_typer(flows_cli.drift_app, name="drift")
 app.add_typer(flows_cli.flows_app, name="flows")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(

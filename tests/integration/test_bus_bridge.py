@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from examlops.adapters.redis import connect_async as connect
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client, sync_bus_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
@@ -40,7 +41,7 @@ from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
-from tests.integration.servers import examlops_env, free_port
+from tests.integration.servers import examlops_env, free_port, upgraded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -113,12 +114,14 @@ def redis_url(redis_server: str) -> str:
 
 
 def bus_settings(home: Path, redis_url: str, serving_port: int) -> Settings:
-    return Settings(
+    settings = Settings(
         home=home,
         redis=RedisSettings(url=redis_url),
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
     )
+    upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
+    return settings
 
 
 @contextlib.asynccontextmanager
@@ -407,6 +410,7 @@ def start_bridge_process(
         EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
         EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
     )
+    upgraded(env)
     code = "from examlops.cli.bus import bridge_app; bridge_app()"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from examlops.adapters.redis import connect
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.bootstrap.recording import bridge_recording, recording_process_argv, settings_json
 from examlops.core.errors import DeadlineExceeded
@@ -41,7 +42,9 @@ __all__ = ["standin"]  # the fixture, used by the bridge test below
 
 
 def settings_for(tmp_path: Path, redis_url: str) -> Settings:
-    return Settings(home=tmp_path / "home", redis=RedisSettings(url=redis_url), secret=SecretStr(SECRET))
+    settings = Settings(home=tmp_path / "home", redis=RedisSettings(url=redis_url), secret=SecretStr(SECRET))
+    upgrade_database(settings)  # as `exa up` does first: the recording child writes audit checkpoints
+    return settings
 
 
 def recorder_for(settings: Settings, registry: CollectorRegistry | None = None) -> RecorderProcess:
