@@ -38,10 +38,14 @@ def new_revision(metadata: MetaData, message: str, scratch: Path) -> Path | None
         with engine.connect() as connection:
             if not schema_diff(connection, metadata):
                 return None
+            config = alembic_config(connection, metadata)
+            # The file is formatted as the rest of the code (ruff is a dev dependency, as this command is).
+            config.set_section_option("post_write_hooks", "hooks", "ruff")
+            config.set_section_option("post_write_hooks", "ruff.type", "module")
+            config.set_section_option("post_write_hooks", "ruff.module", "ruff")
+            config.set_section_option("post_write_hooks", "ruff.options", "format REVISION_SCRIPT_FILENAME")
             rev_id = f"{len(known_revisions()) + 1:04d}"
-            script = command.revision(
-                alembic_config(connection, metadata), message=message, autogenerate=True, rev_id=rev_id
-            )
+            script = command.revision(config, message=message, autogenerate=True, rev_id=rev_id)
     finally:
         engine.dispose()
     assert script is not None and not isinstance(script, list)
