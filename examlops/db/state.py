@@ -105,11 +105,12 @@ class SchemaState:
 
 
 def read_state(connection: Connection, url: str) -> SchemaState:
-    from alembic.runtime.migration import MigrationContext
-
-    tables = sorted(set(sqlalchemy.inspect(connection).get_table_names()) - {VERSION_TABLE})
-    revision = MigrationContext.configure(connection).get_current_revision()
-    return SchemaState(redacted(url), revision, head_revision(), tuple(tables))
+    names = set(sqlalchemy.inspect(connection).get_table_names())
+    revision = None
+    if VERSION_TABLE in names:  # read as Alembic writes it; several rows (branches) are a revision we do not know
+        rows = connection.execute(sqlalchemy.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+        revision = ",".join(sorted(rows)) or None
+    return SchemaState(redacted(url), revision, head_revision(), tuple(sorted(names - {VERSION_TABLE})))
 
 
 def schema_state(engine: Engine, url: str) -> SchemaState:
