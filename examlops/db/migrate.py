@@ -9,7 +9,9 @@ Contract:
 - A database made by ``create_all`` before migrations existed (every table of the first revision, no
   ``alembic_version``) is adopted: stamped at the first revision, then upgraded.
 - A database at a revision this release does not know, or with only some of the first revision's tables,
-  is refused with ``SchemaNotCurrent``; an unreachable one is ``StoreUnavailable``.
+  is refused with ``SchemaNotCurrent``; an unreachable one is ``StoreUnavailable``. A statement that
+  fails rolls the whole upgrade back: ``StoreUnavailable`` for an operational error (SQLite reports
+  most of its errors so), else ``SchemaNotCurrent``; both carry the database's message.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from examlops.core.errors import SchemaNotCurrent, StoreUnavailable
@@ -78,7 +80,13 @@ def upgrade(url: str) -> Upgrade:
                     command.stamp(config, FIRST_REVISION)
                 command.upgrade(config, "head")
             return Upgrade(before, read_state(connection, url))
-    except OperationalError as exc:
-        raise StoreUnavailable(f"cannot upgrade the SQL schema at {redacted(url)}: {exc.orig}") from exc
+    except OperationalError as exc:  # the database cannot be reached, or (SQLite) refused a statement
+        raise StoreUnavailable(_failed(url, exc)) from exc
+    except DBAPIError as exc:
+        raise SchemaNotCurrent(_failed(url, exc)) from exc
     finally:
         engine.dispose()
+
+
+def _failed(url: str, exc: DBAPIError) -> str:
+    return f"the SQL schema upgrade at {redacted(url)} failed, nothing changed: {exc.orig}"

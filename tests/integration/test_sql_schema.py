@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from examlops.bootstrap import sql_engine, table_metadata, upgrade_database
-from examlops.core.errors import SchemaNotCurrent
+from examlops.core.errors import SchemaNotCurrent, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.db import create_sql_engine, head_revision, schema_diff, upgrade
 from examlops.serving.traffic_store import TrafficRule
@@ -134,3 +134,14 @@ def test_exa_db_revision_writes_nothing_when_the_models_match_the_newest_revisio
     assert result.exit_code == 0, result.output
     assert "no migration written" in result.stdout
     assert not any(p.name.startswith("migration-") for p in tmp_path.iterdir())  # the scratch folder is gone
+
+
+def test_an_upgrade_that_fails_midway_changes_nothing(database_url: str) -> None:
+    engine = create_sql_engine(database_url)
+    with engine.begin() as connection:  # the name of an index the first revision creates after four tables
+        connection.exec_driver_sql("CREATE TABLE other (id INTEGER PRIMARY KEY, model VARCHAR)")
+        connection.exec_driver_sql("CREATE INDEX ix_trafficchange_model ON other (model)")
+    engine.dispose()
+    with pytest.raises((StoreUnavailable, SchemaNotCurrent), match=r"failed, nothing changed.*ix_trafficchange_model"):
+        upgrade(database_url)
+    assert tables(database_url) == {"other"}
