@@ -31,8 +31,8 @@ def upgrade(as_json: JsonOption = False) -> None:
         return
     before, after = done.before, done.after
     if done.adopted:
-        console.print(f"adopted {after.url}: its tables were made before migrations, stamped at the first revision")
-    if before.revision == after.revision:
+        console.print(f"{after.url}: made before migrations, adopted; at revision {after.revision}", highlight=False)
+    elif before.revision == after.revision:
         console.print(f"{after.url} is at revision {after.revision}: nothing to do", highlight=False)
     else:
         console.print(f"{after.url} upgraded from {before.revision or 'nothing'} to {after.revision}", highlight=False)
