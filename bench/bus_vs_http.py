@@ -1,18 +1,27 @@
-"""Bus round trip against direct HTTP: what the Redis bus and the bridge add to a prediction.
+"""Bus round trip against direct HTTP, and the bus's protocol clients against each other.
 
-Starts a real redis-server, `exa serve start` and one `exa bridge start` on a
-state folder with the demo models (``.examlops/bench-bus`` by default), then
-for each concurrency sends the same bounded count of JPCP requests three ways,
-in interleaved rounds (raw, httpx, bus, raw, httpx, bus, ...) so that a slow
-spell of this shared machine does not land on one path only:
+Starts a real redis-server, `exa serve start` and one `exa bridge start` per
+client configuration (``--clients``) on a state folder with the demo models
+(``.examlops/bench-bus`` by default), then for each concurrency sends the same
+bounded count of JPCP requests along every path, in interleaved rounds (raw,
+httpx, bus A, bus B, raw, httpx, ...) so that a slow spell of this shared
+machine does not land on one path only:
 
 - raw http: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
   a minimal asyncio client, so the client is not what is measured);
-- httpx: the same POST through the bridge's own httpx client and call
-  (``hop.http_client``, pre-encoded body): direct HTTP as a Python
-  caller makes it, and what the bridge's hop costs alone;
-- bus: ``BusClient.request`` (the submit script, the bridge's XREADGROUP, its
-  POST over httpx, the reply script, the client's XREAD).
+- httpx <http>: the same POST through the bridge's own hop client
+  (``bootstrap.hop_client``, pre-encoded body) over that transport: direct
+  HTTP as a Python caller makes it, and what the bridge's hop costs alone;
+- bus <redis>/<http>: ``BusClient.request`` (the submit script, the bridge's
+  XREADGROUP, its POST, the reply script, the client's XREAD), with the bus
+  client and that configuration's bridge on those clients
+  (``EXAMLOPS_BUS__REDIS_CLIENT``, ``EXAMLOPS_BUS__HTTP_CLIENT``). Each
+  configuration has a Redis database of its own, so its bridge serves only
+  its jobs; the others' bridges idle meanwhile.
+
+The last table gives each path's req/s as a ratio to the first configuration's
+(and each httpx path's to the first one's), per concurrency: compare clients
+by these ratios within one run.
 
 Every client runs on uvloop, as the bridge does. Printed per path: p50 and p99
 over all rounds, the median round's req/s, and for the bus the CPU time each
@@ -22,7 +31,8 @@ serving's mean batch (requests per feature-transformer batch, from its
 ``examlops_batch_size`` metric): a serving request costs less CPU in a larger
 batch.
 
-    .venv/bin/python bench/bus_vs_http.py [--requests 1000] [--rounds 3] [--concurrency 1 32]
+    .venv/bin/python bench/bus_vs_http.py [--requests 1000] [--rounds 3] [--concurrency 1 32] \
+        [--clients lean/lean library/lean lean/library library/library]
 
 Figures only: nothing here asserts anything. Target: the bus adds at most 2 ms at p50.
 """
@@ -51,16 +61,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
-from examlops.bootstrap import upgrade_database
-from examlops.bus.client import BusClient
-from examlops.bus.hop import JSON_HEADERS, http_client
+from examlops.bootstrap import bus_client, hop_client, upgrade_database
+from examlops.bus.hop import JSON_HEADERS
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
-PATHS = ("raw http", "httpx", "bus")
+REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "aiohttp", "lean")
 
 
 @dataclass
@@ -103,9 +112,9 @@ async def timed_workers(count: int, concurrency: int, call: Callable[[int], Coro
 
 
 async def bus_load(settings: Settings, address: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
-    async with BusClient.from_settings(settings, caller="bench") as client:
-        for body in bodies[:50]:  # warm-up: connections, the script cache
-            await client.request(address, body, 30)
+    async with bus_client(settings, caller="bench") as client:
+        for body in bodies[:50]:  # warm-up: connections, the script cache (and the bridge's start on round 1)
+            await client.request(address, body, 60)
 
         async def call(i: int) -> bool:
             reply = await client.request(address, bodies[i], 30)
@@ -124,12 +133,12 @@ async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: 
     return Run(result.latencies_ms, result.seconds, result.errors)
 
 
-async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
+async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int, transport: str) -> Run:
     """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bus.hop``)."""
     encoded = [json.dumps(b, separators=(",", ":")).encode() for b in bodies]
-    async with http_client(
-        HttpSettings(connect_timeout_s=30, read_timeout_s=30), BusSettings(concurrency=concurrency)
-    ) as client:
+    http = HttpSettings(connect_timeout_s=30, read_timeout_s=30)
+    bus = BusSettings(concurrency=concurrency, http_client=transport)
+    async with hop_client(Settings(http=http, bus=bus)) as client:
         for body in encoded[:50]:
             await client.post(url, content=body, headers=JSON_HEADERS)
 
@@ -155,13 +164,47 @@ def pooled(runs: list[Run]) -> dict[str, Any]:
     return row
 
 
+def configuration(text: str) -> tuple[str, str]:
+    """``redis/http``, e.g. ``lean/library``: the bus's Redis client and the hop's HTTP client."""
+    redis_client, _, http_client = text.partition("/")
+    if redis_client not in REDIS_CLIENTS or http_client not in HTTP_CLIENTS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want REDIS/HTTP with REDIS in {REDIS_CLIENTS}, HTTP in {HTTP_CLIENTS}"
+        )
+    return redis_client, http_client
+
+
+def print_ratios(table: list[tuple[int, dict[str, dict[str, Any]]]], first: str) -> None:
+    """Each bus path's req/s as a ratio to the first configuration's, each httpx path's to the first's."""
+    print(f"req/s relative to {first} (1.00 = the same; below 1 = slower)")
+    for concurrency, figures in table:
+        base = figures[first]["rps"]
+        ratios = "  ".join(f"{p} {row['rps'] / base:.2f}" for p, row in figures.items() if p.startswith("bus"))
+        print(f"{concurrency:>3} {ratios}")
+        direct = [path for path in figures if path.startswith("httpx")]
+        if len(direct) > 1:
+            ratios = "  ".join(f"{p} {figures[p]['rps'] / figures[direct[0]]['rps']:.2f}" for p in direct)
+            print(f"{concurrency:>3} {ratios}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000, help="requests per path per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--clients",
+        type=configuration,
+        nargs="+",
+        default=[("auto", "lean")],
+        help="bus client configurations REDIS/HTTP, each with its own bridge; the first is the ratios' base "
+        "(default: auto/lean, the settings' defaults)",
+    )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-bus"))
     args = parser.parse_args()
+    clients: list[tuple[str, str]] = list(dict.fromkeys(args.clients))
+    if len(clients) > 15:
+        parser.error("at most 15 configurations (one Redis database each)")
 
     home = args.home.resolve()
     # An empty Redis each run: the last run's append-only file (GBs of done keys and replies) takes longer to
@@ -182,31 +225,50 @@ def main() -> None:
     redis_server = EmbeddedRedis(home / "redis", REDIS_PORT)
     redis_server.start()
     redis_server_pid = redis_server.process.pid
-    settings = Settings(home=home, redis=RedisSettings(url=redis_server.url))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server.url}
     env["EXAMLOPS_SERVING__PORT"] = str(SERVING_PORT)
     serving = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / "serving.log")
     bridge_code = "from examlops.cli.bus import bridge_app; bridge_app()"
-    bridge = start([sys.executable, "-c", bridge_code, "start", "--log-level", "warning"], env, home / "bridge.log")
+    bridges: dict[str, Any] = {}
+    settings: dict[str, Settings] = {}
+    for db, (redis_client, http_client) in enumerate(clients, start=1):
+        name = f"bus {redis_client}/{http_client}"
+        url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
+        bus = BusSettings(redis_client=redis_client, http_client=http_client)
+        settings[name] = Settings(home=home, redis=RedisSettings(url=url), bus=bus)
+        bridge_env = env | {"EXAMLOPS_REDIS__URL": url, "EXAMLOPS_BUS__REDIS_CLIENT": redis_client}
+        bridge_env["EXAMLOPS_BUS__HTTP_CLIENT"] = http_client
+        log = home / f"bridge-{redis_client}-{http_client}.log"
+        bridges[name] = start([sys.executable, "-c", bridge_code, "start", "--log-level", "warning"], bridge_env, log)
     url = f"http://127.0.0.1:{SERVING_PORT}"
     try:
         wait_until(lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200, "serving")
         assert redis_server_pid is not None
-        meter = CpuMeter({"bridge": bridge.pid, "serving": serving.pid, "redis": redis_server_pid})
         infer_url, named = f"{url}/infer-pipeline/infer", [b | {"model": "JPCP"} for b in bodies]
+        address = str(spec.seanerbus_uuid)
         loads: dict[str, Callable[[int], Coroutine[Any, Any, Run]]] = {
-            "raw http": lambda c: raw_http_load(infer_url, named, c),
-            "httpx": lambda c: httpx_load(infer_url, named, c),
-            "bus": lambda c: bus_load(settings, str(spec.seanerbus_uuid), bodies, c),
+            "raw http": lambda c: raw_http_load(infer_url, named, c)
+        }
+        for transport in dict.fromkeys(http for _redis, http in clients):
+            loads[f"httpx {transport}"] = lambda c, t=transport: httpx_load(infer_url, named, c, t)  # type: ignore[misc]
+        for name in bridges:
+            loads[name] = lambda c, s=settings[name]: bus_load(s, address, bodies, c)  # type: ignore[misc]
+        meters = {
+            path: CpuMeter(
+                {"serving": serving.pid, "redis": redis_server_pid}
+                | ({"bridge": bridges[path].pid} if path in bridges else {})
+            )
+            for path in loads
         }
         table: list[tuple[int, dict[str, dict[str, Any]]]] = []
         for concurrency in args.concurrency:
-            runs: dict[str, list[Run]] = {path: [] for path in PATHS}
+            runs: dict[str, list[Run]] = {path: [] for path in loads}
             for round_no in range(args.rounds):
-                for path in PATHS:
+                for path, load in loads.items():
+                    meter = meters[path]
                     before, cpu_before, batched = meter.read(), time.process_time(), batches(url)
-                    run = uvloop.run(loads[path](concurrency))
+                    run = uvloop.run(load(concurrency))
                     after, cpu_after = meter.read(), time.process_time()
                     sizes, count = (now - then for now, then in zip(batches(url), batched, strict=True))
                     run.batch = sizes / count if count else 0.0
@@ -215,28 +277,31 @@ def main() -> None:
                     run.cpu_ms["client"] = (cpu_after - cpu_before) * 1000 / jobs
                     runs[path].append(run)
                 print(f"c={concurrency} round {round_no + 1}/{args.rounds} done", flush=True)
-            figures = {path: pooled(runs[path]) for path in PATHS}
+            figures = {path: pooled(runs[path]) for path in loads}
             table.append((concurrency, figures))
             print(json.dumps({"concurrency": concurrency, **figures}), flush=True)
 
         print(f"\n{args.requests} requests per path and round, {args.rounds} interleaved rounds, JPCP,")
-        print(f"one serving process, one bridge, all clients on uvloop ({os.cpu_count()} cores)\n")
-        print(
-            f"{'c':>3} {'path':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} {'batch':>6}  cpu ms per job"
-        )
+        print(f"one serving process, one bridge per configuration, all clients on uvloop ({os.cpu_count()} cores)\n")
+        width = max(len(path) for path in loads)
+        heads = f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'errors':>6} {'batch':>6}"
+        print(f"{'c':>3} {'path':<{width}} {heads}  cpu ms per job")
         for concurrency, figures in table:
             for path, row in figures.items():
                 cpu = "  ".join(f"{k} {v:.2f}" for k, v in row["cpu_ms_per_job"].items())
                 print(
-                    f"{concurrency:>3} {path:<9} {row['p50']:>8.2f} {row['p99']:>8.2f} "
+                    f"{concurrency:>3} {path:<{width}} {row['p50']:>8.2f} {row['p99']:>8.2f} "
                     f"{row['rps']:>8.0f} {row['errors']:>6} {row['serving_batch']:>6.1f}  {cpu}"
                 )
-            for baseline in ("raw http", "httpx"):
-                added = figures["bus"]["p50"] - figures[baseline]["p50"]
-                print(f"{concurrency:>3} bus adds {added:.2f} ms at p50 over {baseline}")
+            first = next(iter(bridges))
+            for baseline in ("raw http", f"httpx {clients[0][1]}"):
+                added = figures[first]["p50"] - figures[baseline]["p50"]
+                print(f"{concurrency:>3} {first} adds {added:.2f} ms at p50 over {baseline}")
             print()
+        print_ratios(table, next(iter(bridges)))
     finally:
-        stop(bridge)
+        for bridge in bridges.values():
+            stop(bridge)
         stop(serving)
         redis_server.stop()
 

@@ -42,8 +42,10 @@ def one(size: int) -> dict[str, float]:
     import redis
     import sqlalchemy
 
-    from examlops.monitoring.drift import ProjectedSnapshotReader, Reference, embedding_stats, run_drift_report
+    from examlops.monitoring.drift import embedding_stats
+    from examlops.monitoring.drift_report import Reference, run_drift_report
     from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import MODELS, SnapshotStream, snapshot_of
     from examlops.platform.redis_server import EmbeddedRedis
     from examlops.registry.synthetic import make_dataset

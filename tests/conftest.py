@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from examlops.core.settings import Settings
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    """Hide pytest-asyncio's loop policy from looptime's plugin for sync tests.
+
+    looptime's plugin asks that policy for the current loop before every test that has it among its
+    fixtures; in a sync test that creates an event loop nobody closes, and pytest reports it as an
+    unraisable ResourceWarning at the end of the session.
+    """
+    is_async = pyfuncitem.get_closest_marker("asyncio") is not None  # pytest-asyncio marks every async test
+    if is_async or "event_loop_policy" in inspect.signature(pyfuncitem.function).parameters:
+        return (yield)
+    policy = pyfuncitem.funcargs.pop("event_loop_policy", None)
+    try:
+        return (yield)
+    finally:
+        if policy is not None:
+            pyfuncitem.funcargs["event_loop_policy"] = policy
 
 
 @pytest.fixture(autouse=True)

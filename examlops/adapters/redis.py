@@ -5,29 +5,30 @@ retrain requests, the drift flow's snapshot reads) gets its client here and
 wraps its commands in ``translated(what)``:
 
 - ``connect(url)``: a sync client (decoded strings); ``connect_async(url)``:
-  an asyncio one. Nothing connects until the first command. Connecting is
-  retried briefly with backoff by redis-py itself; a command whose connection
-  dropped while it was in flight is not sent again (it may have run).
+  an asyncio one. Nothing connects until the first command. A connection
+  error (refused, dropped, timed out) is retried briefly with backoff by
+  redis-py's ``Retry``, also when the command was already sent (it may run
+  twice: what is sent through these clients is safe to repeat).
+- ``RedisCommands``: the port the bus store speaks, raw RESP2 replies;
+  ``RedisPyCommands`` is its adapter over redis-py (``bus.redis_pipe``'s
+  ``PipelinedRedis`` is the other).
 - ``translated(what)``: a refused, dropped or timed-out connection (and a
   Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
   other redis-py errors pass unchanged. It works around ``await`` too.
-- ``run_script(script, keys, args)``: EVALSHA of a registered script on a
-  pooled connection, loading the script again when a restarted Redis forgot
-  it (see its docstring for why it bypasses redis-py's command layer).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-import hiredis
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.commands.core import Script
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -36,6 +37,42 @@ from redis.retry import Retry
 from examlops.core.errors import StoreUnavailable
 
 CONNECT_TIMEOUT_S = 2.0
+Arg = str | int | float | bytes
+"""One argument of a Redis command."""
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """A Lua script and the SHA1 that EVALSHA names it by."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest())
+
+
+class RedisCommands(Protocol):
+    """Redis commands with their raw RESP2 replies: strings decoded as UTF-8, None for nil, lists, ints.
+
+    Errors are redis-py's classes: ``ConnectionError``/``TimeoutError`` when Redis cannot be reached or did not
+    answer in time (connecting was retried with backoff first; a command that was in flight may have run, and
+    an adapter may send it again), ``ResponseError`` for an error reply. ``aclose`` closes every connection.
+    """
+
+    async def execute(self, *args: Arg) -> Any:
+        """One command's reply."""
+        ...
+
+    async def wait(self, *args: Arg) -> Any:
+        """A command that blocks its connection (XREAD ... BLOCK): sent where it holds up no other command."""
+        ...
+
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """EVALSHA of ``script``; a Redis that does not know it (NOSCRIPT, after a restart) is sent it first."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> redis.Redis:
@@ -50,10 +87,12 @@ def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> red
     )
 
 
-def connect_async(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> aioredis.Redis:
+def connect_async(
+    url: str, *, retries: int = 5, socket_timeout_s: float = 10.0, protocol: int | None = None
+) -> aioredis.Redis:
     """An asyncio client that retries connection errors with backoff (0.05 s doubling to 1 s).
 
-    ``socket_timeout_s`` must exceed every BLOCK sent on it.
+    ``socket_timeout_s`` must exceed every BLOCK sent on it; ``protocol``: RESP 2 or 3 (None: redis-py's default).
     """
     return aioredis.Redis.from_url(
         url,
@@ -63,7 +102,42 @@ def connect_async(url: str, *, retries: int = 5, socket_timeout_s: float = 10.0)
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=socket_timeout_s,
         health_check_interval=30,
+        protocol=protocol,
     )
+
+
+async def evalsha_loading(
+    execute: Callable[..., Awaitable[Any]], script: LuaScript, keys: Sequence[str], args: Sequence[Arg]
+) -> Any:
+    """EVALSHA of ``script`` through ``execute``; a Redis that forgot it (NOSCRIPT) is sent it and asked again."""
+    try:
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await execute("SCRIPT", "LOAD", script.source)
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+class RedisPyCommands:
+    """``RedisCommands`` over redis-py's asyncio client (``connect_async``), whose reply parsers are cleared so
+    that every command answers its raw reply, as ``PipelinedRedis`` does. Blocking reads take a connection of
+    the pool of their own. Retries are redis-py's (see the module docstring)."""
+
+    def __init__(self, url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> None:
+        self.client = connect_async(url, retries=retries, socket_timeout_s=socket_timeout_s, protocol=2)
+        self.client.response_callbacks.clear()  # this client's own table: raw RESP2 replies, parsed by the store
+        self._command: Any = self.client.execute_command  # untyped in redis-py
+
+    async def execute(self, *args: Arg) -> Any:
+        return await self._command(*args)
+
+    async def wait(self, *args: Arg) -> Any:
+        return await self._command(*args)
+
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return await evalsha_loading(self.execute, script, keys, args)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 @contextlib.contextmanager
@@ -73,33 +147,3 @@ def translated(what: str) -> Iterator[None]:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
-
-
-def run_script(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-    """``script(keys=keys, args=args)`` packed once with hiredis and run on a pooled connection.
-
-    Used on the recorder's hot path, where redis-py's per-command layer costs more CPU than the command
-    (``bench/recording_cost.py``). A send that fails is tried once more on a fresh connection (the server
-    never saw the command); a failed read is not retried (the script may have run). NOSCRIPT (a restarted
-    Redis) loads the script and runs it again. Connection errors are redis-py's.
-    """
-    client = script.registered_client
-    command: Any = ("EVALSHA", script.sha, len(keys), *keys, *args)  # the stub types it as a 1-tuple
-    packed = [hiredis.pack_command(command)]
-    assert isinstance(client, redis.Redis), "scripts run on a plain sync Redis client"
-    pool = client.connection_pool
-    connection: Any = pool.get_connection()  # redis-py leaves its send and disconnect untyped
-    try:
-        try:
-            connection.send_packed_command(packed)
-        except (RedisConnectionError, RedisTimeoutError):
-            connection.disconnect()
-            connection.send_packed_command(packed)
-        try:
-            return connection.read_response()
-        except NoScriptError:
-            client.script_load(script.script)
-            connection.send_packed_command(packed)
-            return connection.read_response()
-    finally:
-        pool.release(connection)

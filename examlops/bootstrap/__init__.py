@@ -7,6 +7,7 @@ an ASGI server) call only these:
 - ``serving``: ``ServingProcess`` (``run()``/``close()``), ``serving_app`` (the ASGI app alone),
   ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first).
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
+- ``clients``: the bus's protocol clients by the settings' switches: ``bus_redis``, ``hop_client``.
 - ``recording``: what a bridge records through, and the recording child.
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
 - ``sql``: the SQL engine (it checks the schema and creates no table), ``upgrade_database``,
@@ -14,6 +15,7 @@ an ASGI server) call only these:
 """
 
 from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
+from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import bridge_recording, redis_recorder, run_recording_process
 from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
@@ -26,9 +28,11 @@ __all__ = [
     "audit_trail",
     "bridge_recording",
     "bus_client",
+    "bus_redis",
     "catalog",
     "control_events",
     "database_state",
+    "hop_client",
     "model_registry",
     "prepare_platform",
     "redis_recorder",

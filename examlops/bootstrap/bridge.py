@@ -16,6 +16,7 @@ import signal
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.bootstrap.serving import catalog
 from examlops.core.settings import Settings
@@ -46,20 +47,18 @@ class BridgeProcess:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def _main(self) -> None:
-        from examlops.adapters.redis import connect_async
         from examlops.bus.bridge import Bridge
-        from examlops.bus.hop import http_client
 
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(sig, self._stop.set)
         if not self.record:
             log.warning("recording is off: served jobs leave no drift snapshot, no audit event and no failure count")
-        redis = connect_async(self.settings.redis_url)
+        redis = bus_redis(self.settings)
         recording = bridge_recording(self.settings) if self.record else contextlib.nullcontext(None)
         try:
             with recording as recorder:
-                async with http_client(self.settings.http, self.settings.bus) as http:
+                async with hop_client(self.settings) as http:
                     bridge = Bridge(self.settings, self.catalog, redis, http, on_served=recorder)
                     tune_garbage_collection()
                     await bridge.run(self._stop)
@@ -90,12 +89,12 @@ def tune_garbage_collection() -> None:
 
 
 def bus_client(settings: Settings, *, caller: str, client_id: str | None = None) -> BusClient:
-    """A bus client on the settings' Redis, signing with the settings' secret; it owns (and closes) its Redis."""
-    from examlops.adapters.redis import connect_async
+    """A bus client on the settings' Redis (``clients.bus_redis``), signing with the settings' secret; it owns
+    (and closes) its Redis port."""
     from examlops.bus.client import BusClient
 
     secret = settings.secret.get_secret_value().encode()
-    return BusClient(connect_async(settings.redis_url), secret, caller=caller, client_id=client_id, owns_redis=True)
+    return BusClient(bus_redis(settings), secret, caller=caller, client_id=client_id)
 
 
 def sync_bus_client(settings: Settings, *, caller: str) -> SyncBusClient:

@@ -1,8 +1,10 @@
-"""The control plane's adapters (for the flows and their CLI twins) and the audit trail of control actions.
+"""The control plane's adapters (for the flows and their CLI twins) and the audit trail's.
 
 ``ControlPlane(settings)`` builds each adapter on first use: the catalog, the MLflow registry, the snapshot
-reader, the drift store, the training references and the audit hook. No Prefect import: `exa drift report`
-and `exa retrain` run the same services in process.
+stream and reader, the drift store, the training references and the audit hook. ``audit_trail`` is the
+appender; ``audit_access`` what reads, verifies and archives the trail (`exa audit`, the retention flow);
+``failure_store`` the shared failure windows that `exa bridge status` reads.
+No Prefect import: `exa drift report` and `exa retrain` run the same services in process.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.drift import ProjectedSnapshotReader, TrainingReference
+    from examlops.monitoring.audit.archive import Archiver
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.trail import AuditTrail
+    from examlops.monitoring.drift_reference import TrainingReference
     from examlops.monitoring.drift_store import SqlDriftStore
+    from examlops.monitoring.failure_store import RedisFailureStore
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
+    from examlops.monitoring.snapshots import SnapshotStream
     from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
@@ -37,8 +44,8 @@ def control_events(settings: Settings, engine: Engine) -> AuditHook:
     leaves unsigned events of its own behind. Redis is reached on first use.
     """
     from examlops.adapters.redis import connect
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.audit_store import SqlCheckpointStore
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.trail import AuditTrail
 
     trail = AuditTrail(
         connect(settings.redis_url), settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine)
@@ -52,11 +59,24 @@ def control_events(settings: Settings, engine: Engine) -> AuditHook:
 
 
 @contextmanager
+def failure_store(settings: Settings) -> Iterator[RedisFailureStore]:
+    """The shared failure windows, cooldowns and retrain records on the settings' Redis; closes it on exit."""
+    from examlops.adapters.redis import connect
+    from examlops.monitoring.failure_store import RedisFailureStore
+
+    client = connect(settings.redis_url)
+    try:
+        yield RedisFailureStore(client)
+    finally:
+        client.close()
+
+
+@contextmanager
 def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
     """The audit trail on the settings' Redis, with checkpoints in SQL; closes both on exit."""
     from examlops.adapters.redis import connect
-    from examlops.monitoring.audit import AuditTrail
-    from examlops.monitoring.audit_store import SqlCheckpointStore
+    from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+    from examlops.monitoring.audit.trail import AuditTrail
 
     client = connect(settings.redis_url)
     engine = sql_engine(settings)
@@ -74,6 +94,54 @@ def audit_trail(settings: Settings) -> Iterator[AuditTrail]:
             trail.checkpoint_now()
         client.close()
         engine.dispose()
+
+
+def audit_archive_dir(settings: Settings) -> Path:
+    return settings.state_dir / "audit" / "archive"
+
+
+class AuditAccess:
+    """The audit trail as `exa audit` and the retention flow read it: the live chain and the archive; the
+    checkpoints (SQL) and the archiver over them built on first use, so that `exa audit tail` needs Redis only."""
+
+    def __init__(self, settings: Settings) -> None:
+        from examlops.adapters.redis import connect
+        from examlops.monitoring.audit.segments import ArchiveFiles
+        from examlops.monitoring.audit.store import RedisAuditStore
+
+        self.settings = settings
+        self.store = RedisAuditStore(connect(settings.redis_url, socket_timeout_s=30.0))
+        self.archive = ArchiveFiles(audit_archive_dir(settings))
+        self.secret = settings.secret.get_secret_value().encode()
+        self._engine: Engine | None = None
+
+    @cached_property
+    def checkpoints(self) -> SqlCheckpointStore:
+        from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
+
+        self._engine = sql_engine(self.settings)
+        return SqlCheckpointStore(self._engine)
+
+    @cached_property
+    def archiver(self) -> Archiver:
+        from examlops.monitoring.audit.archive import Archiver
+
+        return Archiver(self.store, self.checkpoints, self.secret, self.archive)
+
+    def close(self) -> None:
+        self.store.redis.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+@contextmanager
+def audit_access(settings: Settings) -> Iterator[AuditAccess]:
+    """``AuditAccess`` on the settings' Redis and SQL, archiving under ``<state>/audit/archive``; closed on exit."""
+    access = AuditAccess(settings)
+    try:
+        yield access
+    finally:
+        access.close()
 
 
 @dataclass
@@ -95,12 +163,17 @@ class ControlPlane:
         return model_registry(self.settings)
 
     @cached_property
-    def snapshots(self) -> ProjectedSnapshotReader:
+    def snapshot_stream(self) -> SnapshotStream:
         from examlops.adapters.redis import connect
-        from examlops.monitoring.drift import ProjectedSnapshotReader
         from examlops.monitoring.snapshots import SnapshotStream
 
-        return ProjectedSnapshotReader(SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0)))
+        return SnapshotStream(connect(self.settings.redis_url, socket_timeout_s=30.0))
+
+    @cached_property
+    def snapshots(self) -> ProjectedSnapshotReader:
+        from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
+
+        return ProjectedSnapshotReader(self.snapshot_stream)
 
     @cached_property
     def drift_store(self) -> SqlDriftStore:
@@ -110,7 +183,7 @@ class ControlPlane:
 
     @cached_property
     def references(self) -> TrainingReference:
-        from examlops.monitoring.drift import TrainingReference
+        from examlops.monitoring.drift_reference import TrainingReference
 
         return TrainingReference(self.registry, self.catalog, self.drift_dir / "references")
 

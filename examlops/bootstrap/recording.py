@@ -71,7 +71,8 @@ def redis_recorder(
     settings: Settings, trail: AuditTrail, tuning: Tuning | None = None, *, registry: CollectorRegistry | None = None
 ) -> Recorder:
     """The recorder that writes to Redis (snapshots, audit events, failure windows), not yet started."""
-    from examlops.monitoring.failures import FailureTracker, RedisFailureStore
+    from examlops.monitoring.failure_store import RedisFailureStore
+    from examlops.monitoring.failures import FailureTracker
     from examlops.monitoring.recorder import DEFAULT_TUNING, Recorder
 
     tracker = FailureTracker(RedisFailureStore(trail.redis), settings.failure)

@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
-import redis.asyncio as aioredis
 
+from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.store import BusStore, Entry
@@ -61,7 +61,7 @@ class Bridge:
         self,
         settings: Settings,
         catalog: Catalog,
-        redis: aioredis.Redis,
+        redis: RedisCommands,
         http_client: httpx.AsyncClient,
         on_served: records.InferenceRecorder | None = None,
         *,

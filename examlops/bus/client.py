@@ -17,6 +17,9 @@ and resolves the waiting request by job id; replies nobody waits for (late or
 duplicate) are dropped. The reader survives a Redis restart: it logs the
 outage once, backs off and resumes after the last reply it read. If it dies
 of anything else, every waiting request fails instead of hanging.
+
+The client owns the ``RedisCommands`` port it is given (``bootstrap.bus_client``
+builds one from the settings): ``close()`` closes it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
-
+from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
@@ -50,20 +52,17 @@ BLOCK_MS = 500
 class BusClient:
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: RedisCommands,
         secret: bytes,
         *,
         caller: str,
         client_id: str | None = None,
-        owns_redis: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client_id = client_id or secrets.token_hex(12)
         self.reply_stream = wire.replies_stream(self.client_id)
         self.caller = caller
         self.store = BusStore(redis)
-        self._redis = redis
-        self._owns_redis = owns_redis
         self._secret = secret
         self._clock = clock
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
@@ -139,7 +138,7 @@ class BusClient:
                 waiter.set_exception(error)
 
     async def close(self) -> None:
-        """Stop the reader (it ends after its current XREAD), fail whatever still waits, close an owned Redis."""
+        """Stop the reader (it ends after its current XREAD), fail whatever still waits, close the Redis port."""
         self._closing = True
         if self._reader is not None:
             # Not cancelled outright: a cancelled XREAD BLOCK in redis-py 8.1 was seen to hang (see bridge.py).
@@ -148,8 +147,6 @@ class BusClient:
             self._reader.cancel()
         self._fail_waiting(StoreUnavailable("the bus client was closed"))
         await self.store.aclose()
-        if self._owns_redis:
-            await self._redis.aclose()
 
 
 class SyncBusClient:

@@ -7,11 +7,12 @@ no longer than the job's remaining time. The HTTP reply's body is kept as it
 came, so ``code`` and ``inference_failed`` still tell a schema error (422) from
 a model failure (5xx marked ``inference_failed``, or an empty prediction).
 
-The hop is on every job's critical path, so the request is built lean: the
-body is serialised once to bytes with orjson (``content=`` with an explicit
-content type, not ``json=``), the reply is parsed with orjson, and the
-client's own timeout is used unless the job has less time left than it, so no
-``Timeout`` is built per request in the common case.
+``http_client`` is the one shared ``httpx.AsyncClient`` of a bridge, over the
+transport ``bootstrap`` picks (``EXAMLOPS_BUS__HTTP_CLIENT``: httpx's own,
+``aiohttp_transport`` or ``http_transport``); the handler is the same on all. The
+hop is on every job's critical path: the body is encoded once with orjson and
+no ``Timeout`` is built per request unless the job has less time left than the
+client's (figures: ``bench/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from examlops.bus.http_transport import KeepAliveTransport
 from examlops.bus.wire import Job, error_body
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
-from examlops.core.settings import BusSettings, HttpSettings
+from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
 
 if TYPE_CHECKING:
@@ -41,17 +41,16 @@ _NUMBERS = frozenset((int, float))
 _READ = httpx.ByteStream(b"")
 
 
-def http_client(http: HttpSettings, bus: BusSettings) -> httpx.AsyncClient:
-    """The one shared client of a bridge: HTTP/1.1 keep-alive, ``http``'s timeouts (5 s connect, 10 s read), no retry.
+def http_client(http: HttpSettings, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
+    """The one shared client of a bridge over ``transport``: ``http``'s timeouts (5 s connect, 10 s read).
 
-    An httpx client over ``http_transport.KeepAliveTransport`` (``bench/bus_vs_http.py`` compares it with
-    httpx's own transports). The pool keeps up to ``bus.concurrency`` connections alive; idle ones are dropped
-    after ``bus.keepalive_s``, before serving's own keep-alive closes them under a request that is not retried.
-    ``trust_env=False``: no proxy or netrc from the environment on this hop.
+    No retry: the transport is given one (its pool, keep-alive and retries are the builder's; bootstrap keeps
+    idle connections below serving's keep-alive and retries none). ``trust_env=False``: no proxy or netrc
+    from the environment on this hop. Closing the client closes the transport.
     """
     return httpx.AsyncClient(
         timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
-        transport=KeepAliveTransport(max_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s),
+        transport=transport,
         trust_env=False,
     )
 
@@ -198,7 +197,7 @@ class ModelHandler:
 def _timed_out(exc: BaseException) -> bool:
     """Whether time ran out, rather than the connection failing or the reply being unreadable.
 
-    The bridge's transport raises httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
+    The lean and aiohttp transports raise httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
     transport chains httpcore's timeouts, which are not ``TimeoutError``s: there the httpx class decides.
     """
     return isinstance(exc, TimeoutError | httpx.TimeoutException) or isinstance(exc.__cause__, TimeoutError)

@@ -1,11 +1,10 @@
-"""A lean HTTP/1.1 keep-alive transport under the bridge's httpx client: asyncio protocols and httptools.
+"""``KeepAliveTransport``: the lean transport under the bridge's httpx client, asyncio protocols and httptools.
 
-The bridge's hop to serving is one small JSON POST per bus job on loopback,
-so the cost per request of the client is on every job's critical path. httpx
-keeps its interface, its timeouts and its errors; this replaces only what it
-calls to move bytes. Measured in one process against a canned loopback server
-(uvloop, one request in flight): httpx over this ~0.16 ms of CPU per request,
-over httpx-aiohttp's transport ~0.31 ms, over httpcore's ~0.59 ms.
+httpx keeps its interface, its timeouts and its errors; this replaces only
+what it calls to move bytes, for the hop's one small JSON POST per bus job
+(why, and the CPU per request measured against httpx's own transport:
+``bench/RESULTS.md``). The switch between the two is
+``EXAMLOPS_BUS__HTTP_CLIENT``, compared by ``bench/bus_vs_http.py --clients``.
 
 What it does, and no more:
 

@@ -1,18 +1,15 @@
-"""A lean, pipelined Redis connection for the bus's per-job commands: the submit and reply scripts, the done check.
+"""``PipelinedRedis``: the bus's lean ``RedisCommands`` adapter, one pipelined connection written and parsed
+by hiredis. Why it exists (redis-py's per-command CPU) and what it measured: ``bench/RESULTS.md``; the switch
+between it and redis-py is ``EXAMLOPS_BUS__REDIS_CLIENT``, compared by ``bench/bus_vs_http.py --clients``.
 
-redis-py's asyncio client spends ~85-100 us of CPU per command on this machine
-(its connection pool, retry wrapper, timeouts and observability hooks), several
-times what the command's own I/O costs. Writing the command packed by hiredis
-on an asyncio transport and parsing the reply with hiredis's reader costs ~22 us.
-A bus job sends two of these commands on the client's side and two on the
-bridge's, so they run here; everything else (blocking reads, consumer groups,
-reclaims, heartbeats) stays on redis-py.
+Contract:
 
-Contract of ``PipelinedRedis``:
-
-- One TCP connection, shared by every task of one event loop: each command is
-  written at once (pipelined) and the replies resolve the callers in order.
-- Replies are decoded as UTF-8 strings, as ``adapters.redis.connect_async``'s clients do.
+- One TCP connection for the commands, shared by every task of one event
+  loop: each command is written at once (pipelined) and the replies resolve
+  the callers in order; ``wait`` (blocking reads) has a second connection of
+  its own, so a BLOCK holds up no other command.
+- Replies are raw RESP2, strings decoded as UTF-8 (a reply that is not UTF-8
+  fails its own caller with ``ResponseError``).
 - Errors are redis-py's classes: a lost connection fails every command in
   flight with ``ConnectionError``; a reply slower than ``timeout_s`` closes the
   connection and raises ``TimeoutError`` (the command may have run); an error
@@ -22,14 +19,14 @@ Contract of ``PipelinedRedis``:
   neither had run. Callers that arrive while a connection is being opened
   share that attempt. A connection idle for ``idle_check_s`` (30 s) must
   answer a PING before a command goes on it, as redis-py's health check does.
-  A command in flight when the connection drops is not retried (it may have
-  run); the bus's own loops decide what to do. A refused AUTH or SELECT is
-  ``AuthenticationError``; after ``aclose`` every command is refused.
+  A command in flight when the connection drops is not sent again (it may
+  have run); the bus's own loops decide what to do. A refused AUTH or SELECT
+  is ``AuthenticationError``; after ``aclose`` every command is refused.
 - ``evalsha`` loads a script the server does not know (NOSCRIPT, after a
   restart) and runs it again.
-- ``from_client`` serves plain TCP with a password or none; for TLS, a Unix
-  socket or a credential provider it returns None and the bus stays on
-  redis-py for these commands too.
+- ``from_url`` serves plain TCP (``redis://``) with a password or none, and
+  refuses a TLS or Unix-socket URL with ``ValueError`` (``speaks(url)`` says
+  which).
 """
 
 from __future__ import annotations
@@ -40,13 +37,12 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import hiredis
-import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import parse_url
 from redis.exceptions import AuthenticationError, BusyLoadingError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-Arg = str | int | float | bytes
+from examlops.adapters.redis import Arg, LuaScript, evalsha_loading
 
 
 def _error(reply: ResponseError) -> Exception:
@@ -130,22 +126,22 @@ class PipelinedRedis:
         self._protocol: _Protocol | None = None
         self._opening: asyncio.Future[_Protocol] | None = None
         self._closed = False
+        self._waits: PipelinedRedis | None = None
 
     @classmethod
-    def from_client(cls, client: aioredis.Redis) -> PipelinedRedis | None:
-        """The same server, database, credentials and timeouts as ``client``'s pool; None unless plain TCP."""
-        pool = client.connection_pool
-        kwargs = pool.connection_kwargs
-        if pool.connection_class is not Connection or kwargs.get("credential_provider") is not None:
-            return None
+    def from_url(cls, url: str, *, connect_timeout_s: float = 2.0, timeout_s: float = 10.0) -> PipelinedRedis:
+        """The server, database and credentials of a ``redis://`` URL; ``ValueError`` for any other URL."""
+        if not speaks(url):
+            raise ValueError("the lean Redis client speaks plain TCP (redis://) only, not TLS or Unix sockets")
+        kwargs = parse_url(url)
         return cls(
             str(kwargs.get("host", "localhost")),
             int(kwargs.get("port", 6379)),
             db=int(kwargs.get("db") or 0),
             username=kwargs.get("username"),
             password=kwargs.get("password"),
-            connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 2.0),
-            timeout_s=float(kwargs.get("socket_timeout") or 10.0),
+            connect_timeout_s=connect_timeout_s,
+            timeout_s=timeout_s,
         )
 
     async def execute(self, *args: Arg) -> Any:
@@ -180,16 +176,24 @@ class PipelinedRedis:
                 return await self._connect()  # nothing of the caller's was sent on it
         return protocol
 
-    async def evalsha(self, script: str, sha: str, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        try:
-            return await self.execute("EVALSHA", sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.execute("SCRIPT", "LOAD", script)
-            return await self.execute("EVALSHA", sha, len(keys), *keys, *args)
+    async def evalsha(self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        return await evalsha_loading(self.execute, script, keys, args)
+
+    async def wait(self, *args: Arg) -> Any:
+        """A blocking command, on a second connection of the same settings (opened on first use)."""
+        if self._waits is None:
+            self._waits = PipelinedRedis(
+                self.host, self.port, db=self.db, username=self.username, password=self.password,
+                connect_timeout_s=self.connect_timeout_s, timeout_s=self.timeout_s, retries=self.retries,
+            )  # fmt: skip
+            self._waits._closed = self._closed
+        return await self._waits.execute(*args)
 
     async def aclose(self) -> None:
-        """Close the connection (commands in flight fail) and refuse new commands."""
+        """Close the connections (commands in flight fail) and refuse new commands."""
         self._closed = True
+        if self._waits is not None:
+            await self._waits.aclose()
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
         protocol, self._protocol = self._protocol, None
@@ -255,6 +259,11 @@ class PipelinedRedis:
         if isinstance(reply, ResponseError):
             raise _error(reply)
         return reply
+
+
+def speaks(url: str) -> bool:
+    """Whether ``PipelinedRedis`` serves this URL: plain TCP, ``redis://``."""
+    return url.startswith("redis://")
 
 
 class _NotConnected(Exception):

@@ -1,12 +1,17 @@
-"""The Redis adapter of the bus: every Redis command the client and the bridge send.
+"""``BusStore``: every Redis command the bus client and the bridge send, over one ``RedisCommands`` port.
 
-redis-py's errors are translated here: an unreachable or restarting Redis is
-``StoreUnavailable`` (after connecting was retried with exponential backoff,
-a few seconds in all; a command whose connection dropped while it was in
-flight is not sent again, as it may have run), so the loops above handle one
-error of ours. The scripts are run with EVALSHA and loaded again when a
-restarted Redis has forgotten them. The per-job commands and the blocking reads
-take the lean path of ``redis_pipe`` (same errors).
+The port answers raw RESP2 replies; this module turns them into the bus's
+shapes. Two adapters implement it (redis-py, ``adapters.redis.RedisPyCommands``,
+and the pipelined ``redis_pipe.PipelinedRedis``), chosen by ``bootstrap`` from
+``EXAMLOPS_BUS__REDIS_CLIENT``; each method has one body for both.
+
+Failure mode: an unreachable or restarting Redis is ``StoreUnavailable``
+(``adapters.redis.translated``, after the adapter's connect retries), so the
+loops above handle one error of ours; a command that was in flight may have
+run, and each command here is safe to repeat (the scripts are idempotent by
+job id and finish token). Other error replies are redis-py's
+``ResponseError``. Scripts run by EVALSHA and are sent again to a restarted
+Redis that forgot them. Blocking reads go through the port's ``wait``.
 """
 
 from __future__ import annotations
@@ -16,13 +21,10 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from examlops.adapters.redis import translated
+from examlops.adapters.redis import LuaScript, RedisCommands, translated
 from examlops.bus import scripts, wire
-from examlops.bus.redis_pipe import PipelinedRedis
 from examlops.core.jsoncodec import canonical
 
 log = logging.getLogger(__name__)
@@ -32,30 +34,17 @@ Entry = tuple[str, str, dict[str, str]]
 
 
 class BusStore:
-    """The bus's commands. The per-job ones (submit, the done check, the reply) and the reads of jobs and replies
-    go through ``PipelinedRedis`` connections to the same server when its URL is plain TCP (see ``redis_pipe``);
-    call ``aclose`` to close them."""
+    """The bus's commands over ``redis``, which the store owns: ``aclose`` closes it."""
 
-    def __init__(self, redis: aioredis.Redis, *, reply_ttl_s: int = wire.REPLY_STREAM_TTL_S) -> None:
+    def __init__(self, redis: RedisCommands, *, reply_ttl_s: int = wire.REPLY_STREAM_TTL_S) -> None:
         self.redis = redis
         self.reply_ttl_s = reply_ttl_s
-        self.pipe = PipelinedRedis.from_client(redis)
-        self.waits = PipelinedRedis.from_client(redis)
-        """A connection of its own for the blocking reads: a BLOCK holds up every command behind it."""
-        self._finish = redis.register_script(scripts.REPLY_SCRIPT)
-        self._submit = redis.register_script(scripts.SUBMIT_SCRIPT)
-        self._prune = redis.register_script(scripts.PRUNE_SCRIPT)
+        self._finish = LuaScript(scripts.REPLY_SCRIPT)
+        self._submit = LuaScript(scripts.SUBMIT_SCRIPT)
+        self._prune = LuaScript(scripts.PRUNE_SCRIPT)
 
     async def aclose(self) -> None:
-        """Close the pipelined connections (the redis-py client is its owner's to close)."""
-        for pipe in (self.pipe, self.waits):
-            if pipe is not None:
-                await pipe.aclose()
-
-    async def _script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        if self.pipe is None:
-            return await script(keys=keys, args=args)
-        return await self.pipe.evalsha(str(script.script), script.sha, keys, args)
+        await self.redis.aclose()
 
     # The client's side.
 
@@ -64,15 +53,12 @@ class BusStore:
         for name, value in fields.items():
             args += [name, value]
         with translated("submitting a job"):
-            entry: Any = await self._script(self._submit, [wire.jobs_stream(address), wire.ADDRESSES_KEY], args)
+            entry: Any = await self.redis.evalsha(self._submit, [wire.jobs_stream(address), wire.ADDRESSES_KEY], args)
         return str(entry)
 
     async def replies(self, stream: str, after: str, block_ms: int) -> list[tuple[str, dict[str, str]]]:
         with translated("reading replies"):
-            if self.waits is None:
-                found: Any = await self.redis.xread({stream: after}, count=256, block=block_ms)
-                return [(entry_id, fields) for _name, entries in found or [] for entry_id, fields in entries]
-            raw = await self.waits.execute("XREAD", "COUNT", 256, "BLOCK", block_ms, "STREAMS", stream, after)
+            raw = await self.redis.wait("XREAD", "COUNT", 256, "BLOCK", block_ms, "STREAMS", stream, after)
         return [(entry_id, fields) for _name, entry_id, fields in _entries(raw)]
 
     # The bridge's side.
@@ -82,25 +68,18 @@ class BusStore:
         with translated("creating consumer groups"):
             for stream in streams:
                 try:
-                    await self.redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
+                    await self.redis.execute("XGROUP", "CREATE", stream, wire.GROUP, "0", "MKSTREAM")
                 except ResponseError as exc:
                     if "BUSYGROUP" not in str(exc):
                         raise
 
     async def read(self, consumer: str, streams: Sequence[str], count: int, block_ms: int | None) -> list[Entry]:
         """New jobs for ``consumer``; waits up to ``block_ms`` for one (None: returns at once)."""
+        wait: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
+        command = ["XREADGROUP", "GROUP", wire.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams]
+        command += [">"] * len(streams)
         with translated("reading jobs"):
-            pipe = self.pipe if block_ms is None else self.waits
-            if pipe is None:
-                found: Any = await self.redis.xreadgroup(
-                    wire.GROUP, consumer, dict.fromkeys(streams, ">"), count=count, block=block_ms
-                )
-                return [(name, entry_id, fields) for name, entries in found or [] for entry_id, fields in entries]
-            wait: list[str | int] = [] if block_ms is None else ["BLOCK", block_ms]
-            raw = await pipe.execute(
-                "XREADGROUP", "GROUP", wire.GROUP, consumer, "COUNT", count, *wait, "STREAMS", *streams,
-                *[">"] * len(streams),
-            )  # fmt: skip
+            raw = await (self.redis.execute(*command) if block_ms is None else self.redis.wait(*command))
         return _entries(raw)
 
     async def done_among(self, job_ids: Sequence[str]) -> set[str]:
@@ -108,8 +87,7 @@ class BusStore:
         if not job_ids:
             return set()
         with translated("checking jobs"):
-            keys = [wire.done_key(job_id) for job_id in job_ids]
-            found: Any = await (self.redis.mget(keys) if self.pipe is None else self.pipe.execute("MGET", *keys))
+            found: Any = await self.redis.execute("MGET", *[wire.done_key(job_id) for job_id in job_ids])
         return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
 
     async def finish(
@@ -136,7 +114,7 @@ class BusStore:
         for name, value in reply.items():
             args += [name, value]
         with translated("writing a reply"):
-            return bool(await self._script(self._finish, keys, args))
+            return bool(await self.redis.evalsha(self._finish, keys, args))
 
     async def autoclaim(self, stream: str, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
         """Claim jobs idle for ``min_idle_ms`` (a dead bridge's); each claim counts one more delivery."""
@@ -144,42 +122,46 @@ class BusStore:
         start = "0-0"
         with translated("reclaiming jobs"):
             while len(claimed) < count:
-                reply = await self.redis.xautoclaim(stream, wire.GROUP, consumer, min_idle_ms, start, count=count)
-                start, entries = reply[0], reply[1]
-                claimed += [(stream, entry_id, fields or {}) for entry_id, fields in entries]
+                reply: Any = await self.redis.execute(
+                    "XAUTOCLAIM", stream, wire.GROUP, consumer, min_idle_ms, start, "COUNT", count
+                )
+                start = reply[0]
+                claimed += [(stream, entry_id, fields) for _name, entry_id, fields in _entries([[stream, reply[1]]])]
                 if start == "0-0":
                     break
         return claimed
 
     async def deliveries(self, stream: str, entry_id: str) -> int:
         with translated("counting deliveries"):
-            pending = await self.redis.xpending_range(stream, wire.GROUP, entry_id, entry_id, 1)
-        return int(pending[0]["times_delivered"]) if pending else 0
+            pending: Any = await self.redis.execute("XPENDING", stream, wire.GROUP, entry_id, entry_id, 1)
+        return int(pending[0][3]) if pending else 0  # [[id, consumer, idle ms, times delivered]]
 
     async def appendonly(self) -> str | None:
         """``CONFIG GET appendonly``: "yes", "no", or None when CONFIG is refused (managed Redis)."""
         with translated("reading the configuration"):
             try:
-                config = await self.redis.config_get("appendonly")
+                config: Any = await self.redis.execute("CONFIG", "GET", "appendonly")
             except ResponseError:
                 return None
-        value = config.get("appendonly")
+        value = _pairs(config).get("appendonly")
         return None if value is None else str(value)
 
     async def heartbeat(self, addresses: Iterable[str], now: float) -> None:
-        with translated("heartbeat"):
-            await self.redis.hset(wire.HANDLERS_KEY, mapping=dict.fromkeys(addresses, repr(now)))
+        beats = [item for address in addresses for item in (address, repr(now))]
+        if beats:
+            with translated("heartbeat"):
+                await self.redis.execute("HSET", wire.HANDLERS_KEY, *beats)
 
     async def served_elsewhere(self, now: float, max_age_s: float) -> set[str]:
         """Addresses some bridge announced within ``max_age_s``."""
         with translated("reading handlers"):
-            beats: Any = await self.redis.hgetall(wire.HANDLERS_KEY)
+            beats = _pairs(await self.redis.execute("HGETALL", wire.HANDLERS_KEY))
         return {address for address, when in beats.items() if now - float(when) <= max_age_s}
 
     async def job_streams(self) -> list[str]:
         """The job stream of every address in the addresses set."""
         with translated("listing job streams"):
-            addresses: Any = await self.redis.smembers(wire.ADDRESSES_KEY)
+            addresses: Any = await self.redis.execute("SMEMBERS", wire.ADDRESSES_KEY)
         return sorted(wire.jobs_stream(address) for address in addresses)
 
     async def note_existing_streams(self) -> int:
@@ -187,27 +169,43 @@ class BusStore:
 
         Streams written by producers that XADD directly, or before the set existed, are found this way.
         """
+        found: list[str] = []
+        cursor = "0"
         with translated("listing job streams"):
-            found = [
-                wire.address_of(name)
-                async for name in self.redis.scan_iter(match=wire.JOBS_PREFIX + "*", count=1000, _type="STREAM")
-            ]
+            while True:
+                reply: Any = await self.redis.execute(
+                    "SCAN", cursor, "MATCH", wire.JOBS_PREFIX + "*", "COUNT", 1000, "TYPE", "STREAM"
+                )
+                cursor = reply[0]
+                found += [wire.address_of(name) for name in reply[1]]
+                if cursor == "0":
+                    break
             if found:
-                await self.redis.sadd(wire.ADDRESSES_KEY, *found)
+                await self.redis.execute("SADD", wire.ADDRESSES_KEY, *found)
         return len(found)
 
     async def forget_if_empty(self, stream: str) -> bool:
         """Drop the stream's address from the set when the stream is gone or empty (atomic with the check)."""
         address = wire.address_of(stream)
         with translated("pruning addresses"):
-            return bool(await self._prune(keys=[stream, wire.ADDRESSES_KEY], args=[address]))
+            return bool(await self.redis.evalsha(self._prune, [stream, wire.ADDRESSES_KEY], [address]))
 
 
 def _entries(raw: Any) -> list[Entry]:
-    """XREAD / XREADGROUP's raw reply (nil, or [stream, [[id, [field, value, ...] or nil], ...]] per stream)."""
+    """XREAD / XREADGROUP's raw reply (nil, or [stream, [[id, [field, value, ...] or nil] or nil, ...]] per
+    stream); an entry deleted since it was delivered has no fields (nil) or is nil itself (XAUTOCLAIM)."""
     found: list[Entry] = []
     for name, entries in raw or ():
-        for entry_id, flat in entries:
+        for entry in entries:
+            if entry is None:
+                continue
+            entry_id, flat = entry
             flat = flat or ()
             found.append((name, entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
     return found
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    """A raw [key, value, key, value, ...] reply (HGETALL, CONFIG GET) as a dict."""
+    flat = flat or ()
+    return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -1,7 +1,8 @@
-"""`exa audit verify` and `exa audit tail`: check the hash-chained audit trail, show its last events.
+"""`exa audit verify`, `exa audit tail` and `exa audit archive`: the hash-chained audit trail.
 
-Thin: parse, call ``examlops.monitoring.audit``, format. Registered in ``main.py`` as the group ``audit``.
-``verify`` exits 1 when the trail is broken, naming the first broken link; 3 when Redis or SQL is down.
+Thin: parse, call what ``bootstrap.control.audit_access`` built, format. Registered in ``main.py`` as the
+group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first broken link; ``archive``
+exits 1 when it refuses (a broken chain, another archiver); both exit 3 when Redis or SQL is down.
 """
 
 from __future__ import annotations
@@ -10,43 +11,37 @@ from typing import Annotated
 
 import typer
 
-from examlops.cli.output import UNWELL, console, errors_as_exit, load_settings, print_json, print_table
+from examlops.cli.output import UNWELL, JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 
-audit_app = typer.Typer(help="The hash-chained audit trail: verify it, show its last events.", no_args_is_help=True)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+audit_app = typer.Typer(
+    help="The hash-chained audit trail: verify it, show its last events, archive it out of Redis.",
+    no_args_is_help=True,
+)
 
 
 @audit_app.command("verify")
 def verify(as_json: JsonOption = False) -> None:
-    """Walk the chain and the signed checkpoints; name the first broken link and exit 1 when there is one."""
-    from examlops.adapters.redis import connect
-    from examlops.bootstrap import sql_engine
-    from examlops.monitoring.audit_store import SqlCheckpointStore
-    from examlops.monitoring.audit_verify import verify as verify_trail
+    """Walk the chain (archive, then Redis) and the signed checkpoints; name the first broken link, exit 1."""
+    from examlops.bootstrap.control import audit_access
+    from examlops.monitoring.audit.verify import verify as verify_trail
 
-    settings = load_settings()
-    with errors_as_exit():
-        client = connect(settings.redis_url)
-        engine = sql_engine(settings)
-        try:
-            report = verify_trail(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
-        finally:
-            client.close()
-            engine.dispose()
+    with errors_as_exit(), audit_access(load_settings()) as audit:
+        report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
     if as_json:
         print_json(report.to_json())
     elif report.broken is None:
         console.print(
-            f"audit trail intact: {report.events} events (last seq {report.last_seq}), "
-            f"{report.checkpoints} signed checkpoints",
+            f"audit trail intact: {report.events} events ({report.archived} archived, last seq "
+            f"{report.last_seq}), {report.checkpoints} signed checkpoints",
             highlight=False,
         )
     else:
+        from rich.markup import escape
+
         broken = report.broken
+        where = f" [entry {broken.entry_id}]" if broken.entry_id else ""
         console.print(
-            f"[bold red]audit trail broken[/] at seq {broken.seq} ({broken.kind}): {broken.message}"
-            + (f" [entry {broken.entry_id}]" if broken.entry_id else ""),
+            f"[bold red]audit trail broken[/] at seq {broken.seq} ({broken.kind}): {escape(broken.message + where)}",
             highlight=False,
         )
     if report.broken is not None:
@@ -58,17 +53,12 @@ def tail(
     n: Annotated[int, typer.Option("-n", "--lines", help="How many of the last events.", min=1)] = 20,
     as_json: JsonOption = False,
 ) -> None:
-    """The last N events of the audit trail, oldest first."""
-    from examlops.adapters.redis import connect
-    from examlops.monitoring.audit_verify import tail as tail_trail
+    """The last N events of the audit trail, oldest first (from the archive too when Redis holds fewer)."""
+    from examlops.bootstrap.control import audit_access
+    from examlops.monitoring.audit.verify import tail as tail_trail
 
-    settings = load_settings()
-    with errors_as_exit():
-        client = connect(settings.redis_url)
-        try:
-            events = tail_trail(client, n)
-        finally:
-            client.close()
+    with errors_as_exit(), audit_access(load_settings()) as audit:
+        events = tail_trail(audit.store, n, archive=audit.archive)
     if as_json:
         print_json([event.to_json() for event in events])
         return
@@ -77,3 +67,26 @@ def tail(
         data = event.to_json()
         rows.append([event.seq, data["time"], event.type, event.subject, event.data[:80], event.hash[:12]])
     print_table(f"audit trail: last {len(events)} events", ["seq", "time", "type", "subject", "data", "hash"], rows)
+
+
+@audit_app.command("archive")
+def archive(as_json: JsonOption = False) -> None:
+    """Move the events a signed checkpoint covers from Redis to <state>/audit/archive (what retention runs)."""
+    from examlops.bootstrap.control import audit_access
+
+    with errors_as_exit(), audit_access(load_settings()) as audit:
+        report = audit.archiver.run()
+    if as_json:
+        print_json(report.to_json())
+    elif report.archived:
+        console.print(
+            f"archived events {report.first_seq}..{report.last_seq} to {report.segment}; "
+            f"{report.trimmed} entries trimmed from Redis",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"nothing new to archive (archive ends at event {report.archive_last_seq}); "
+            f"{report.trimmed} entries trimmed from Redis",
+            highlight=False,
+        )

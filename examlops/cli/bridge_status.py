@@ -1,36 +1,29 @@
 """`exa bridge status`: per model, the failure rate, how full the window is, the cooldown left, the last retrain.
 
 Thin: reads the shared windows, cooldowns and retrain records in Redis through
-``examlops.monitoring.failures``; works from any process, whichever bridges run.
+``examlops.monitoring.failure_store``; works from any process, whichever bridges run.
 The lead registers ``status`` on the ``bridge`` group.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from examlops.cli.output import errors_as_exit, load_settings, print_json, print_table
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+from examlops.cli.output import JsonOption, errors_as_exit, load_settings, print_json, print_table
 
 
 def status(as_json: JsonOption = False) -> None:
     """Per model: failure rate over the shared window, its fill, the retrain cooldown left and the last request."""
-    from examlops.adapters.redis import connect
     from examlops.bootstrap import catalog
-    from examlops.monitoring.failures import RedisFailureStore, failure_status
+    from examlops.bootstrap.control import failure_store
+    from examlops.monitoring.failures import failure_status
 
     settings = load_settings()
     with errors_as_exit():
         models = [spec.name for spec in catalog(settings)]
-        client = connect(settings.redis_url)
-        try:
-            rows = failure_status(RedisFailureStore(client), models, settings.failure.window)
-        finally:
-            client.close()
+        with failure_store(settings) as store:
+            rows = failure_status(store, models, settings.failure.window)
     if as_json:
         print_json(
             {

@@ -16,14 +16,21 @@ from typing import Annotated, Any
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, UNAVAILABLE, errors_as_exit, exit_code_of, fail, print_json, print_table
+from examlops.cli.output import (
+    BAD_INPUT,
+    UNAVAILABLE,
+    JsonOption,
+    errors_as_exit,
+    exit_code_of,
+    fail,
+    print_json,
+    print_table,
+)
 from examlops.core import errors
 from examlops.core.settings import Settings
 
 bus_app = typer.Typer(help="Send jobs over the Redis bus to a model's address (its seanerbus_uuid).")
 bridge_app = typer.Typer(help="The bus bridge: consumes jobs, calls serving, replies exactly once.")
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @bus_app.callback(no_args_is_help=True)

@@ -36,7 +36,8 @@ from examlops.cli.output import (
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
-    from examlops.platform.supervisor import SetupHook, UpState
+    from examlops.platform.supervisor import SetupHook
+    from examlops.platform.up_state import UpState
 
 TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait.", min=1)]
 
@@ -122,7 +123,7 @@ def _cli_module() -> str:
 
 def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: list[str], as_json: bool) -> None:
     from examlops.platform.process import tail
-    from examlops.platform.supervisor import UpState, url_table
+    from examlops.platform.up_state import UpState, url_table
 
     argv = [sys.executable, "-m", _cli_module(), "up", "--timeout", str(timeout)]
     argv += ["--no-seed"] * no_seed + [arg for name in skip for arg in ("--skip", name)]
@@ -172,7 +173,7 @@ def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: lis
 def down(timeout: TimeoutOption = 60.0) -> None:
     """Stop what `exa up` started: SIGTERM its supervisor, then SIGKILL any process group left behind."""
     from examlops.platform.process import group_alive, kill_group, pid_alive
-    from examlops.platform.supervisor import STATE_FILE, UpState, supervisor_running
+    from examlops.platform.up_state import STATE_FILE, UpState, supervisor_running
 
     settings = load_settings()
     run_dir = settings.run_dir
@@ -234,7 +235,7 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
 
 
 def _status_document(state: UpState | None, run_dir: Path) -> dict[str, Any]:
-    from examlops.platform.supervisor import supervisor_running
+    from examlops.platform.up_state import supervisor_running
 
     up = supervisor_running(run_dir)
     if state is None:
@@ -257,7 +258,7 @@ def status(
     """Each service of `exa up`: state, pid, URL, health. Exit 1 when something that should run does not."""
     from rich.table import Table
 
-    from examlops.platform.supervisor import UpState
+    from examlops.platform.up_state import UpState
 
     settings = load_settings()
     doc = _status_document(UpState.read(settings.run_dir), settings.run_dir)

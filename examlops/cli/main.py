@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated
 
 import typer
 
-from examlops.cli import flows as flows_cli
 from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
 from examlops.cli.db import db_app
-from examlops.cli.output import console, errors_as_exit, load_settings, print_json
+from examlops.cli.demo_traffic import demo_traffic
+from examlops.cli.drift import drift_app
+from examlops.cli.flows import flows_app
+from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
+from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
 from examlops.core.setting_sources import setting_description, setting_sources
 
@@ -37,16 +39,12 @@ bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
 app.add_typer(db_app, name="db")
-app.add_typer(flows_cli.drift_app, name="drift")
-app.add_typer(flows_cli.flows_app, name="flows")
-app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(
-    flows_cli.retrain
-)
-demo_app.command("traffic")(flows_cli.demo_traffic)
+app.add_typer(drift_app, name="drift")
+app.add_typer(flows_app, name="flows")
+app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)
+demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)
 promote.register(app)
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.callback()

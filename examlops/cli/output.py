@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,6 +23,9 @@ from rich.table import Table
 
 from examlops.core import errors
 from examlops.core.settings import Settings
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+"""The ``--json`` flag of every command that prints data."""
 
 OK, UNWELL, BAD_INPUT, UNAVAILABLE, NOT_FOUND = 0, 1, 2, 3, 4
 

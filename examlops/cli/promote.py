@@ -15,6 +15,7 @@ import typer
 
 from examlops.cli.output import (
     BAD_INPUT,
+    JsonOption,
     console,
     err_console,
     errors_as_exit,
@@ -38,7 +39,6 @@ UrlsOption = Annotated[
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", min=1, help="Seconds every instance gets to report the new version.")
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def register(app: typer.Typer) -> None:

@@ -10,14 +10,23 @@ from typing import Annotated, Any
 import typer
 
 from examlops.cli.client import ServingClient
-from examlops.cli.output import BAD_INPUT, UNWELL, console, errors_as_exit, fail, load_settings, print_json, print_table
+from examlops.cli.output import (
+    BAD_INPUT,
+    UNWELL,
+    JsonOption,
+    console,
+    errors_as_exit,
+    fail,
+    load_settings,
+    print_json,
+    print_table,
+)
 
 serve_app = typer.Typer(
     help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True
 )
 
 UrlOption = Annotated[str | None, typer.Option("--url", help="Base URL of serving; default: the local one.")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def _url(url: str | None) -> str:

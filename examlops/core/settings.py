@@ -12,6 +12,7 @@ folder, ``.examlops/`` under the working directory by default).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -102,6 +103,8 @@ class RecordingSettings(_Section):
     bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
     nice: int = Field(19, ge=0, le=19)
     """The recording process's nice value (0 keeps the bridge's priority)."""
+    snapshot_max_age_s: float = Field(7 * 86400.0, gt=0)
+    """Drift snapshots older than this are trimmed by the retention flow, whether the drift flow read them or not."""
 
 
 class BusSettings(_Section):
@@ -118,6 +121,12 @@ class BusSettings(_Section):
     to a connection serving is closing."""
     reply_ttl_s: int = Field(600, ge=1)
     """Seconds a client's reply stream lives after its last reply (an abandoned client's stream vanishes)."""
+    redis_client: Literal["auto", "library", "lean"] = "auto"
+    """The bus's Redis client: `library` (redis-py with hiredis), `lean` (examlops' pipelined client, plain TCP
+    only), `auto` (lean for a redis:// URL, else library). Compared by `bench/bus_vs_http.py --clients`."""
+    http_client: Literal["library", "aiohttp", "lean"] = "lean"
+    """The transport under the bridge's httpx client to serving: `library` (httpx's own), `aiohttp`
+    (httpx-aiohttp's) or `lean` (examlops' keep-alive transport). Compared by `bench/bus_vs_http.py --clients`."""
 
 
 class ServingSettings(_Section):

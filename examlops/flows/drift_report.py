@@ -1,4 +1,4 @@
-"""The drift-report flow: one task per model runs ``monitoring.drift.run_drift_report``; artifacts for the UI.
+"""The drift-report flow: one task per model runs ``monitoring.drift_report.run_drift_report``; artifacts for the UI.
 
 Scheduled from ``prefect.yaml`` (every 15 minutes). Publishes one table
 artifact (``drift-report``: per model, prediction and input verdicts, scores,
@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from examlops.bootstrap.control import ControlPlane
 from examlops.core.settings import Settings
 from examlops.flows.wiring import artifact_key
-from examlops.monitoring.drift import MIN_ROWS, DriftReport, run_drift_report
+from examlops.monitoring.drift_report import MIN_ROWS, DriftReport, run_drift_report
 
 
 def report_row(model: str, report: DriftReport | None) -> dict[str, Any]:

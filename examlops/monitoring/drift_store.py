@@ -22,7 +22,8 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from examlops.core.errors import StoreUnavailable
 
 if TYPE_CHECKING:
-    from examlops.monitoring.drift import DriftReport, DriftResult
+    from examlops.monitoring.drift import DriftResult
+    from examlops.monitoring.drift_report import DriftReport
 
 
 class DriftStatus(SQLModel, table=True):

@@ -2,22 +2,23 @@
 
 Keys (``{model}`` is the catalog name lower-cased)::
 
-    examlops:snapshots:{model}           stream of snapshots; never capped, only trimmed below the checkpoint
+    examlops:snapshots:{model}           stream of snapshots; trimmed below the drift checkpoint, and past
+                                         the maximum age (``recording.snapshot_max_age_s``) by retention
     examlops:snapshots:models            set of the model names that have a snapshot stream
     examlops:drift:checkpoint:{model}    the id of the last entry the drift flow consumed; only moves forward
 
 A snapshot is one stream field, ``s``: the JSON array of its values in the
 order of ``FIELDS`` (``model alias version run_id prediction norm mean std
 node_count job_id user_id ts status code``), texts as strings and the rest as
-numbers. One field rather than fourteen: a 14-field XADD cost Redis ~9 us more
-per snapshot, on every bus job. Entries written before 2026-11-30 have one
-field per value (all strings) and are read too. ``code`` is empty for a served
-prediction and the error's code otherwise (``invalid_input``,
-``inference_failed``...): the drift flow reads ``Snapshot.ok`` ones. ``norm``,
-``mean`` and ``std`` (population) are the embedding's; 0 for an empty one.
+numbers (one field costs Redis less per XADD than fourteen; ``bench/RESULTS.md``).
+``code`` is empty for a served prediction and the error's code otherwise
+(``invalid_input``, ``inference_failed``...): the drift flow reads
+``Snapshot.ok`` ones. ``norm``, ``mean`` and ``std`` (population) are the
+embedding's; 0 for an empty one.
 
 The snapshot is written by the audit append script, atomically with its
-``inference.served`` event (see ``audit.SideWrite``), so the two streams stay 1:1.
+``inference.served`` event (see ``audit.chain.SideWrite``), so the two streams stay 1:1
+until retention trims them, each by its own rule.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import orjson
 import redis
 
 from examlops.adapters.redis import translated
-from examlops.monitoring.audit import SideWrite
+from examlops.monitoring.audit.chain import SideWrite
 
 PREFIX = "examlops:snapshots:"
 MODELS = "examlops:snapshots:models"
@@ -91,8 +92,6 @@ class Snapshot:
     @classmethod
     def from_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
         """``KeyError`` / ``ValueError`` for an entry that is not a snapshot."""
-        if PACKED[0] not in fields:
-            return cls._from_legacy_fields(entry_id, fields)
         try:
             row = orjson.loads(fields[PACKED[0]])
         except orjson.JSONDecodeError as exc:
@@ -108,14 +107,6 @@ class Snapshot:
             model, alias, version, run_id, _float(prediction), _float(norm), _float(mean), _float(std), nodes, job_id,
             user_id, _float(ts), status, code, entry_id,
         )  # fmt: skip
-
-    @classmethod
-    def _from_legacy_fields(cls, entry_id: str, fields: Mapping[str, str]) -> Snapshot:
-        """An entry of one field per value, all strings (written before 2026-11-30)."""
-        floats = {name: float(fields[name]) for name in ("prediction", "norm", "mean", "std", "ts")}
-        texts = {name: fields[name] for name in ("model", "alias", "version", "run_id", "job_id", "user_id", "code")}
-        ints = {name: int(fields[name]) for name in ("node_count", "status")}
-        return cls(**texts, **floats, **ints, entry_id=entry_id)  # type: ignore[arg-type]  # keys are the fields
 
     def side_write(self) -> SideWrite:
         return SideWrite(stream_of(self.model), PACKED, (packed(self.row()),), MODELS, self.model.lower())
@@ -144,8 +135,8 @@ def _float(value: Any) -> float:
 def embedding_stats(embedding: Sequence[float]) -> tuple[float, float, float]:
     """(L2 norm, mean, population standard deviation); zeros for an empty embedding.
 
-    In ``math``'s C loops, ~4 us for 384 floats (turning them into a numpy array alone took ~8 us, a
-    pure-Python variance ~100 us). The variance is first taken as E[x^2] - mean^2 from the norm; where
+    In ``math``'s C loops (cheaper than numpy for one embedding; ``bench/RESULTS.md``). The variance is
+    first taken as E[x^2] - mean^2 from the norm; where
     the mean is so large against the spread that this loses digits (variance below 1e-6 mean^2, where
     its relative error could pass ~1e-9), it is taken again from the deviations (``math.dist``).
     """
@@ -280,6 +271,12 @@ class SnapshotStream:
         """Delete the entries below ``entry_id`` and below the checkpoint; without a checkpoint none. The count."""
         with translated("trimming snapshots"):
             return int(self._trim(keys=[stream_of(model), checkpoint_key(model)], args=[entry_id]))
+
+    def trim_older_than(self, model: str, max_age_s: float, now: float) -> int:
+        """Delete the snapshots written more than ``max_age_s`` before ``now``, consumed or not. The count."""
+        bound = f"{max(0, int((now - max_age_s) * 1000))}-0"
+        with translated("trimming old snapshots"):
+            return int(self.redis.xtrim(stream_of(model), minid=bound, approximate=False))
 
     def length(self, model: str) -> int:
         with translated("counting snapshots"):

@@ -6,6 +6,7 @@ Nothing here imports mlflow or prefect: they run as subprocesses from the venv's
 
 from examlops.platform.process import ManagedProcess
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.platform.supervisor import Supervisor, UpState
+from examlops.platform.supervisor import Supervisor
+from examlops.platform.up_state import UpState
 
 __all__ = ["EmbeddedRedis", "ManagedProcess", "Supervisor", "UpState"]

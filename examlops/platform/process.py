@@ -5,22 +5,24 @@ Contract:
 - ``start()`` launches ``argv`` in a new session (so it leads its own process
   group), stdout and stderr into ``log_path`` (the previous log is kept as
   ``<name>.log.1``). A missing program raises ``ServiceStartFailed``.
-- ``wait_ready(timeout)`` polls the health check until it answers; the process
-  dying first raises ``ServiceStartFailed`` with the tail of its log, running
-  past ``timeout`` raises ``ServiceStartFailed`` too.
+- ``check_ready()`` polls the health check once; ``wait_ready(timeout)``
+  polls until it answers. The process dying first raises
+  ``ServiceStartFailed`` with the tail of its log; running past ``timeout``
+  raises ``ServiceStartFailed`` too.
 - ``stop(grace)`` signals the whole group (``stop_signal``, SIGTERM by
   default), waits ``grace`` seconds, then SIGKILLs the group. It is idempotent
   and never raises for a process that is already gone. Signalling the group
   matters: ``mlflow server`` forks uvicorn, and SIGTERM to its pid alone
   orphans the workers.
 
-The errors of this package live here too::
+The platform's errors live in ``examlops.core.errors`` with the rest of the
+family; this is their branch of its tree::
 
     ExamlopsError
-    └── ServiceError                    a platform service could not be run
-        ├── PortInUse                   the port is taken; names the setting to change
-        ├── ServiceStartFailed          exited or never became ready; carries the log tail
-        ├── ServiceExited               died after it was ready
+    └── ServiceError                    `exa up` could not run a service
+        ├── PortInUse                   a port it needs is taken (names the setting to change)
+        ├── ServiceStartFailed          a service did not become ready (carries its log tail)
+        │   └── ServiceExited           a service exited on its own
         └── AlreadyRunning (Conflict)   another `exa up` owns this state folder
 """
 

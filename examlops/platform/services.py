@@ -191,7 +191,7 @@ def bridge_spec(settings: Settings) -> ServiceSpec:
     return ServiceSpec("bridge", "Bus bridge", redact(settings.redis_url), process=process)
 
 
-FLOWS_DEPLOYMENTS = ("drift-report/drift-report", "retrain/retrain", "promote/promote")
+FLOWS_DEPLOYMENTS = ("drift-report/drift-report", "retrain/retrain", "promote/promote", "retention/retention")
 """What ``exa flows serve`` must have registered before the flows service counts as ready."""
 
 

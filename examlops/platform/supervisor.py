@@ -7,12 +7,15 @@
   ended), or while a dead one's ``up.json`` names process groups still alive.
 - Checks every owned port before starting anything (``PortInUse`` names the
   setting to change).
-- Upgrades the SQL schema (``examlops.db.upgrade``; a failure is ``ServiceStartFailed``),
-  starts redis, then calls the setup hook, then starts mlflow, prefect and
-  serving together and waits for all three. ``ServiceStartFailed`` carries the
-  log tail of the one that failed.
-- Keeps ``run_dir/up.json`` current (``UpState``: supervisor pid, state, and
-  per service pid, pgid, URL, log, state) for ``exa status`` and ``exa down``.
+- Upgrades the SQL schema (``examlops.db.upgrade``; a failure is
+  ``ServiceStartFailed``), starts redis, then calls the setup hook, then starts the rest of
+  ``services.SERVICE_NAMES`` together (mlflow, prefect, serving, the bus
+  bridge and the served Prefect flows; those pointed elsewhere by a URL
+  setting are external and never started) and waits for all of them.
+  ``ServiceStartFailed`` carries the log tail of the one that failed.
+- Keeps ``run_dir/up.json`` current (``up_state.UpState``: supervisor pid,
+  state, and per service pid, pgid, URL, log, state) for ``exa status`` and
+  ``exa down``.
 - Returns the signal's name after SIGINT, SIGTERM or SIGHUP; raises
   ``ServiceExited`` when a service dies on its own.
 - Whatever happened, every process it started is stopped (reverse order, whole
@@ -24,93 +27,26 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import time
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console
-from rich.table import Table
 
 from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceExited, ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.db import upgrade
 from examlops.platform.process import ensure_port_free, group_alive
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
+from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
 
 Progress = Callable[[str], None]
 SetupHook = Callable[[Settings, Progress], None]
 """Runs after redis is ready and before the other services start (``bootstrap.prepare_platform``)."""
-
-STATE_FILE = "up.json"
-LOCK_FILE = "up.lock"
-
-
-@dataclass(slots=True)
-class ServiceRecord:
-    name: str
-    title: str
-    url: str
-    links: list[tuple[str, str]] = field(default_factory=list)
-    owned: bool = True
-    state: str = "pending"
-    """pending, starting, running, failed, stopped, or external."""
-    pid: int | None = None
-    pgid: int | None = None
-    port: int | None = None
-    log: str | None = None
-    health_url: str | None = None
-    ready_after_s: float | None = None
-
-
-@dataclass(slots=True)
-class UpState:
-    """The content of ``up.json``."""
-
-    supervisor_pid: int
-    state_dir: str
-    state: str = "starting"
-    """starting, ready or stopping."""
-    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    services: list[ServiceRecord] = field(default_factory=list)
-
-    def write(self, run_dir: Path) -> None:
-        """Atomic: a reader sees the old document or the new one, never half of one."""
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".{STATE_FILE}.{os.getpid()}"
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(run_dir / STATE_FILE)
-
-    @classmethod
-    def read(cls, run_dir: Path) -> UpState | None:
-        """None when there is no file or it cannot be parsed."""
-        try:
-            data: dict[str, Any] = json.loads((run_dir / STATE_FILE).read_text())
-            services = [
-                ServiceRecord(**{**s, "links": [tuple(link) for link in s.get("links", [])]})
-                for s in data.pop("services", [])
-            ]
-            return cls(**data, services=services)
-        except (OSError, ValueError, TypeError):
-            return None
-
-
-def url_table(state: UpState, title: str = "examlops is up") -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("service")
-    table.add_column("URL")
-    table.add_column("state")
-    for record in state.services:
-        table.add_row(record.title, record.url, record.state)
-        for link_title, link_url in record.links:
-            table.add_row(f"  {link_title}", link_url, "")
-    return table
 
 
 def _record(spec: ServiceSpec) -> ServiceRecord:
@@ -312,17 +248,3 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 (self.run_dir / STATE_FILE).unlink()
             self._release()
-
-
-def supervisor_running(run_dir: Path) -> bool:
-    """True while some ``exa up`` holds the lock of this state folder; immune to pid reuse."""
-    path = run_dir / LOCK_FILE
-    if not path.exists():
-        return False
-    with path.open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        return False

@@ -36,7 +36,7 @@ def load_sklearn_model(location: str) -> Estimator:
     Side effect: limits OpenMP to one thread in the calling process (each
     worker predicts on one core; scikit-learn's tree predictors use OpenMP).
     """
-    from examlops.registry.mlflow_registry import import_mlflow
+    from examlops.registry.mlflow_client import import_mlflow
 
     import_mlflow()
     import mlflow.sklearn

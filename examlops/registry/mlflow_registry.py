@@ -1,29 +1,21 @@
 """The MLflow model registry behind the ``ModelSource`` port, plus alias moves.
 
-Contracts:
+Contracts (reaching MLflow and translating its errors: ``mlflow_client``):
 
 - Aliases match case-insensitively ("production" is Production). MLflow's are
   case-sensitive, so a requested alias is mapped onto the spelling the model
   already has, else onto the known spelling (``KNOWN_ALIASES``); results are
   keyed by canonical names. Model names match case-insensitively too.
-- Every MLflow failure is translated here, chained with ``from exc``: a
-  missing model, alias or version raises ``ModelNotFound``, ``AliasNotFound``
-  or ``VersionNotFound``; a store that cannot be reached (SQLite
-  ``OperationalError``, HTTP connection errors) raises ``RegistryUnavailable``.
-- Only an explicit ``MlflowClient(tracking_uri=..., registry_uri=...)`` is
-  used, never the process-global fluent URI. The client, and with it the
-  ``mlflow`` import, is built on first use: constructing this class connects
-  to nothing.
-
-MLflow retries before it gives up, so ``RegistryUnavailable`` can take a
-while: over HTTP for minutes by default (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-``MLFLOW_HTTP_REQUEST_TIMEOUT`` shorten it); a SQLite file that cannot be
-opened costs about 100 s of fixed retries in 3.17.
+- Every MLflow failure is translated, chained with ``from exc``: a missing
+  model, alias or version raises ``ModelNotFound``, ``AliasNotFound`` or
+  ``VersionNotFound``; a store that cannot be reached raises
+  ``RegistryUnavailable`` (which can take a while: see ``mlflow_client``).
+- The client, and with it the ``mlflow`` import, is built on first use:
+  constructing this class connects to nothing.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import threading
@@ -35,57 +27,9 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from examlops.core.errors import (
-    AliasNotFound,
-    ConfigError,
-    Conflict,
-    ExamlopsError,
-    InvalidInput,
-    ModelLoadError,
-    ModelNotFound,
-    RegistryUnavailable,
-    VersionNotFound,
-)
+from examlops.core.errors import AliasNotFound, ExamlopsError, ModelLoadError, ModelNotFound, VersionNotFound
 from examlops.core.messages import KNOWN_ALIASES, ModelRef, canonical_alias
-
-_UNAVAILABLE_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "SERVICE_UNDER_MAINTENANCE", "REQUEST_LIMIT_EXCEEDED"})
-_DENIED_CODES = frozenset({"PERMISSION_DENIED", "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED"})
-
-
-def import_mlflow() -> Any:
-    """Import mlflow with its usage telemetry off unless the environment says otherwise.
-
-    MLflow 3 decides at import time whether to send telemetry and then writes
-    ``~/.config/mlflow/telemetry.json``: outside the state folder, and a
-    network call on offline machines. ``MLFLOW_DISABLE_TELEMETRY=false`` turns it back on.
-    """
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow
-
-    return mlflow
-
-
-def translate_error(exc: BaseException, missing: Callable[[], ExamlopsError]) -> ExamlopsError:
-    """Our error for an MLflow failure; ``missing()`` builds the not-found error of what was asked."""
-    code = getattr(exc, "error_code", None)
-    if code == "RESOURCE_DOES_NOT_EXIST":
-        return missing()
-    text = str(exc)
-    if code in _UNAVAILABLE_CODES or isinstance(exc, ConnectionError) or text.startswith("API request to"):
-        # MLflow wraps requests' connection errors as INTERNAL_ERROR with this message and no cause.
-        return RegistryUnavailable(f"the MLflow registry cannot be reached: {text[:300]}")
-    if type(exc).__name__ == "OperationalError":  # sqlalchemy / sqlite3, without importing either
-        return RegistryUnavailable(f"the MLflow store cannot be opened: {text[:300]}")
-    if type(exc.__cause__).__name__ in ("OperationalError", "DatabaseError"):
-        # MLflow wraps a store it cannot read (e.g. "file is not a database") as BAD_REQUEST.
-        return RegistryUnavailable(f"the MLflow store cannot be read: {text[:300]}")
-    if code == "RESOURCE_ALREADY_EXISTS":
-        return Conflict(f"MLflow refused a change: {text[:300]}")
-    if code in _DENIED_CODES:
-        return ConfigError(f"MLflow refused the credentials: {text[:300]}")
-    if code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST"):
-        return InvalidInput(f"MLflow refused a value: {text[:300]}")
-    return ExamlopsError(f"MLflow registry error: {text[:300]}")
+from examlops.registry.mlflow_client import connect, import_mlflow, translate_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +66,7 @@ class MlflowRegistry:
         """
         with self._lock:
             if self._client is None:
-                mlflow = import_mlflow()
-                try:
-                    # Eager for SQL stores: opens the database and runs MLflow's migrations.
-                    self._client = mlflow.MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-                except Exception as exc:
-                    error = translate_error(exc, lambda: ConfigError("unused"))
-                    if not isinstance(error, RegistryUnavailable):
-                        error = ConfigError(f"the MLflow tracking URI {self.tracking_uri!r} cannot be used: {exc}")
-                    raise error from exc
+                self._client = connect(self.tracking_uri)
             return self._client
 
     def _call(self, missing: Callable[[], ExamlopsError], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

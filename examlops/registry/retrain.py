@@ -37,8 +37,9 @@ from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion.aliases import move_alias
 from examlops.registry.catalog import ModelSpec
-from examlops.registry.demo import RECIPES, ensure_experiment, fit_regressor, log_and_register
+from examlops.registry.demo_models import RECIPES, fit_regressor
 from examlops.registry.mlflow_registry import MlflowRegistry
+from examlops.registry.registration import ensure_experiment, log_and_register
 from examlops.registry.synthetic import FloatArray, IntArray, features, make_dataset
 
 RETRAIN_EXPERIMENT = "examlops-retrain"

@@ -6,21 +6,17 @@ Contracts:
   Canary, Staging, plus the model's default alias) and loads its version. One model or alias failing
   does not stop the others: it is recorded with state ``error`` and the reason; an alias the registry
   does not have is ``missing``. ``load_model`` retries one model's aliases that are not loaded.
-- A version is loaded into the runtime once (key ``"{name}/{version}"``) however many aliases, pinned
-  slots and requests in flight use it, and unloaded when the last of them lets go (reference counts).
-  Blocking registry calls (``source.*``) run in a thread; a load never overlaps an unload of its key.
+- Versions are loaded once and unloaded when the last user lets go (``residency.Residency``);
+  pinned versions live in an LRU of ``version_cache_size`` (``pinned.PinnedVersions``).
 - ``get`` / ``acquire`` answer by alias (case-insensitive; the default alias when none is named) or by
-  raw version. Pinned versions are loaded on demand and the ``version_cache_size`` most recently used
-  stay loaded (LRU). ``acquire`` also holds the version until ``release``, so a request in flight
-  finishes on the version it started with even if a reload swaps its alias meanwhile.
+  raw version. ``acquire`` also holds the version until ``release``, so a request in flight finishes
+  on the version it started with even if a reload swaps its alias meanwhile.
 - ``reload`` asks the registry where each alias points now; for an alias that moved it loads the new
-  version first, then swaps, then releases the old one. A new version that fails to load is refused:
-  the old one keeps serving, marked ``degraded`` with the reason, and the refusal is logged with
-  model, alias, version and reason. Refused: a missing artifact folder, a file that does not load,
-  any exception while loading, and a model that declares a number of input columns
-  (``n_features_in_``) other than the catalog's row (``embedding_dim + 1``: embedding, node count).
-  An unreachable registry changes nothing but marks the model's entries stale (in ``reason``, with
-  the time of the first failed reload), until a reload reaches it again.
+  version first, then swaps, then releases the old one. A new version that fails to load (see
+  ``residency``) is refused: the old one keeps serving, marked ``degraded`` with the reason, and the
+  refusal is logged with model, alias, version and reason. An unreachable registry changes nothing
+  but marks the model's entries stale (in ``reason``, with the time of the first failed reload),
+  until a reload reaches it again.
 
 Errors: ``ModelNotFound``, ``AliasNotFound`` (the model does not have or serve that alias),
 ``VersionNotFound``, ``NotReady`` (the alias exists but its load failed), ``ModelLoadError``,
@@ -33,40 +29,21 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from examlops.core.errors import AliasNotFound, ExamlopsError, ModelLoadError, NotReady
+from examlops.core.errors import AliasNotFound, NotReady
 from examlops.core.messages import KNOWN_ALIASES, ModelRef, canonical_alias
 from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.serving.pinned import PinnedVersions
 from examlops.serving.ports import ModelSource, PredictRuntime
+from examlops.serving.residency import Entry, EntryState, Residency, describe
 
 log = logging.getLogger(__name__)
 
-EntryState = Literal["ready", "degraded", "error", "missing"]
 NOT_LOADED = "not loaded yet"
-
-
-def runtime_key(ref: ModelRef) -> str:
-    return f"{ref.name}/{ref.version}"
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, ExamlopsError) else f"{type(exc).__name__}: {exc}"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A loaded version as a request sees it; ``alias`` is None for a pinned version."""
-
-    ref: ModelRef
-    key: str
-    alias: str | None
-    loaded_at: float
-    state: EntryState = "ready"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,87 +82,6 @@ class _Slot:
     stale_since: float | None = None
 
 
-class _Residency:
-    """Reference-counted keys in the runtime: loaded once, unloaded when the last reference goes."""
-
-    def __init__(self, source: ModelSource, runtime: PredictRuntime, width: Callable[[ModelRef], int]) -> None:
-        self._source = source
-        self._runtime = runtime
-        self._width = width
-        self.refs: dict[str, int] = {}
-        self._loaded: set[str] = set()
-        self._loading: dict[str, asyncio.Task[None]] = {}
-        self._unloading: dict[str, asyncio.Task[None]] = {}
-
-    async def take(self, ref: ModelRef) -> str:
-        """One more reference to ``ref``'s key, loading it first if needed (``ModelLoadError`` and co.)."""
-        key = runtime_key(ref)
-        self.refs[key] = self.refs.get(key, 0) + 1
-        try:
-            if key not in self._loaded:
-                task = self._loading.get(key)
-                if task is None:
-                    task = self._loading[key] = asyncio.get_running_loop().create_task(self._load(key, ref))
-                # shield: a waiter that gives up must not cancel a load other waiters share.
-                await asyncio.shield(task)
-        except BaseException:
-            self.drop(key)
-            raise
-        return key
-
-    def hold(self, key: str) -> None:
-        """One more reference to a key that is loaded and referenced already."""
-        self.refs[key] += 1
-
-    def drop(self, key: str) -> None:
-        left = self.refs.get(key, 0) - 1
-        if left > 0:
-            self.refs[key] = left
-            return
-        self.refs.pop(key, None)
-        if key in self._loaded:
-            self._loaded.discard(key)
-            self._unloading[key] = asyncio.get_running_loop().create_task(self._unload(key))
-
-    async def _load(self, key: str, ref: ModelRef) -> None:
-        try:
-            if (pending := self._unloading.get(key)) is not None:
-                await pending
-            try:
-                location = await asyncio.to_thread(self._source.fetch, ref)
-                declared = await self._runtime.load(key, location)
-                if declared is not None and declared != (expected := self._width(ref)):
-                    await self._runtime.unload(key)
-                    raise ModelLoadError(
-                        f"{key} takes {declared} input columns, the catalog gives {expected} "
-                        f"({expected - 1} embedding values and the node count)"
-                    )
-            except ExamlopsError:
-                raise
-            except Exception as exc:
-                raise ModelLoadError(f"{key} could not be loaded: {_describe(exc)}") from exc
-            self._loaded.add(key)
-            if key not in self.refs:  # every taker gave up while it loaded
-                self.refs[key] = 1
-                self.drop(key)
-        finally:
-            self._loading.pop(key, None)
-
-    async def _unload(self, key: str) -> None:
-        try:
-            await self._runtime.unload(key)
-        except Exception:
-            log.exception("unloading %s failed", key)
-        finally:
-            if self._unloading.get(key) is asyncio.current_task():
-                del self._unloading[key]
-
-    async def settle(self) -> None:
-        """Wait for every load and unload in progress."""
-        while pending := [*self._loading.values(), *self._unloading.values()]:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
 class HotSet:
     """The versions in memory, by model and alias, plus an LRU of pinned versions (contracts above)."""
 
@@ -201,9 +97,9 @@ class HotSet:
     ) -> None:
         self._catalog = catalog
         self._source = source
-        # Rows are the embedding then the node count (``transformer.validate_features``).
-        self._residency = _Residency(source, runtime, lambda ref: catalog.get(ref.name).embedding_dim + 1)
-        self._cache_size = version_cache_size
+        # Rows are the embedding then the node count (``features.validate_features``).
+        self._residency = Residency(source, runtime, lambda ref: catalog.get(ref.name).embedding_dim + 1)
+        self._pinned = PinnedVersions(source, self._residency, version_cache_size, clock)
         self._clock = clock
         self._slots: dict[str, list[_Slot]] = {}
         for spec in catalog:
@@ -211,7 +107,6 @@ class HotSet:
             if spec.default_alias_canonical.lower() not in {name.lower() for name in names}:
                 names.insert(0, spec.default_alias_canonical)
             self._slots[spec.name.lower()] = [_Slot(spec.name, name) for name in names]
-        self._pinned: OrderedDict[str, Entry] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def load_all(self) -> None:
@@ -229,7 +124,7 @@ class HotSet:
                 refs = await self._aliases(spec)
             except Exception as exc:
                 for slot in todo:
-                    slot.state, slot.reason = "error", f"registry: {_describe(exc)}"
+                    slot.state, slot.reason = "error", f"registry: {describe(exc)}"
                 return
             await asyncio.gather(*(self._follow(slot, refs.get(slot.alias.lower())) for slot in todo))
 
@@ -264,7 +159,7 @@ class HotSet:
                     (entry.ref.version, entry.ref.run_id, entry.loaded_at) if entry else (None,) * 3
                 )
                 infos.append(EntryInfo(slot.model, slot.alias, version, run_id, loaded_at, slot.state, reason))
-        for entry in list(self._pinned.values()):
+        for entry in self._pinned.entries():
             infos.append(EntryInfo(entry.ref.name, None, entry.ref.version, entry.ref.run_id, entry.loaded_at, "ready"))
         return infos
 
@@ -297,7 +192,10 @@ class HotSet:
     async def _entry(self, model: str, alias: str | None, version: str | None, *, hold: bool) -> Entry:
         spec, slots = self._model(model)
         if version is not None:
-            return await self._pinned_entry(spec, slots, str(version).strip(), hold=hold)
+            version = str(version).strip()
+            # A version an alias already serves needs no trip to the registry.
+            known = next((s.entry.ref for s in slots if s.entry is not None and s.entry.ref.version == version), None)
+            return await self._pinned.entry(spec.name, version, known, hold=hold)
         wanted = spec.default_alias_canonical if alias is None else alias.strip()
         slot = next((slot for slot in slots if slot.alias.lower() == wanted.lower()), None)
         if slot is None:
@@ -311,28 +209,6 @@ class HotSet:
             self._residency.hold(slot.entry.key)
         return slot.entry
 
-    async def _pinned_entry(self, spec: ModelSpec, slots: list[_Slot], version: str, *, hold: bool) -> Entry:
-        pin = f"{spec.name.lower()}/{version}"
-        entry = self._pinned.get(pin)
-        if entry is None:
-            # A version an alias already serves needs no trip to the registry.
-            ref = next((s.entry.ref for s in slots if s.entry is not None and s.entry.ref.version == version), None)
-            if ref is None:
-                ref = await asyncio.to_thread(self._source.version, spec.name, version)
-            key = await self._residency.take(ref)  # the LRU's own reference
-            entry = self._pinned.get(pin)
-            if entry is None:
-                entry = self._pinned[pin] = Entry(ref, key, None, self._clock())
-            else:  # a concurrent request pinned it first; keep one reference only
-                self._residency.drop(key)
-        self._pinned.move_to_end(pin)
-        if hold:
-            self._residency.hold(entry.key)
-        while len(self._pinned) > self._cache_size:
-            _, evicted = self._pinned.popitem(last=False)
-            self._residency.drop(evicted.key)
-        return entry
-
     async def _reload_model(self, spec: ModelSpec) -> list[ReloadChange]:
         slots = self._slots[spec.name.lower()]
         async with self._lock(spec):
@@ -343,7 +219,7 @@ class HotSet:
                 for slot in slots:
                     slot.stale_since = slot.stale_since or now
                     since = datetime.fromtimestamp(slot.stale_since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                    slot.stale = f"stale since {since}: the registry was unreachable at reload ({_describe(exc)})"
+                    slot.stale = f"stale since {since}: the registry was unreachable at reload ({describe(exc)})"
                 stale = slots[0].stale if slots else None
                 return [
                     ReloadChange(spec.name, s.alias, s.entry.ref.version, None, "unreachable", stale)
@@ -376,7 +252,7 @@ class HotSet:
         try:
             key = await self._residency.take(ref)
         except Exception as exc:
-            reason = f"version {ref.version} refused: {_describe(exc)}"
+            reason = f"version {ref.version} refused: {describe(exc)}"
             log.warning(
                 "refused a new version: model=%s alias=%s version=%s serving=%s reason=%s",
                 slot.model,

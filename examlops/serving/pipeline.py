@@ -2,17 +2,14 @@
 
 ``infer`` contract: a request whose ``deadline`` (UNIX time) has passed is refused with
 ``DeadlineExceeded`` on entry and again just before its prediction; an unknown model is
-``ModelNotFound``; a bad payload is ``InvalidInput`` (alone: the rest of its batch goes on). Requests
-are validated in micro-batches (``settings.batch``); after validation each one is routed on its own
-(traffic split, pin), then the requests of one batch that resolved to the same loaded version are
-predicted together in ONE ``runtime.predict`` call and each caller gets its own row. A failed group
-predict fails every request of that group with the same error; a transport error (a
-``DependencyUnavailable``: a worker lost, a connection refused) re-routes the group up to
-``settings.traffic.route_retries`` times, nothing else does (``NotReady`` is the caller's to retry). A
-request in flight keeps the version it was routed to until its prediction ends, even across a reload.
+``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
+micro-batches (``settings.batch``, ``batcher``), then routed and predicted per batch as ``dispatch``
+says: one predict call per loaded version, a bad payload fails alone, a failed predict fails its group,
+and only transport errors re-route (up to ``settings.traffic.route_retries`` times).
 
 Replies: a success carries model, alias, version, run id and prediction; a request pinned to a raw
-version reports the alias ``"pinned"``.
+version reports the alias ``"pinned"``. ``start`` loads the hot set; models whose default alias failed
+keep loading behind (``upkeep``), and ``ready`` turns true once every default alias is loaded.
 """
 
 from __future__ import annotations
@@ -22,48 +19,24 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
-from examlops.core.errors import (
-    DeadlineExceeded,
-    DependencyUnavailable,
-    ExamlopsError,
-    InferenceFailed,
-    InvalidInput,
-    NotReady,
-)
+from examlops.core.backoff import Backoff
+from examlops.core.errors import InvalidInput, NotReady
 from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceResult, canonical_alias
 from examlops.core.settings import Settings
-from examlops.registry.catalog import Catalog, ModelSpec
-from examlops.serving.hotset import Entry, EntryInfo, HotSet, ReloadChange
+from examlops.registry.catalog import Catalog
+from examlops.serving.batcher import MicroBatcher
+from examlops.serving.dispatch import Dispatcher, Reply, check_deadline
+from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
-from examlops.serving.transformer import Features, MicroBatcher, validate_features
+from examlops.serving.upkeep import load_missing_defaults, poll_reload
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Reply:
-    """One request's outcome inside a batch, with the alias it was routed to (for the metrics)."""
-
-    alias: str
-    result: InferenceResult | None = None
-    error: BaseException | None = None
-
-
-@dataclass(slots=True)
-class _Job:
-    index: int
-    request: InferenceRequest
-    spec: ModelSpec
-    features: Features
-    alias: str = ""
 
 
 class Pipeline:
@@ -91,7 +64,8 @@ class Pipeline:
         self._runtime = runtime
         self._clock = clock
         self._wall = wall
-        self._load_retry_s = load_retry_s
+        # Capped at 30 s: a model whose default alias appears later starts serving within half a minute.
+        self._load_backoff = Backoff(load_retry_s, max(load_retry_s, 30.0))
         self._router = Router(rules, settings.traffic.rules_ttl_s, clock, rng)
         self._hotset = HotSet(
             catalog,
@@ -101,7 +75,10 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        self._batcher: MicroBatcher[InferenceRequest, _Reply] = MicroBatcher(
+        self._dispatcher = Dispatcher(
+            catalog, self._router, self._hotset, runtime, route_retries=settings.traffic.route_retries, wall=wall
+        )
+        self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
             max_wait_s=settings.batch.max_wait_ms / 1000,
@@ -130,7 +107,7 @@ class Pipeline:
         if not self._ready:
             self._spawn(self._load_missing(), "hotset-retry")
         if self.settings.hotset.reload_poll_s > 0:
-            self._spawn(self._poll_reload(self.settings.hotset.reload_poll_s), "hotset-poll")
+            self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
 
     async def close(self) -> None:
         """Stop background work and fail requests still waiting for a batch with ``NotReady``."""
@@ -209,7 +186,7 @@ class Pipeline:
             alias = self._label(spec.name, PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias)
             if req.alias is not None and req.version is not None:
                 raise InvalidInput("give either alias or version, not both", field="version")
-            self._check_deadline(req)
+            check_deadline(req, self._wall())
             if not self._started or self._closed:
                 raise NotReady("the pipeline is not started")
             reply = await self._batcher.submit(req)
@@ -232,107 +209,9 @@ class Pipeline:
         bounded = alias in (*KNOWN_ALIASES, PINNED_ALIAS) or alias in self._hotset.available_aliases(model)
         return alias if bounded else "other"
 
-    def _check_deadline(self, req: InferenceRequest) -> None:
-        if req.deadline is not None and self._wall() >= req.deadline:
-            raise DeadlineExceeded("the caller's deadline passed before the prediction ran")
-
-    async def _handle_batch(self, batch: Sequence[InferenceRequest]) -> list[_Reply]:
+    async def _handle_batch(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         self._metrics.batch_size.observe(len(batch))
-        specs = [self.catalog.get(req.model) for req in batch]
-        replies: list[_Reply | None] = [None] * len(batch)
-        jobs: list[_Job] = []
-        for i, checked in enumerate(validate_features(batch, specs)):
-            if isinstance(checked, InvalidInput):
-                replies[i] = _Reply("", error=checked)  # not routed: infer keeps the requested alias
-            else:
-                jobs.append(_Job(i, batch[i], specs[i], checked))
-        await self._router.refresh_stale({job.spec.name for job in jobs})
-        retries = self.settings.traffic.route_retries
-        for attempt in range(retries + 1):
-            if not jobs:
-                break
-            jobs = await self._attempt(jobs, replies, last=attempt == retries)
-        return [
-            reply if reply is not None else _Reply("other", error=InferenceFailed("no outcome")) for reply in replies
-        ]
-
-    async def _attempt(self, jobs: list[_Job], replies: list[_Reply | None], *, last: bool) -> list[_Job]:
-        """Route each job on its own, predict each group of one version once; returns the jobs to retry."""
-        for job in jobs:
-            req = job.request
-            if req.version is not None:
-                job.alias = PINNED_ALIAS
-            else:
-                job.alias = self._router.choose(job.spec, req.alias, self._hotset.available_aliases(job.spec.name))
-        entries = await asyncio.gather(
-            *(self._acquire(job) for job in jobs),
-            return_exceptions=True,
-        )
-        groups: dict[str, list[tuple[_Job, Entry]]] = {}
-        retry: list[_Job] = []
-        for job, entry in zip(jobs, entries, strict=True):
-            if isinstance(entry, BaseException):
-                retry += self._settle([job], entry, replies, last=last)
-            else:
-                groups.setdefault(entry.key, []).append((job, entry))
-        for again in await asyncio.gather(
-            *(self._predict_group(key, members, replies, last=last) for key, members in groups.items())
-        ):
-            retry += again
-        return retry
-
-    def _acquire(self, job: _Job) -> Coroutine[Any, Any, Entry]:
-        if job.request.version is not None:
-            return self._hotset.acquire(job.spec.name, version=job.request.version)
-        return self._hotset.acquire(job.spec.name, job.alias)
-
-    async def _predict_group(
-        self, key: str, members: list[tuple[_Job, Entry]], replies: list[_Reply | None], *, last: bool
-    ) -> list[_Job]:
-        try:
-            live: list[tuple[_Job, Entry]] = []
-            for job, entry in members:
-                try:
-                    self._check_deadline(job.request)
-                    live.append((job, entry))
-                except DeadlineExceeded as exc:
-                    replies[job.index] = _Reply(job.alias, error=exc)
-            if not live:
-                return []
-            rows = np.stack([job.features.row for job, _ in live])
-            try:
-                predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
-                if predictions.shape[0] != len(live):
-                    raise InferenceFailed(f"{key} returned {predictions.shape[0]} predictions for {len(live)} rows")
-            except Exception as exc:
-                return self._settle([job for job, _ in live], exc, replies, last=last)
-            for (job, entry), value in zip(live, predictions, strict=True):
-                replies[job.index] = self._result(job, entry, float(value))
-            return []
-        finally:
-            for _, entry in members:
-                self._hotset.release(entry)
-
-    def _result(self, job: _Job, entry: Entry, value: float) -> _Reply:
-        if not np.isfinite(value):
-            return _Reply(job.alias, error=InferenceFailed(f"{entry.key} returned no finite prediction"))
-        ref = entry.ref
-        result = InferenceResult(job.spec.name, job.alias, ref.version, ref.run_id, value, job.request.job_id)
-        return _Reply(job.alias, result=result)
-
-    @staticmethod
-    def _settle(jobs: list[_Job], exc: BaseException, replies: list[_Reply | None], *, last: bool) -> list[_Job]:
-        """Fail ``jobs`` with ``exc``, or hand them back for another route after a transport error."""
-        if isinstance(exc, DependencyUnavailable) and not last:
-            return jobs
-        if not isinstance(exc, ExamlopsError):
-            log.error("prediction failed unexpectedly", exc_info=exc)
-            wrapped = InferenceFailed(f"the prediction failed ({type(exc).__name__})")
-            wrapped.__cause__ = exc
-            exc = wrapped
-        for job in jobs:
-            replies[job.index] = _Reply(job.alias, error=exc)
-        return []
+        return await self._dispatcher.handle(batch)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
@@ -340,50 +219,5 @@ class Pipeline:
         task.add_done_callback(self._tasks.discard)
 
     async def _load_missing(self) -> None:
-        """Retry the models whose default alias is not loaded, with capped exponential backoff."""
-        delay = self._load_retry_s
-        while missing := self._hotset.missing_defaults():
-            await asyncio.sleep(delay)
-            await asyncio.gather(*(self._hotset.load_model(name) for name in missing))
-            delay = min(delay * 2, 30.0)
+        await load_missing_defaults(self._hotset, self._load_backoff)
         self._ready = True
-
-    async def _poll_reload(self, every_s: float) -> None:
-        """Follow moved aliases every ``every_s``; while the registry is unreachable, back off.
-
-        One reload at a time: the next wait starts when the last reload ended, so a registry that
-        hangs (MLflow retries for a long while) never piles calls up, and the calls themselves run
-        in threads, off the event loop. Each poll that finds the registry unreachable doubles the
-        wait, up to ``poll_backoff_ceiling(every_s)``; the first poll that reaches it resets it.
-        """
-        delay, ceiling = every_s, poll_backoff_ceiling(every_s)
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                changes = await self.reload()
-            except Exception:
-                log.exception("polling the registry for moved aliases failed")
-                changes, unreachable = [], True
-            else:
-                unreachable = any(change.outcome == "unreachable" for change in changes)
-            if unreachable:
-                delay = min(delay * 2, ceiling)
-                log.warning("the model registry is unreachable; serving what is loaded, next poll in %g s", delay)
-            else:
-                delay = every_s
-            for change in changes:
-                if change.outcome != "unreachable":
-                    log.info(
-                        "reload %s@%s: %s %s -> %s",
-                        change.model,
-                        change.alias,
-                        change.outcome,
-                        change.old_version,
-                        change.new_version,
-                    )
-
-
-def poll_backoff_ceiling(every_s: float) -> float:
-    """The longest wait between polls while the registry is unreachable: 8 intervals, at most 10 minutes
-    (but never less than one interval)."""
-    return max(every_s, min(every_s * 8, 600.0))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pwd
 import shutil
@@ -10,7 +9,6 @@ import socket
 import subprocess
 import tempfile
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,25 +18,6 @@ import redis
 from examlops.core.settings import Settings
 from examlops.platform.process import pid_alive
 from examlops.platform.redis_server import EmbeddedRedis
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_implicit_event_loop() -> None:
-    """No unclosed event loop is left for the garbage collector to report in whichever test it runs in.
-
-    looptime asks asyncio for the current loop around every test; until a loop has been set, asyncio
-    creates one for a sync test, and pytest-asyncio later replaces it without closing it. Close that one
-    and set none: asyncio then creates no other.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_event_loop()
-        except RuntimeError:
-            loop = None
-    if loop is not None and not loop.is_running():
-        loop.close()
-    asyncio.set_event_loop(None)
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -22,10 +22,10 @@ from examlops.bootstrap import sql_engine
 from examlops.cli.audit import audit_app
 from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import DEV_SECRET, Settings
-from examlops.monitoring import audit
 from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entry, SideWrite
-from examlops.monitoring.audit_store import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
-from examlops.monitoring.audit_verify import tail, verify
+from examlops.monitoring.audit.checkpoints import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
+from examlops.monitoring.audit.store import AppendReply, RedisAuditStore
+from examlops.monitoring.audit.verify import tail, verify
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -106,8 +106,7 @@ def test_events_with_and_without_side_writes_chain_in_one_append(
 def test_appends_survive_a_flushed_script_cache_and_a_killed_connection(
     redis_server: str, client: redis.Redis, trail: AuditTrail
 ) -> None:
-    """The append runs its script on a pooled connection of its own (``run_script``): NOSCRIPT loads the script
-    again, and a connection the server closed is replaced before the script is sent."""
+    """NOSCRIPT (a restarted Redis) loads the script again, and a connection the server closed is replaced."""
     fill(trail, 2)
     client.script_flush()
     fill(trail, 1, start=2)
@@ -118,24 +117,52 @@ def test_appends_survive_a_flushed_script_cache_and_a_killed_connection(
     assert verify(client, SECRET, None).ok
 
 
-def test_a_call_retried_after_its_answer_was_lost_is_written_once_and_keeps_its_checkpoints(
-    client: redis.Redis, checkpoints: SqlCheckpointStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    trail = AuditTrail(client, SECRET, checkpoints, checkpoint_every=5, once_ttl_s=600)
-    real = audit.run_script
+def losing_answers(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """The next ``count`` replies that redis-py reads are lost after the server sent them: the command ran."""
+    real = redis.connection.Connection.read_response
     lost: list[bool] = []
 
-    def losing_the_first_answer(*args: Any) -> Any:
-        answer = real(*args)  # the script ran: the events are written
-        if not lost:
+    def read_response(self: redis.connection.Connection, *args: Any, **kwargs: Any) -> Any:
+        answer = real(self, *args, **kwargs)
+        if len(lost) < count:
             lost.append(True)
             raise RedisConnectionError("connection reset while reading the answer")
         return answer
 
-    monkeypatch.setattr(audit, "run_script", losing_the_first_answer)
+    monkeypatch.setattr(redis.connection.Connection, "read_response", read_response)
+
+
+def test_a_call_whose_answer_is_lost_and_sent_again_by_redis_py_is_written_once(
+    client: redis.Redis, checkpoints: SqlCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py sends a command again after a connection error (``adapters.redis.connect``'s retry): the trail's
+    own call key turns the second run of a script that had run into 'done', and the call returns its events."""
+    trail = AuditTrail(client, SECRET, checkpoints, checkpoint_every=2)
+    fill(trail, 1)
+    losing_answers(monkeypatch, 1)
+    event = trail.append("t", "s", {"i": 1})
+    monkeypatch.undo()
+    assert event is not None and event.seq == 2 and event.prev == stored(client)[0][1]["hash"]
+    assert [fields["seq"] for _id, fields in stored(client)] == ["1", "2"]
+    assert [cp.seq for cp in checkpoints.all()] == [2]
+    assert verify(client, SECRET, checkpoints).ok
+
+
+def test_a_call_retried_after_its_answer_was_lost_is_written_once_and_keeps_its_checkpoints(
+    client: redis.Redis, checkpoints: SqlCheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trail = AuditTrail(client, SECRET, checkpoints, checkpoint_every=5, once_ttl_s=600)
+    real = RedisAuditStore.append
+
+    def losing_the_answer(self: RedisAuditStore, args: Sequence[str]) -> AppendReply:
+        real(self, args)  # the script ran: the events are written
+        raise StoreUnavailable("connection reset while reading the answer, every retry included")
+
+    monkeypatch.setattr(RedisAuditStore, "append", losing_the_answer)
     entries = [Entry("t", "s", {"i": i}, float(i), f"test:once:{i}" if i == 3 else "", once_ttl_s=5) for i in range(7)]
     with pytest.raises(StoreUnavailable):
         trail.append_many(entries, call_key="test:call:1")
+    monkeypatch.undo()
     # Before the retry, another writer of the same trail (the retrain outbox's thread) appends: the head moves.
     assert trail.append("other", "s", {"x": 1}) is not None
     assert trail.append_many(entries, call_key="test:call:1") == [None] * 7, "written by the first try"
@@ -304,7 +331,8 @@ def test_exa_audit_verify_and_tail(
     env = {"EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_HOME": str(settings.home)}
     result = runner.invoke(audit_app, ["verify", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"ok": True, "events": 6, "last_seq": 6, "checkpoints": 1, "broken": None}
+    expected = {"ok": True, "events": 6, "archived": 0, "last_seq": 6, "checkpoints": 1, "broken": None}
+    assert json.loads(result.stdout) == expected
     result = runner.invoke(audit_app, ["tail", "-n", "2", "--json"], env=env)
     assert result.exit_code == 0, result.output
     assert [event["seq"] for event in json.loads(result.stdout)] == [5, 6]

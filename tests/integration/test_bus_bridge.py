@@ -29,16 +29,15 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from examlops.adapters.redis import connect_async as connect
 from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client, sync_bus_client
+from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
-from examlops.bus.hop import http_client
 from examlops.bus.store import BusStore
 from examlops.core import records
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
-from examlops.core.settings import HttpSettings, RedisSettings, ServingSettings, Settings
+from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
 from tests.integration.servers import examlops_env, free_port, upgraded
@@ -113,12 +112,15 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
-def bus_settings(home: Path, redis_url: str, serving_port: int) -> Settings:
+def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "auto/lean") -> Settings:
+    """``clients``: the Redis and HTTP client switches, as ``redis/http`` (``EXAMLOPS_BUS__*_CLIENT``)."""
+    redis_client, http_client = clients.split("/")
     settings = Settings(
         home=home,
         redis=RedisSettings(url=redis_url),
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
+        bus=BusSettings(redis_client=redis_client, http_client=http_client),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
     return settings
@@ -126,8 +128,8 @@ def bus_settings(home: Path, redis_url: str, serving_port: int) -> Settings:
 
 @contextlib.asynccontextmanager
 async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
-    redis_client = connect(settings.redis_url)
-    async with http_client(settings.http, settings.bus) as http:
+    redis_client = bus_redis(settings)
+    async with hop_client(settings) as http:
         bridge = Bridge(settings, catalog, redis_client, http, **options)
         stop = asyncio.Event()
         task = asyncio.create_task(bridge.run(stop))
@@ -166,8 +168,11 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
         return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
 
 
-async def test_a_job_is_answered_with_the_models_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
-    settings = bus_settings(tmp_path, redis_url, standin.port)
+@pytest.mark.parametrize("clients", ["library/library", "library/aiohttp", "lean/lean"])
+async def test_a_job_is_answered_with_the_models_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn, clients: str
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port, clients)
     recorder = ListRecorder()
     async with running_bridge(settings, on_served=recorder), bus_client(settings, caller="t") as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
@@ -463,11 +468,14 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
         assert survivor is not None and survivor.returncode == 0
 
 
-async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(tmp_path: Path, standin: StandIn) -> None:
+@pytest.mark.parametrize("clients", ["library/library", "lean/lean"])
+async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(
+    tmp_path: Path, standin: StandIn, clients: str
+) -> None:
     server = EmbeddedRedis(tmp_path / "redis", free_port())
     server.start()
     try:
-        settings = bus_settings(tmp_path, server.url, standin.port)
+        settings = bus_settings(tmp_path, server.url, standin.port, clients)
         async with bus_client(settings, caller="t") as client:
             async with running_bridge(settings):
                 assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None

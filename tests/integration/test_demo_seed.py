@@ -14,16 +14,11 @@ import yaml
 
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
-from examlops.registry.demo import (
-    DEMO_EXPERIMENT,
-    FAULTY_DESCRIPTION,
-    FAULTY_SKOPS_TYPES,
-    TRUSTED_SKOPS_TYPES,
-    SeedReport,
-    seed_demo,
-)
+from examlops.registry.demo import DEMO_EXPERIMENT, FAULTY_DESCRIPTION, SeedReport, seed_demo
+from examlops.registry.demo_models import FAULTY_SKOPS_TYPES
 from examlops.registry.loader import load_sklearn_model
 from examlops.registry.mlflow_registry import MlflowRegistry
+from examlops.registry.registration import TRUSTED_SKOPS_TYPES
 from examlops.registry.synthetic import features, make_dataset
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import FailureSettings
-from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail
-from examlops.monitoring.audit_verify import verify
-from examlops.monitoring.failures import FailureTracker, Outcome, RedisFailureStore, WindowState
+from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, verify
+from examlops.monitoring.failure_store import RedisFailureStore
+from examlops.monitoring.failures import FailureTracker, Outcome, WindowState
 from examlops.monitoring.recorder import Recorder
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
 from tests.integration.conftest import free_port

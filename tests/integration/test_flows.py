@@ -165,7 +165,7 @@ def test_drift_report_publishes_a_table_artifact(flow_env: Plane) -> None:
 
 def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_env: Plane) -> None:
     from examlops.flows.retrain import retrain_flow
-    from examlops.monitoring.audit_verify import tail
+    from examlops.monitoring.audit import tail
 
     before = [v.version for v in flow_env.registry.list_versions("CRCP")]
     result = retrain_flow(model="CRCP", reason="test", seed=7)
@@ -197,7 +197,7 @@ def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Pla
         assert flow_env.registry.resolve("AC", "Production").version == "2"
     finally:
         server.stop()
-    from examlops.monitoring.audit_verify import tail
+    from examlops.monitoring.audit import tail
 
     moved = [e for e in tail(flow_env.redis, 20) if e.type == "alias.moved"]
     assert moved and moved[-1].subject == "AC"
@@ -207,7 +207,7 @@ def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:
     from examlops.flows.deployments import default_path, load_deployments
 
     deployments = {d.name: d for d in load_deployments(default_path())}
-    assert set(deployments) == {"drift-report", "retrain", "promote"}
+    assert set(deployments) == {"drift-report", "retrain", "promote", "retention"}
     [schedule] = deployments["drift-report"].schedules
     assert schedule.schedule.cron == "*/15 * * * *"  # type: ignore[union-attr]
     assert deployments["retrain"].entrypoint == "examlops.flows.retrain.retrain_flow"
@@ -249,3 +249,36 @@ def test_a_retrain_request_delivered_twice_makes_exactly_one_flow_run(plane: Pla
         runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     assert [(str(run.id), run.idempotency_key) for run in runs] == [(run_ids[0], key)]
     assert (runs[0].parameters["model"], runs[0].parameters["reason"]) == ("CRCP", "failure rate 0.6 over 50")
+
+
+def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapshots(flow_env: Plane) -> None:
+    """Last in the module: it moves the trail that earlier tests read with ``tail`` out of Redis."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from examlops.bootstrap.control import ControlPlane, audit_access
+    from examlops.flows.retention import retention_flow
+    from examlops.monitoring.audit import verify
+    from examlops.monitoring.snapshots import MODELS, stream_of
+
+    settings = Settings()  # from the environment, as the flow's own
+    audit = ControlPlane(settings).audit  # signs every event at once
+    for i in range(3):
+        audit("traffic.changed", "AC", {"i": i, "by": "retention test"})
+    flow_env.redis.xadd(stream_of("AC"), {"s": "[]"}, id=f"{int((time.time() - 3600) * 1000)}-0")
+    flow_env.redis.sadd(MODELS, "ac")
+    recent = flow_env.redis.xadd(stream_of("AC"), {"s": "[]"})
+
+    result = retention_flow(snapshot_max_age_s=600)
+    head = int(flow_env.redis.hget("examlops:audit:head", "seq") or 0)
+    assert result["audit"]["archive_last_seq"] == head and flow_env.redis.xlen("examlops:audit:events") == 0
+    assert result["snapshots"]["ac"] >= 1
+    assert [entry_id for entry_id, _ in flow_env.redis.xrange(stream_of("AC"))][-1] == recent
+    with audit_access(settings) as access:
+        report = verify(access.store, access.secret, access.checkpoints, archive=access.archive)
+    assert report.ok and report.archived == report.events == head
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["retention"])))
+    assert artifacts and artifacts[0].type == "table"

@@ -26,8 +26,7 @@ from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.records import ServedInference
 from examlops.core.settings import Settings
-from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row
-from examlops.monitoring.audit_verify import verify
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, Entry, Row, verify
 from examlops.monitoring.recorder import Recorder, Tuning
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream, embedding_stats
 from examlops.platform.redis_server import EmbeddedRedis
@@ -290,7 +289,7 @@ def test_a_recorder_closed_while_redis_is_down_counts_what_it_could_not_write(tm
 
 
 def test_the_drift_flows_projected_reader_reads_one_field_and_legacy_snapshots(client: redis.Redis) -> None:
-    from examlops.monitoring.drift import ProjectedSnapshotReader
+    from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import snapshot_of, stream_of
 
     reply = {"alias": "Production", "version": "4", "run_id": "r", "prediction": 0.625, "error": None}

@@ -25,7 +25,7 @@ from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.bootstrap.recording import bridge_recording, recording_process_argv, settings_json
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import RecordingSettings, RedisSettings, Settings
-from examlops.monitoring.audit_verify import verify
+from examlops.monitoring.audit import verify
 from examlops.monitoring.recorder import Tuning
 from examlops.monitoring.recorder_process import RecorderProcess
 from examlops.monitoring.snapshots import SnapshotStream

@@ -1,21 +1,20 @@
-"""The bus's lean pipelined Redis connection against a real redis-server: replies in order, errors, restarts."""
+"""The bus's lean pipelined Redis client against a real redis-server: what only it does (one connection shared
+in order, its own timeouts and reconnects). What both Redis clients do is in ``test_bus_store.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from examlops.adapters.redis import connect_async as connect
+from examlops.adapters.redis import LuaScript
 from examlops.bus import redis_pipe
 from examlops.bus.redis_pipe import PipelinedRedis
 from examlops.platform.redis_server import EmbeddedRedis
@@ -32,14 +31,11 @@ def url(client: redis.Redis, redis_server: str) -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def pipe_to(url: str) -> AsyncIterator[PipelinedRedis]:
-    client = connect(url)
-    pipe = PipelinedRedis.from_client(client)
-    assert pipe is not None
+    pipe = PipelinedRedis.from_url(url)
     try:
         yield pipe
     finally:
         await pipe.aclose()
-        await client.aclose()
 
 
 async def test_concurrent_commands_share_one_connection_and_each_gets_its_own_reply(url: str) -> None:
@@ -63,12 +59,11 @@ async def test_an_error_reply_raises_and_the_connection_stays_usable(url: str) -
 
 
 async def test_a_script_the_server_forgot_is_loaded_and_run(url: str, client: redis.Redis) -> None:
-    script = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+    script = LuaScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
     async with pipe_to(url) as pipe:
-        sha = hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
-        assert await pipe.evalsha(script, sha, ["k"], [5]) == 5
+        assert await pipe.evalsha(script, ["k"], [5]) == 5
         client.script_flush()
-        assert await pipe.evalsha(script, sha, ["k"], [2]) == 7
+        assert await pipe.evalsha(script, ["k"], [2]) == 7
 
 
 async def test_the_clients_database_is_selected(redis_server: str, client: redis.Redis) -> None:
@@ -138,10 +133,24 @@ async def test_a_server_that_speaks_garbage_fails_the_command_with_a_connection_
         await server.wait_closed()
 
 
-def test_only_plain_tcp_urls_take_the_lean_path() -> None:
-    assert PipelinedRedis.from_client(aioredis.Redis.from_url("redis://127.0.0.1:1/0")) is not None
-    assert PipelinedRedis.from_client(aioredis.Redis.from_url("unix:///tmp/nowhere.sock")) is None
-    assert PipelinedRedis.from_client(aioredis.Redis.from_url("rediss://127.0.0.1:1/0")) is None
+async def test_only_plain_tcp_urls_are_spoken() -> None:
+    pipe = PipelinedRedis.from_url("redis://u:secret@example:6390/2")
+    assert (pipe.host, pipe.port, pipe.db, pipe.username, pipe.password) == ("example", 6390, 2, "u", "secret")
+    for url in ("unix:///tmp/nowhere.sock", "rediss://127.0.0.1:1/0"):
+        assert not redis_pipe.speaks(url)
+        with pytest.raises(ValueError, match="plain TCP"):
+            PipelinedRedis.from_url(url)
+
+
+async def test_blocking_commands_go_on_a_second_connection(url: str) -> None:
+    async with pipe_to(url) as pipe:
+        waiting = asyncio.ensure_future(pipe.wait("BLPOP", "nothing", 2))
+        await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(pipe.execute("PING"), 1) == "PONG"
+        assert not waiting.done()
+        await pipe.aclose()
+        with pytest.raises(RedisConnectionError):
+            await waiting  # closing the pipe closes both connections
 
 
 async def test_callers_that_arrive_while_connecting_share_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

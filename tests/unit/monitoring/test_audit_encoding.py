@@ -9,7 +9,7 @@ import math
 import pytest
 
 from examlops.monitoring.audit import GENESIS, AuditEvent, Entry, canonical_json, event_hash, format_ts
-from examlops.monitoring.audit_store import checkpoint_is_genuine, new_checkpoint, sign_checkpoint
+from examlops.monitoring.audit.checkpoints import checkpoint_is_genuine, new_checkpoint, sign_checkpoint
 
 
 def test_canonical_json_is_one_text_for_one_value() -> None:

@@ -12,14 +12,8 @@ import pandas as pd
 import pytest
 
 from examlops.core.errors import InvalidInput
-from examlops.monitoring.drift import (
-    INPUT_COLUMNS,
-    DriftReport,
-    Reference,
-    compare,
-    embedding_stats,
-    run_drift_report,
-)
+from examlops.monitoring.drift import INPUT_COLUMNS, compare, embedding_stats
+from examlops.monitoring.drift_report import DriftReport, Reference, run_drift_report
 from examlops.registry.synthetic import make_dataset
 
 pytestmark = [

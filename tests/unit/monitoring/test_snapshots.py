@@ -70,14 +70,14 @@ def test_a_served_reply_becomes_a_snapshot_that_reads_back_from_its_fields() -> 
     assert Snapshot.from_fields("1-0", side.fields) == back
 
 
-def test_a_snapshot_written_one_field_per_value_still_reads_back() -> None:
-    legacy = {
+def test_an_entry_of_one_field_per_value_is_not_a_snapshot() -> None:
+    unpacked = {
         "model": "JPCP", "alias": "Production", "version": "3", "run_id": "r", "prediction": "0.5", "norm": "2.0",
         "mean": "0.1", "std": "0.3", "node_count": "12", "job_id": "j", "user_id": "u", "ts": "1700000000.5",
         "status": "200", "code": "",
     }  # fmt: skip
-    snapshot = Snapshot.from_fields("7-0", legacy)
-    assert (snapshot.prediction, snapshot.node_count, snapshot.ts, snapshot.entry_id) == (0.5, 12, 1700000000.5, "7-0")
+    with pytest.raises(KeyError):
+        Snapshot.from_fields("7-0", unpacked)
 
 
 @pytest.mark.parametrize(

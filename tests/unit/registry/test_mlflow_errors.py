@@ -13,7 +13,8 @@ from examlops.core.errors import (
     ModelNotFound,
     RegistryUnavailable,
 )
-from examlops.registry.mlflow_registry import MlflowRegistry, local_artifact_path, translate_error
+from examlops.registry.mlflow_client import translate_error
+from examlops.registry.mlflow_registry import MlflowRegistry, local_artifact_path
 
 
 class _FakeMlflowError(Exception):

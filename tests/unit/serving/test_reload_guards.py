@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 from examlops.core.messages import ModelRef
 from examlops.core.settings import HotSetSettings, Settings
 from examlops.serving.hotset import HotSet
-from examlops.serving.pipeline import Pipeline, poll_backoff_ceiling
+from examlops.serving.pipeline import Pipeline
+from examlops.serving.upkeep import poll_backoff_ceiling
 from tests.unit.serving.fakes import (
     DIM,
     FakeClock,

@@ -1,4 +1,4 @@
-"""The feature transformer: an async micro-batcher and the feature checks applied to a batch.
+"""The feature transformer's async micro-batcher (seed 000, step 5).
 
 Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
 ``batching.py`` are the models):
@@ -28,15 +28,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
-from examlops.core.messages import InferenceRequest
-from examlops.registry.catalog import ModelSpec
+from examlops.core.errors import ExamlopsError, NotReady
 
 log = logging.getLogger(__name__)
 
@@ -231,77 +225,3 @@ class MicroBatcher(Generic[T, R]):
         error = ExamlopsError(f"{self._name} stopped: {type(cause).__name__}")
         error.__cause__ = cause
         self._fail_waiting(error)
-
-
-@dataclass(frozen=True, slots=True)
-class Features:
-    """One validated request: its feature row (embedding then node count, float64) and its metadata."""
-
-    row: npt.NDArray[np.float64]
-    job_id: str | None
-    user_id: str | None
-
-
-def _node_count_error(value: object, spec: ModelSpec) -> InvalidInput | None:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        return InvalidInput("node_count must be an integer", field="node_count")
-    if int(value) < spec.min_node_count:
-        return InvalidInput(f"node_count must be at least {spec.min_node_count}", field="node_count")
-    maximum = spec.input_schema.node_count.maximum
-    if maximum is not None and int(value) > maximum:
-        return InvalidInput(f"node_count must be at most {maximum}", field="node_count")
-    return None
-
-
-def _as_matrix(embeddings: list[tuple[float, ...]], dim: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
-    """The embeddings as a float64 matrix and which rows are numbers; only a bad batch goes row by row."""
-    try:
-        return np.asarray(embeddings, dtype=np.float64).reshape(len(embeddings), dim), np.ones(len(embeddings), bool)
-    except (TypeError, ValueError):
-        matrix = np.full((len(embeddings), dim), np.nan)
-        numeric = np.zeros(len(embeddings), bool)
-        for j, embedding in enumerate(embeddings):
-            try:
-                matrix[j] = np.asarray(embedding, dtype=np.float64)
-                numeric[j] = True
-            except (TypeError, ValueError):
-                pass
-        return matrix, numeric
-
-
-def validate_features(
-    requests: Sequence[InferenceRequest], specs: Sequence[ModelSpec]
-) -> list[Features | InvalidInput]:
-    """Check each request against its spec; one outcome per request, in order.
-
-    A bad request gets an ``InvalidInput`` naming ``embedding`` or ``node_count`` and saying what is
-    wrong in a few words; the values themselves are never echoed. The good ones get a row of
-    ``embedding_dim + 1`` float64 values (layout ``embedding + [node_count]``), a view into one matrix
-    per batch. The numeric checks run vectorised over all requests of the same embedding size.
-    """
-    outcomes: list[Features | InvalidInput | None] = [None] * len(requests)
-    by_dim: dict[int, list[int]] = {}
-    for i, (request, spec) in enumerate(zip(requests, specs, strict=True)):
-        error = _node_count_error(request.node_count, spec)
-        if error is None and len(request.embedding) != spec.embedding_dim:
-            error = InvalidInput(
-                f"expected {spec.embedding_dim} values, got {len(request.embedding)}", field="embedding"
-            )
-        if error is not None:
-            outcomes[i] = error
-        else:
-            by_dim.setdefault(spec.embedding_dim, []).append(i)
-    for dim, indices in by_dim.items():
-        embeddings, numeric = _as_matrix([requests[i].embedding for i in indices], dim)
-        not_finite = dim - np.count_nonzero(np.isfinite(embeddings), axis=1)
-        rows = np.empty((len(indices), dim + 1), dtype=np.float64)
-        rows[:, :dim] = embeddings
-        rows[:, dim] = [float(requests[i].node_count) for i in indices]
-        for j, i in enumerate(indices):
-            if not numeric[j]:
-                outcomes[i] = InvalidInput("embedding values must be numbers", field="embedding")
-            elif not_finite[j]:
-                outcomes[i] = InvalidInput(f"{not_finite[j]} of {dim} values are not finite", field="embedding")
-            else:
-                outcomes[i] = Features(rows[j], requests[i].job_id, requests[i].user_id)
-    return [outcome for outcome in outcomes if outcome is not None]

@@ -3,10 +3,11 @@
 A checkpoint says "event ``seq`` had hash ``head_hash``", signed with
 HMAC-SHA256 under ``settings.secret`` over the canonical JSON array
 ``["examlops.audit.checkpoint.v1", seq, head_hash]``. Because the chain lives in
-Redis and the checkpoints in SQL, rewriting a suffix with recomputed hashes,
-truncating the tail or restoring an older copy of the stream all contradict a
-checkpoint that the tamperer cannot re-sign. ``seq`` is the primary key: every
-seq is checkpointed at most once, whichever appender writes it first.
+Redis and the archive, and the checkpoints in SQL, rewriting a suffix with
+recomputed hashes, truncating the tail or restoring an older copy all
+contradict a checkpoint that the tamperer cannot re-sign. ``seq`` is the
+primary key: every seq is checkpointed at most once, whichever appender writes
+it first. Database errors become ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class CheckpointStore(Protocol):
         """Every checkpoint, by seq."""
         ...
 
+    def newest(self, limit: int) -> list[AuditCheckpoint]:
+        """The ``limit`` checkpoints of the highest seqs, highest first."""
+        ...
+
 
 class SqlCheckpointStore:
     """Checkpoints in the ``auditcheckpoint`` table; database errors become ``StoreUnavailable``."""
@@ -73,6 +78,14 @@ class SqlCheckpointStore:
         try:
             with Session(self._engine) as session:
                 return list(session.exec(select(AuditCheckpoint).order_by(AuditCheckpoint.seq)).all())  # type: ignore[arg-type]  # SQLModel column typing
+        except OperationalError as exc:
+            raise StoreUnavailable(f"cannot read audit checkpoints: {exc.orig}") from exc
+
+    def newest(self, limit: int) -> list[AuditCheckpoint]:
+        query = select(AuditCheckpoint).order_by(AuditCheckpoint.seq.desc()).limit(limit)  # type: ignore[attr-defined]  # SQLModel column typing
+        try:
+            with Session(self._engine) as session:
+                return list(session.exec(query).all())
         except OperationalError as exc:
             raise StoreUnavailable(f"cannot read audit checkpoints: {exc.orig}") from exc
 

@@ -1,0 +1,78 @@
+"""`exa retrain`: train a candidate now, in this process, or start a run of the retrain deployment.
+
+Thin: parse, call ``examlops.flows.retrain`` (through ``examlops.bootstrap.control``) or Prefect's
+``run_deployment``, format. Heavy imports happen inside the command; a Prefect that does not start the
+run exits with code 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+
+from examlops.cli.output import JsonOption, console, errors_as_exit, fail, load_settings, print_json
+from examlops.core.settings import Settings
+
+
+def retrain(
+    model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
+    alias: Annotated[str, typer.Option("--alias", help="The candidate alias: Canary or Staging.")] = "Canary",
+    shift: Annotated[float, typer.Option("--shift", min=0.0, help="Train on synthetic data moved this far.")] = 0.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the fresh data; default: random.")] = None,
+    via_prefect: Annotated[
+        bool, typer.Option("--via-prefect", help="Start a run of the retrain deployment instead (needs `exa up`).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Train a candidate on fresh data, compare it with Production, register it and point Canary at it."""
+    settings = load_settings()
+    if via_prefect:
+        _retrain_via_prefect(settings, model, alias, shift, seed, as_json)
+        return
+    from dataclasses import asdict
+
+    from examlops.bootstrap.control import ControlPlane
+    from examlops.flows.retrain import run_retrain
+
+    plane = ControlPlane(settings)
+    with errors_as_exit(), console.status(f"retraining {model}") as status:
+        result = run_retrain(
+            plane, model, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
+            audit=plane.audit, on_progress=status.update,
+        )  # fmt: skip
+    if as_json:
+        print_json({**asdict(result), "better": result.better})
+        return
+    prod = "no Production version" if result.production_rmse is None else (
+        f"Production (version {result.production_version}) RMSE {result.production_rmse:.4f}"
+    )  # fmt: skip
+    console.print(
+        f"{result.model}: version {result.version} registered (run {result.run_id}); "
+        f"{result.alias} {result.replaced_version or '(unset)'} -> {result.version}\n"
+        f"held-out RMSE {result.candidate_rmse:.4f} vs {prod}",
+        highlight=False,
+    )
+
+
+def _retrain_via_prefect(
+    settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool
+) -> None:
+    from examlops.flows.wiring import prefect_environment
+
+    prefect_environment(settings)
+    from prefect.deployments import run_deployment
+
+    parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
+    parameters |= {"data_shift": shift, "seed": seed}
+    try:
+        run = run_deployment("retrain/retrain", parameters=parameters, timeout=0, as_subflow=False)
+    except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there
+        fail(f"Prefect at {settings.prefect_api_url} did not start a retrain run: {type(exc).__name__}: {exc}", 3)
+    assert not asyncio.iscoroutine(run)  # run_deployment is sync outside an event loop
+    ui = settings.prefect_api_url.removesuffix("/api")
+    if as_json:
+        print_json({"flow_run_id": str(run.id), "name": run.name, "url": f"{ui}/runs/flow-run/{run.id}"})
+    else:
+        console.print(f"retrain of {model} started: flow run {run.name} at {ui}/runs/flow-run/{run.id}")

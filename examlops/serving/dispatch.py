@@ -1,0 +1,178 @@
+"""One validated batch routed and predicted (seed 000, steps 6-8): the feature transformer's handler.
+
+Contract of ``Dispatcher.handle``: one ``Reply`` per request, in order. A bad payload gets its
+``InvalidInput`` alone; the others are routed each on its own (traffic split, pin), then the requests
+that resolved to the same loaded version are predicted together in ONE ``runtime.predict`` call and
+each gets its own row. A request whose ``deadline`` passed before its prediction gets
+``DeadlineExceeded``. A request keeps the version it was routed to (held in the hot set) until its
+prediction ends, even across a reload.
+
+Failure mode: a failed group predict fails every request of that group with the same error; a
+transport error (a ``DependencyUnavailable``: a worker lost, a connection refused) re-routes the
+group up to ``route_retries`` times, nothing else does (``NotReady`` is the caller's to retry). An
+error that is not ours is logged and becomes ``InferenceFailed``, as does a non-finite prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from examlops.core.errors import DeadlineExceeded, DependencyUnavailable, ExamlopsError, InferenceFailed, InvalidInput
+from examlops.core.messages import InferenceRequest, InferenceResult
+from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.serving.features import Features, validate_features
+from examlops.serving.hotset import HotSet
+from examlops.serving.metrics import PINNED_ALIAS
+from examlops.serving.ports import PredictRuntime
+from examlops.serving.residency import Entry
+from examlops.serving.router import Router
+
+log = logging.getLogger(__name__)
+
+
+def check_deadline(req: InferenceRequest, now: float) -> None:
+    """``DeadlineExceeded`` when ``req``'s deadline (UNIX time) is at or before ``now``."""
+    if req.deadline is not None and now >= req.deadline:
+        raise DeadlineExceeded("the caller's deadline passed before the prediction ran")
+
+
+@dataclass(slots=True)
+class Reply:
+    """One request's outcome inside a batch, with the alias it was routed to (for the metrics)."""
+
+    alias: str
+    result: InferenceResult | None = None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Job:
+    index: int
+    request: InferenceRequest
+    spec: ModelSpec
+    features: Features
+    alias: str = ""
+
+
+class Dispatcher:
+    """Routes, groups and predicts the requests of one batch (contract above)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        router: Router,
+        hotset: HotSet,
+        runtime: PredictRuntime,
+        *,
+        route_retries: int,
+        wall: Callable[[], float],
+    ) -> None:
+        self._catalog = catalog
+        self._router = router
+        self._hotset = hotset
+        self._runtime = runtime
+        self._route_retries = route_retries
+        self._wall = wall
+
+    async def handle(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
+        specs = [self._catalog.get(req.model) for req in batch]
+        replies: list[Reply | None] = [None] * len(batch)
+        jobs: list[_Job] = []
+        for i, checked in enumerate(validate_features(batch, specs)):
+            if isinstance(checked, InvalidInput):
+                replies[i] = Reply("", error=checked)  # not routed: infer keeps the requested alias
+            else:
+                jobs.append(_Job(i, batch[i], specs[i], checked))
+        await self._router.refresh_stale({job.spec.name for job in jobs})
+        for attempt in range(self._route_retries + 1):
+            if not jobs:
+                break
+            jobs = await self._attempt(jobs, replies, last=attempt == self._route_retries)
+        return [
+            reply if reply is not None else Reply("other", error=InferenceFailed("no outcome")) for reply in replies
+        ]
+
+    async def _attempt(self, jobs: list[_Job], replies: list[Reply | None], *, last: bool) -> list[_Job]:
+        """Route each job on its own, predict each group of one version once; returns the jobs to retry."""
+        for job in jobs:
+            req = job.request
+            if req.version is not None:
+                job.alias = PINNED_ALIAS
+            else:
+                job.alias = self._router.choose(job.spec, req.alias, self._hotset.available_aliases(job.spec.name))
+        entries = await asyncio.gather(
+            *(self._acquire(job) for job in jobs),
+            return_exceptions=True,
+        )
+        groups: dict[str, list[tuple[_Job, Entry]]] = {}
+        retry: list[_Job] = []
+        for job, entry in zip(jobs, entries, strict=True):
+            if isinstance(entry, BaseException):
+                retry += self._settle([job], entry, replies, last=last)
+            else:
+                groups.setdefault(entry.key, []).append((job, entry))
+        for again in await asyncio.gather(
+            *(self._predict_group(key, members, replies, last=last) for key, members in groups.items())
+        ):
+            retry += again
+        return retry
+
+    def _acquire(self, job: _Job) -> Coroutine[Any, Any, Entry]:
+        if job.request.version is not None:
+            return self._hotset.acquire(job.spec.name, version=job.request.version)
+        return self._hotset.acquire(job.spec.name, job.alias)
+
+    async def _predict_group(
+        self, key: str, members: list[tuple[_Job, Entry]], replies: list[Reply | None], *, last: bool
+    ) -> list[_Job]:
+        try:
+            live: list[tuple[_Job, Entry]] = []
+            for job, entry in members:
+                try:
+                    check_deadline(job.request, self._wall())
+                    live.append((job, entry))
+                except DeadlineExceeded as exc:
+                    replies[job.index] = Reply(job.alias, error=exc)
+            if not live:
+                return []
+            rows = np.stack([job.features.row for job, _ in live])
+            try:
+                predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
+                if predictions.shape[0] != len(live):
+                    raise InferenceFailed(f"{key} returned {predictions.shape[0]} predictions for {len(live)} rows")
+            except Exception as exc:
+                return self._settle([job for job, _ in live], exc, replies, last=last)
+            for (job, entry), value in zip(live, predictions, strict=True):
+                replies[job.index] = self._result(job, entry, float(value))
+            return []
+        finally:
+            for _, entry in members:
+                self._hotset.release(entry)
+
+    @staticmethod
+    def _result(job: _Job, entry: Entry, value: float) -> Reply:
+        if not np.isfinite(value):
+            return Reply(job.alias, error=InferenceFailed(f"{entry.key} returned no finite prediction"))
+        ref = entry.ref
+        result = InferenceResult(job.spec.name, job.alias, ref.version, ref.run_id, value, job.request.job_id)
+        return Reply(job.alias, result=result)
+
+    @staticmethod
+    def _settle(jobs: list[_Job], exc: BaseException, replies: list[Reply | None], *, last: bool) -> list[_Job]:
+        """Fail ``jobs`` with ``exc``, or hand them back for another route after a transport error."""
+        if isinstance(exc, DependencyUnavailable) and not last:
+            return jobs
+        if not isinstance(exc, ExamlopsError):
+            log.error("prediction failed unexpectedly", exc_info=exc)
+            wrapped = InferenceFailed(f"the prediction failed ({type(exc).__name__})")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        for job in jobs:
+            replies[job.index] = Reply(job.alias, error=exc)
+        return []
