@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
-from examlops.bootstrap import bus_client, hop_client
+from examlops.bootstrap import bus_client, hop_client, upgrade_database
 from examlops.bus.hop import JSON_HEADERS
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
@@ -214,6 +214,7 @@ def main() -> None:
     base = Settings(home=home)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
+    upgrade_database(base)
     spec = catalog.get("JPCP")
     rng = np.random.default_rng(7)
     bodies: list[dict[str, object]] = [

@@ -86,6 +86,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
 
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
 from examlops.bus.client import BusClient
 from examlops.core.settings import RedisSettings, Settings
@@ -331,6 +332,7 @@ def main() -> None:
     base = Settings(home=home)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
+    upgrade_database(base)
     dims = {catalog.get(m).embedding_dim for m in MODELS}
     if len(dims) != 1:
         raise SystemExit(f"the models {MODELS} must take embeddings of one length, not {sorted(dims)}")

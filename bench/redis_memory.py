@@ -51,6 +51,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import start, stop, wait_until
 
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.control import ControlPlane, audit_access
 from examlops.core.settings import RedisSettings, Settings
@@ -148,6 +149,7 @@ def main() -> None:
     base = Settings(home=home)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
+    upgrade_database(base)
     spec = catalog.get("JPCP")
     rng = np.random.default_rng(7)
     bodies = [

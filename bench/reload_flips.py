@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from procs import answers, quantile, start, stop, wait_until
 
+from examlops.bootstrap import upgrade_database
 from examlops.core.settings import Settings
 from examlops.promotion.service import promote
 from examlops.registry.catalog import load_catalog
@@ -169,6 +170,7 @@ def main() -> None:
     home.mkdir(parents=True, exist_ok=True)
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
+    upgrade_database(settings)
     registry = MlflowRegistry(settings.mlflow_tracking_uri, home / "cache" / "models")
     registry.set_alias("JPCP", "Production", "1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}

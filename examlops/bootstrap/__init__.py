@@ -10,7 +10,8 @@ an ASGI server) call only these:
 - ``clients``: the bus's protocol clients by the settings' switches: ``bus_redis``, ``hop_client``.
 - ``recording``: ``RecordingProcess`` (the recorder, ``run()``/``close()``), a bridge's ``RecordingChild``.
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
-- ``sql``: the SQL engine.
+- ``sql``: the SQL engine (it checks the schema and creates no table), ``upgrade_database``,
+  ``database_state``, ``table_metadata`` (the one list of table modules), ``write_migration``.
 """
 
 from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
@@ -18,7 +19,7 @@ from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import RecordingChild, RecordingProcess, bridge_recording
 from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
-from examlops.bootstrap.sql import sql_engine
+from examlops.bootstrap.sql import database_state, sql_engine, table_metadata, upgrade_database, write_migration
 
 __all__ = [
     "BridgeProcess",
@@ -32,10 +33,14 @@ __all__ = [
     "bus_redis",
     "catalog",
     "control_events",
+    "database_state",
     "hop_client",
     "model_registry",
     "prepare_platform",
     "serving_app",
     "sql_engine",
     "sync_bus_client",
+    "table_metadata",
+    "upgrade_database",
+    "write_migration",
 ]

@@ -57,11 +57,10 @@ def serving_app(settings: Settings) -> FastAPI:
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
-    """What `exa up` does before starting the services: state folders, SQL tables, demo models."""
+    """What `exa up` does before starting the services (after it upgraded the SQL schema): demo models."""
     from examlops.registry.demo import seed_demo
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    sql_engine(settings).dispose()
     report = seed_demo(settings, catalog(settings), on_progress)
     if on_progress is not None and report.created:
         on_progress(f"registered demo models: {', '.join(report.created)}")

@@ -1,55 +1,59 @@
-"""The SQL engine of every process: SQLite in the state folder unless a URL is set."""
+"""The SQL engine of every process, and the one list of the modules that define SQL tables.
+
+``sql_engine(settings)`` creates no table: it raises ``SchemaNotCurrent`` (naming `exa db upgrade`) when
+the database is not at the newest migration, ``StoreUnavailable`` when it cannot be reached. The schema
+is created and upgraded only by ``upgrade_database`` (`exa db upgrade`, `exa up`): ``examlops.db``.
+"""
 
 from __future__ import annotations
 
-import time
+import tempfile
 from pathlib import Path
 
-from sqlalchemy import event
+from sqlalchemy import MetaData
 from sqlalchemy.engine import Engine
-from sqlmodel import SQLModel, create_engine
 
 from examlops.core.settings import Settings
+from examlops.db import SchemaState, Upgrade, create_sql_engine, new_revision, require_current, schema_state, upgrade
 
 
-def sql_engine(settings: Settings) -> Engine:
-    """The SQLModel engine with every table created; SQLite in the state folder unless a URL is set."""
-    url = settings.sql_url
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+def table_metadata() -> MetaData:
+    """Every SQL table's model, loaded: a module that adds a table is imported here (and gets a migration)."""
+    from sqlmodel import SQLModel
 
-        @event.listens_for(engine, "connect")
-        def _wal(dbapi_connection: object, _record: object) -> None:
-            # WAL lets serving read rules while a CLI writes them.
-            cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]  # DB-API connection
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.close()
-    else:
-        engine = create_engine(url, pool_pre_ping=True)
-    # Import the table modules so that create_all knows every table.
     import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store  # noqa: F401
 
-    _create_tables(engine)
+    return SQLModel.metadata
+
+
+def sql_engine(settings: Settings) -> Engine:
+    """The engine on the settings' database, once its schema is at the newest revision."""
+    engine = create_sql_engine(settings.sql_url)
+    try:
+        require_current(engine, settings.sql_url)
+    except BaseException:
+        engine.dispose()
+        raise
     return engine
 
 
-def _create_tables(engine: Engine, attempts: int = 5) -> None:
-    """``create_all``, safe when several processes start on a fresh database at once.
+def upgrade_database(settings: Settings) -> Upgrade:
+    """Create or upgrade the settings' database to the newest revision (``examlops.db.upgrade``)."""
+    return upgrade(settings.sql_url)
 
-    ``create_all`` checks which tables exist, then creates the rest: two processes (serving and a bridge
-    under `exa up`) can both see a table missing, and the second CREATE fails with "already exists"
-    (on Postgres a unique violation in its catalog). Checking again then finds the table and skips it.
-    """
-    from sqlalchemy.exc import DatabaseError
 
-    for attempt in range(attempts):
-        try:
-            SQLModel.metadata.create_all(engine)
-            return
-        except DatabaseError as exc:
-            if attempt == attempts - 1 or not ("already exists" in str(exc) or "duplicate key" in str(exc)):
-                raise
-            time.sleep(0.05 * (attempt + 1))
+def database_state(settings: Settings) -> SchemaState:
+    engine = create_sql_engine(settings.sql_url)
+    try:
+        return schema_state(engine, settings.sql_url)
+    finally:
+        engine.dispose()
+
+
+def write_migration(settings: Settings, message: str) -> Path | None:
+    """Write the next migration for what the models add to the newest revision; ``None`` when nothing."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=settings.state_dir, prefix="migration-") as scratch:
+        return new_revision(table_metadata(), message, Path(scratch))

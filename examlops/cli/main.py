@@ -11,6 +11,7 @@ from examlops.cli import lifecycle, promote
 from examlops.cli.audit import audit_app
 from examlops.cli.bridge_status import status as bridge_status
 from examlops.cli.bus import bridge_app, bus_app
+from examlops.cli.db import db_app
 from examlops.cli.demo_traffic import demo_traffic
 from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
@@ -37,6 +38,7 @@ app.add_typer(bus_app, name="bus")
 bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
+app.add_typer(db_app, name="db")
 app.add_typer(drift_app, name="drift")
 app.add_typer(flows_app, name="flows")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)

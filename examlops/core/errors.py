@@ -29,6 +29,7 @@ error *means* lives here, as class attributes:
     │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
     ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
     ├── PromotionIncomplete             an alias moved, but some serving instance does not serve it yet
+    ├── SchemaNotCurrent                the SQL database is not at this release's schema revision
     ├── ServiceError                    `exa up` could not run a service
     │   ├── PortInUse                   a port it needs is taken (names the setting to change)
     │   ├── ServiceStartFailed          a service did not become ready (carries its log tail)
@@ -149,6 +150,12 @@ class PromotionIncomplete(ExamlopsError):
         super().__init__(message)
         self.confirmed = confirmed
         self.lagging = dict(lagging or {})
+
+
+class SchemaNotCurrent(ExamlopsError):
+    """The SQL database is not at the schema revision this release needs; the message says what to run."""
+
+    code = "schema_not_current"
 
 
 class DependencyUnavailable(ExamlopsError, ConnectionError):

@@ -7,7 +7,8 @@
   ended), or while a dead one's ``up.json`` names process groups still alive.
 - Checks every owned port before starting anything (``PortInUse`` names the
   setting to change).
-- Starts redis, then calls the setup hook, then starts the rest of
+- Upgrades the SQL schema (``examlops.db.upgrade``; a failure is
+  ``ServiceStartFailed``), starts redis, then calls the setup hook, then starts the rest of
   ``services.SERVICE_NAMES`` together (mlflow, prefect, serving, the bus
   bridge and the served Prefect flows; those pointed elsewhere by a URL
   setting are external and never started) and waits for all of them.
@@ -36,8 +37,9 @@ from typing import IO
 
 from rich.console import Console
 
-from examlops.core.errors import AlreadyRunning, ServiceExited, ServiceStartFailed
+from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceExited, ServiceStartFailed
 from examlops.core.settings import Settings
+from examlops.db import upgrade
 from examlops.platform.process import ensure_port_free, group_alive
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
@@ -165,10 +167,15 @@ class Supervisor:
         for spec in owned:
             if spec.port is not None:  # the flows service listens on no port
                 ensure_port_free(LOCALHOST, spec.port, what=spec.title, setting=spec.port_setting)
+        try:  # once here, so that no service starts on a schema that is not current
+            schema = upgrade(self.settings.sql_url).after
+        except ExamlopsError as exc:
+            raise ServiceStartFailed(f"the SQL schema could not be upgraded: {exc}") from exc
+        self.console.print(f"[green]✓[/] SQL schema at revision {schema.revision} ({schema.url})", highlight=False)
         first = [s for s in owned if s.name == "redis"]
         self._start_group(first)
         if self.setup is not None:
-            self.console.print("preparing the platform (MLflow store, SQL tables, demo models)")
+            self.console.print("preparing the platform (MLflow store, demo models)")
             t0 = time.monotonic()
             self.setup(self.settings, lambda line: self.console.print(f"  {line}", highlight=False))
             self.console.print(f"[green]✓[/] platform prepared ({time.monotonic() - t0:.1f} s)")

@@ -21,6 +21,15 @@ def free_port() -> int:
         return port
 
 
+def upgraded(env: Mapping[str, str]) -> None:
+    """What `exa up` does first: bring the SQL schema of a child's environment to the newest revision."""
+    from examlops.bootstrap import upgrade_database
+    from examlops.core.settings import Settings
+
+    home, url = Path(env["EXAMLOPS_HOME"]), env.get("EXAMLOPS_DATABASE_URL")
+    upgrade_database(Settings(home=home) if url is None else Settings(home=home, database_url=url))
+
+
 def examlops_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of a child process: no EXAMLOPS_* from the shell, a private state folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
@@ -38,6 +47,7 @@ class ServingProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"serving-{self.port}.log"
         full_env = examlops_env(home, **dict(env or {}))
+        upgraded(full_env)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(self.port)],

@@ -29,6 +29,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client, sync_bus_client
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
@@ -39,7 +40,7 @@ from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
-from tests.integration.servers import examlops_env, free_port
+from tests.integration.servers import examlops_env, free_port, upgraded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -112,13 +113,15 @@ def redis_url(redis_server: str) -> str:
 def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "auto/lean") -> Settings:
     """``clients``: the Redis and HTTP client switches, as ``redis/http`` (``EXAMLOPS_BUS__*_CLIENT``)."""
     redis_client, http_client = clients.split("/")
-    return Settings(
+    settings = Settings(
         home=home,
         redis=RedisSettings(url=redis_url),
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
         bus=BusSettings(redis_client=redis_client, http_client=http_client),
     )
+    upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
+    return settings
 
 
 @contextlib.asynccontextmanager
@@ -406,6 +409,7 @@ def start_bridge_process(
         EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
         EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
     )
+    upgraded(env)
     code = "from examlops.cli.bus import bridge_app; bridge_app()"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -16,6 +16,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from examlops.bootstrap import upgrade_database
 from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
@@ -48,6 +49,7 @@ def plane(tmp_path: Path, redis_server: str, client: redis.Redis, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     settings = Settings(home=home, redis={"url": redis_server})
     seed_demo(settings, load_catalog(settings.catalog_path))
+    upgrade_database(settings)  # as `exa up` does first
     return Plane(home, env, settings, MlflowRegistry(settings.mlflow_tracking_uri, home / "cache"), client)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import redis
 
+from examlops.bootstrap import upgrade_database
 from examlops.core.settings import Settings
 from examlops.monitoring.retrain import (
     DEFAULT_DEPLOYMENT,
@@ -60,6 +61,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server}
     settings = Settings(home=home, redis={"url": redis_server})
     seed_demo(settings, load_catalog(settings.catalog_path))
+    upgrade_database(settings)  # as `exa up` does first
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PREFECT_HOME", str(settings.prefect_home))
         mp.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.core.records import RECORDS_STREAM
@@ -46,7 +47,9 @@ def settings(tmp_path: Path, redis_server: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("EXAMLOPS_REDIS__URL", redis_server)
     monkeypatch.setenv("EXAMLOPS_SECRET", SECRET)
-    return Settings()
+    settings = Settings()
+    upgrade_database(settings)  # as `exa up` does first: the recording child writes audit checkpoints
+    return settings
 
 
 def priorities(pid: int) -> set[int]:
@@ -107,6 +110,7 @@ async def test_a_bridge_killed_between_reply_and_record_leaves_every_served_job_
 ) -> None:
     env = {"EXAMLOPS_SECRET": SECRET, "EXAMLOPS_RECORDING__RECLAIM_IDLE_S": "2"}
     settings = Settings(home=tmp_path, redis={"url": redis_server}, secret=SECRET)  # type: ignore[arg-type]  # pydantic coerces
+    upgrade_database(settings)
     with StandIn() as serving:
         doomed, doomed_log = start_bridge_process(tmp_path, redis_server, serving.port, 64, env)
         survivor = None
