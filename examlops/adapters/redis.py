@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -140,10 +140,20 @@ class RedisPyCommands:
         await self.client.aclose()
 
 
+TRANSIENT_REPLIES = frozenset({"OOM", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN"})
+"""Error replies of a Redis that will take the command later."""
+
+
 @contextlib.contextmanager
 def translated(what: str) -> Iterator[None]:
-    """redis-py's connection errors (including a Redis still loading its AOF) become ``StoreUnavailable``."""
+    """redis-py's connection errors (including a Redis still loading its AOF) become ``StoreUnavailable``, and
+    so do the error replies of a Redis that cannot take writes for now (OOM, BUSY, MASTERDOWN, READONLY):
+    both pass, so the callers' loops retry them."""
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
+    except ResponseError as exc:
+        if str(exc).split(" ", 1)[0] in TRANSIENT_REPLIES:
+            raise StoreUnavailable(f"Redis cannot take this now ({what}): {exc}") from exc
+        raise

@@ -57,7 +57,7 @@ class RecordingProcess:
         recording = self.settings.recording
         with audit_trail(self.settings) as trail:
             recorder = Recorder(
-                RedisRecordStream(trail.redis),
+                RedisRecordStream(trail.redis, settled_keep_s=3 * recording.reclaim_idle_s),
                 AuditRecordSink(trail, FailureTracker(RedisFailureStore(trail.redis), self.settings.failure)),
                 self.consumer,
                 batch=recording.batch,
@@ -87,6 +87,12 @@ def settings_digest(settings: Settings) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
+MISMATCH = (
+    "the recording child's environment gives other Redis, SQL, secret, recording, audit or failure settings "
+    "than its bridge's: give the bridge those settings through EXAMLOPS_* variables"
+)
+
+
 def child_main(consumer: str, stop: children.Flag, heartbeat: children.Heartbeat, log_level: int, digest: str) -> None:
     """The recording child's entry (multiprocessing): settings from the environment, then the recorder.
 
@@ -101,10 +107,7 @@ def child_main(consumer: str, stop: children.Flag, heartbeat: children.Heartbeat
     children.exit_with_parent(os.getppid())
     settings = Settings()
     if settings_digest(settings) != digest:
-        raise ConfigError(
-            "the recording child's environment gives other Redis, SQL, secret, recording, audit or failure settings "
-            "than its bridge's: give the bridge those settings through EXAMLOPS_* variables"
-        )
+        raise ConfigError(MISMATCH)
     process = RecordingProcess(settings, consumer, beat=heartbeat.beat)
 
     def stop_when_asked() -> None:
@@ -141,6 +144,10 @@ class RecordingChild:
         return self._kept.restarts
 
     def start(self) -> RecordingChild:
+        """Start the child under supervision. Raises ``ConfigError`` at once (rather than a child that fails at
+        every restart) when the environment the child inherits gives other settings than the bridge's."""
+        if settings_digest(Settings()) != settings_digest(self.settings):
+            raise ConfigError(MISMATCH)
         self._check()
         self._thread = threading.Thread(target=self._supervise, name="examlops-recording-child", daemon=True)
         self._thread.start()

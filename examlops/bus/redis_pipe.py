@@ -43,6 +43,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from examlops.adapters.redis import Arg, LuaScript, evalsha_loading
+from examlops.core.backoff import Backoff
+
+RETRY = Backoff(0.05, 1.0)
+"""Connecting, and a command a Redis still loading its data refused: 0.05 s doubling to 1 s."""
 
 
 def _error(reply: ResponseError) -> Exception:
@@ -159,8 +163,8 @@ class PipelinedRedis:
                 if attempt >= self.retries or self._closed:
                     cause = exc.__cause__ if isinstance(exc, _NotConnected) else exc
                     raise RedisConnectionError(f"Redis at {self.host}:{self.port}: {cause}") from cause
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
                 attempt += 1
+                await asyncio.sleep(RETRY.delay(attempt))
 
     async def _ready(self) -> _Protocol:
         """An open connection; one that went quiet for ``idle_check_s`` must answer a PING first."""

@@ -100,7 +100,7 @@ def done_ttl(deadline: float | None, now: float) -> int:
     """Seconds a job's done key lives: to its deadline plus ``DONE_MARGIN_S``, at most ``DONE_TTL_S``.
 
     Keyed to the job's own budget rather than the longest one allowed: a done key per job is most of the
-    bus's memory in Redis, and at a steady 700 jobs/s of 30 s jobs this keeps ~0.45 M keys, not ~2.9 M.
+    bus's memory in Redis (figures in bench/RESULTS.md).
     """
     remaining = 0.0 if deadline is None else max(0.0, deadline - now)
     return int(min(DONE_TTL_S, remaining + DONE_MARGIN_S))

@@ -86,7 +86,7 @@ def exit_with_parent(parent_pid: int) -> None:
 
 
 def exit_now(code: int) -> NoReturn:
-    """Exit without interpreter finalization (it costs ~0.6 s with sklearn loaded; the child keeps no state)."""
+    """Exit without interpreter finalization (slow with sklearn loaded; the child keeps no state to flush)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, SecretStr
 
@@ -55,6 +56,8 @@ def setting_sources(settings: Settings, environ: Mapping[str, str] | None = None
                 value, source = derive(settings), how if source == "default" else f"{source} (empty: {how})"
             elif isinstance(value, SecretStr):
                 value = MASK
+            elif isinstance(value, str) and "://" in value:
+                value = without_password(value)
             elif isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):
@@ -62,6 +65,16 @@ def setting_sources(settings: Settings, environ: Mapping[str, str] | None = None
             yield dotted, value, source
 
     yield from walk(settings, [])
+
+
+def without_password(url: str) -> str:
+    """A URL as it may be printed: its password, if any, replaced by the mask."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}{MASK}@{host}"))
 
 
 def setting_description(dotted: str) -> str:

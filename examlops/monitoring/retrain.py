@@ -222,7 +222,7 @@ class PrefectRetrainRequester:
     """Creates a flow run of the retrain deployment with the request's idempotency key (Prefect dedupes on it).
 
     The run gets the parameters ``model`` and ``reason``. Prefect is imported on the first request only:
-    it costs ~2 s and creates ``PREFECT_HOME``.
+    the import is slow and creates ``PREFECT_HOME``.
     """
 
     def __init__(self, api_url: str, deployment: str = DEFAULT_DEPLOYMENT, *, timeout_s: float = 10.0) -> None:

@@ -82,10 +82,9 @@ class EmbeddedRedis:
             'appendfilename "appendonly.aof"',
             "appendfsync everysec",
             'save ""',  # the AOF is the durable copy
-            # Rewrite the AOF when it has grown to 5x its last rewrite, not Redis's 2x: the bus's jobs are
-            # written and deleted (~9.6 KB each), so under load the AOF grows ~17 MB/s while the data stays
-            # small, and at 2x Redis forked a rewrite every few seconds, each taking a core for up to a
-            # second. The price: an AOF up to 5x the data on disk, replayed on a restart.
+            # Rewrite the AOF at 5x its last rewrite, not Redis's 2x: bus jobs are written and deleted, so the
+            # AOF grows fast while the data stays small, and at 2x rewrites forked every few seconds (figures
+            # in bench/RESULTS.md). The price: an AOF up to 5x the data on disk, replayed on a restart.
             "auto-aof-rewrite-percentage 400",
         ]
         self.conf_path.write_text("\n".join(lines) + "\n")

@@ -156,7 +156,8 @@ def test_two_recorders_draining_at_once_write_each_record_once_and_leave_nothing
             c.close()
     assert sum(r.stats().recorded for r in recorders) == 400 and all(r.stats().recorded for r in recorders)
     assert_one_to_one(client, [f"job-{i}" for i in range(400)])
-    assert client.xlen(RECORDS_STREAM) == 0 and not list(client.scan_iter("examlops:recorded:*"))
+    assert client.xlen(RECORDS_STREAM) == 0
+    assert_once_keys_expire(client, 400)
 
 
 def test_a_snapshot_and_its_event_carry_the_reply_and_the_embedding_statistics(client: redis.Redis) -> None:
@@ -193,7 +194,29 @@ def test_what_a_dead_recorder_wrote_or_held_is_reclaimed_and_written_exactly_onc
     drain(alive)
     assert alive.stats().reclaimed == 15 and client.xlen(RECORDS_STREAM) == 0
     assert_one_to_one(client, [f"job-{i}" for i in range(30)])
-    assert not list(client.scan_iter("examlops:recorded:*")), "once keys go with their records"
+    assert_once_keys_expire(client, 30)
+
+
+def test_a_recorder_that_stalled_past_the_reclaim_time_writes_nothing_twice(client: redis.Redis) -> None:
+    add_records(client, [served(i) for i in range(10)])
+    stream = RedisRecordStream(client)
+    stream.ensure_group()
+    stalled = stream.read("stalled", 10, None)  # read, then stalled (a nice-19 child on busy cores)
+    alive = recorder_on(client, "alive", batch=8, linger_s=0, reclaim_idle_s=0.2)
+    time.sleep(0.3)
+    alive._next_reclaim = 0.0
+    drain(alive)  # reclaims, writes and settles the stalled recorder's records
+    assert alive.stats().reclaimed == 10 and client.xlen(RECORDS_STREAM) == 0
+    AuditRecordSink(AuditTrail(client, SECRET)).write([record for _, record in stalled if record is not None])
+    assert_one_to_one(client, [f"job-{i}" for i in range(10)])
+
+
+def assert_once_keys_expire(client: redis.Redis, count: int) -> None:
+    """Settled records keep their once keys for a while (180 s by default), then Redis drops them."""
+    keys = list(client.scan_iter("examlops:recorded:*"))
+    assert len([k for k in keys if ":failures:" not in k]) == count
+    assert all(0 < client.pttl(k) <= 4_200_000 for k in keys)
+    assert all(0 < client.pttl(k) <= 180_000 for k in keys if ":failures:" not in k)
 
 
 def test_recorded_replies_feed_the_shared_failure_window(redis_server: str, client: redis.Redis) -> None:

@@ -49,7 +49,7 @@ def tail(client: redis.Redis | ChainSource, n: int, *, archive: ArchiveFiles | N
     if archive is not None and len(events) < n:
         first = events[0].seq if events else None
         older = [e for e in archive.tail(n) if first is None or e.seq < first]
-        events = older[len(older) - (n - len(events)) :] + events if older else events
+        events = older[max(0, len(older) - (n - len(events))) :] + events
     return events
 
 

@@ -4,8 +4,10 @@ Keys::
 
     examlops:records             stream of served records (``core.records``); consumer group ``recorders``
     examlops:records:dropped     counter of records the bridges did not add (the stream held its bound)
-    examlops:recorded:{entry id} set (by the audit append) when a record's event is written; deleted when the
-                                 record is settled; lives 4200 s when its recorder died in between
+    examlops:recorded:{entry id} set (by the audit append) when a record's event is written; kept
+                                 ``settled_keep_s`` once the record is settled (a recorder that stalled past
+                                 the reclaim idle time and wakes up after another settled its batch finds it
+                                 and writes nothing twice); 4200 s when its recorder died in between
 
 ``RedisRecordStream`` raises ``StoreUnavailable`` when Redis cannot be reached; a record entry that
 cannot be read comes back as None in place of its record (its caller settles it as dropped).
@@ -27,15 +29,15 @@ STALE_CONSUMER_S = 3600.0
 """A recorder consumer holding nothing and idle this long (its bridge is gone) is removed from the group."""
 
 SETTLE_SCRIPT = """
--- KEYS: records stream. ARGV: group, once key prefix, entry ids... Acknowledges and deletes the entries and
--- removes their once keys, in one step. Sent again after a lost reply, it changes nothing.
-local ids = {unpack(ARGV, 3)}
+-- KEYS: records stream. ARGV: group, once key prefix, keep ms, entry ids... Acknowledges and deletes the
+-- entries and shortens their once keys' lives to the keep time, in one step. Sent again after a lost reply,
+-- it changes nothing.
+local ids = {unpack(ARGV, 4)}
 for i = 1, #ids, 1000 do
   local chunk = {unpack(ids, i, math.min(i + 999, #ids))}
   redis.call('XACK', KEYS[1], ARGV[1], unpack(chunk))
   redis.call('XDEL', KEYS[1], unpack(chunk))
-  for j = 1, #chunk do chunk[j] = ARGV[2] .. chunk[j] end
-  redis.call('DEL', unpack(chunk))
+  for j = 1, #chunk do redis.call('PEXPIRE', ARGV[2] .. chunk[j], ARGV[3]) end
 end
 return #ids
 """
@@ -45,7 +47,7 @@ Read = list[tuple[str, ServedInference | None]]
 
 
 def written_key(entry_id: str) -> str:
-    """The once key of one record's audit event: set by the write, deleted when the record is settled."""
+    """The once key of one record's audit event: set by the write, kept a while after the record is settled."""
     return WRITTEN_PREFIX + entry_id
 
 
@@ -65,7 +67,7 @@ class RecordStream(Protocol):
         """Those of ``entry_ids`` whose audit event was written (by a recorder that died before settling)."""
 
     def settle(self, entry_ids: Sequence[str]) -> None:
-        """Done with these records: acknowledged, deleted from the stream, their once keys removed."""
+        """Done with these records: acknowledged, deleted from the stream, their once keys kept a while."""
 
     def dropped(self) -> int:
         """Records the bridges could not add since the stream was created (it held its bound)."""
@@ -75,10 +77,14 @@ class RecordStream(Protocol):
 
 
 class RedisRecordStream:
-    """``RecordStream`` on a sync redis-py client (decoded strings)."""
+    """``RecordStream`` on a sync redis-py client (decoded strings).
 
-    def __init__(self, client: redis.Redis) -> None:
+    ``settled_keep_s``: how long a settled record's once key stays; bootstrap gives three reclaim idle times.
+    """
+
+    def __init__(self, client: redis.Redis, *, settled_keep_s: float = 180.0) -> None:
         self.redis = client
+        self.settled_keep_ms = max(1, int(settled_keep_s * 1000))
         self._settle = client.register_script(SETTLE_SCRIPT)
 
     def ensure_group(self) -> None:
@@ -114,7 +120,9 @@ class RedisRecordStream:
         if not entry_ids:
             return
         with translated("settling records"):
-            self._settle(keys=[RECORDS_STREAM], args=[RECORDERS_GROUP, WRITTEN_PREFIX, *entry_ids])
+            self._settle(
+                keys=[RECORDS_STREAM], args=[RECORDERS_GROUP, WRITTEN_PREFIX, self.settled_keep_ms, *entry_ids]
+            )
 
     def dropped(self) -> int:
         with translated("reading the dropped records count"):

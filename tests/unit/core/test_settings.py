@@ -92,3 +92,12 @@ def test_a_derived_location_follows_the_settings_it_is_derived_from(monkeypatch:
     sources = {name: (value, source) for name, value, source in setting_sources(Settings())}
     assert sources["redis.url"] == ("redis://127.0.0.1:7001/0", "default (embedded, on redis.port)")
     assert sources["prefect.api_url"] == ("http://prefect.example/api", "env EXAMLOPS_PREFECT__API_URL")
+
+
+def test_config_show_never_prints_a_password_in_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_REDIS__URL", "redis://:s3cret@127.0.0.1:6379/0")
+    monkeypatch.setenv("EXAMLOPS_DATABASE_URL", "postgresql+psycopg://bob:hunter2@db:5432/examlops")
+    shown = {name: value for name, value, _source in setting_sources(Settings())}
+    assert shown["redis.url"] == "redis://:**********@127.0.0.1:6379/0"
+    assert shown["database_url"] == "postgresql+psycopg://bob:**********@db:5432/examlops"
+    assert "s3cret" not in repr(shown) and "hunter2" not in repr(shown)

@@ -26,6 +26,8 @@ from examlops.core.errors import (
 from examlops.serving import pool_worker
 from examlops.serving.pool import ProcessPredictPool
 
+pytestmark = pytest.mark.integration
+
 ROWS = np.arange(3 * 5, dtype=np.float64).reshape(3, 5)
 WEIGHTS = np.arange(1.0, 6.0)
 
