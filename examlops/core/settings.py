@@ -119,8 +119,9 @@ class BusSettings(_Section):
 
     concurrency: int = Field(64, ge=1)
     """Jobs one bridge serves at once; also the size of its HTTP keep-alive pool to serving."""
-    block_ms: int = Field(1000, ge=1)
-    """How long a bridge's read of new jobs waits for one before it looks again (bounds how long a stop takes)."""
+    block_ms: int = Field(1000, ge=1, le=5000)
+    """How long a bridge's read of new jobs waits for one before it looks again (bounds how long a stop takes);
+    at most 5 s, well inside the Redis clients' 10 s reply timeout."""
     handler_ttl_s: float = Field(30.0, gt=0)
     """An address whose last bridge heartbeat is older than this counts as served by nobody."""
     keepalive_s: float = Field(4.0, gt=0)
