@@ -196,9 +196,9 @@ def main() -> None:
         "--clients",
         type=configuration,
         nargs="+",
-        default=[("auto", "lean")],
+        default=[(BusSettings().redis_client, BusSettings().http_client)],
         help="bus client configurations REDIS/HTTP, each with its own bridge; the first is the ratios' base "
-        "(default: auto/lean, the settings' defaults)",
+        "(default: the settings' defaults)",
     )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-bus"))
     args = parser.parse_args()
