@@ -32,7 +32,7 @@ serving's mean batch (requests per feature-transformer batch, from its
 batch.
 
     .venv/bin/python bench/bus_vs_http.py [--requests 1000] [--rounds 3] [--concurrency 1 32] \
-        [--clients lean/lean library/lean lean/library library/library]
+        [--clients lean/aiohttp library/aiohttp lean/library library/library]
 
 Figures only: nothing here asserts anything. Target: the bus adds at most 2 ms at p50.
 """
@@ -69,7 +69,7 @@ from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
-REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "aiohttp", "lean")
+REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "aiohttp")
 
 
 @dataclass

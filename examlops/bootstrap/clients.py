@@ -5,13 +5,13 @@
   ``lean`` (``PipelinedRedis``), ``auto`` (lean for a ``redis://`` URL, else
   library). ``ConfigError`` for ``lean`` with a TLS or Unix-socket URL.
 - ``hop_client(settings)``: the bridge's one shared httpx client to serving,
-  ``EXAMLOPS_BUS__HTTP_CLIENT``: ``library`` (httpx's own transport),
-  ``aiohttp`` (httpx-aiohttp's, ``bus.aiohttp_transport``) or ``lean``
-  (``KeepAliveTransport``). Each keeps at most ``bus.concurrency``
-  connections, drops idle ones after ``bus.keepalive_s`` and retries nothing.
+  ``EXAMLOPS_BUS__HTTP_CLIENT``: ``aiohttp`` (httpx-aiohttp's,
+  ``bus.aiohttp_transport``; the default) or ``library`` (httpx's own
+  transport). Each keeps at most ``bus.concurrency`` connections, drops idle
+  ones after ``bus.keepalive_s`` and retries nothing.
 
-Nothing connects until first used. Both paths stay until ``bench/bus_vs_http.py --clients`` shows one losing
-(``bench/RESULTS.md``).
+Nothing connects until first used. ``bench/bus_vs_http.py --clients`` compares the paths; why the defaults
+are what they are: ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -45,11 +45,7 @@ def bus_redis(settings: Settings) -> RedisCommands:
 def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     import httpx
 
-    from examlops.bus.http_transport import KeepAliveTransport
-
     bus = settings.bus
-    if bus.http_client == "lean":
-        return KeepAliveTransport(max_connections=bus.concurrency, keepalive_expiry=bus.keepalive_s)
     if bus.http_client == "aiohttp":
         from examlops.bus.aiohttp_transport import AiohttpTransport
 

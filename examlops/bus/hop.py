@@ -9,7 +9,7 @@ a model failure (5xx marked ``inference_failed``, or an empty prediction).
 
 ``http_client`` is the one shared ``httpx.AsyncClient`` of a bridge, over the
 transport ``bootstrap`` picks (``EXAMLOPS_BUS__HTTP_CLIENT``: httpx's own,
-``aiohttp_transport`` or ``http_transport``); the handler is the same on all. The
+or ``aiohttp_transport``); the handler is the same on both. The
 hop is on every job's critical path: the body is encoded once with orjson and
 no ``Timeout`` is built per request unless the job has less time left than the
 client's (figures: ``bench/RESULTS.md``).
@@ -197,7 +197,7 @@ class ModelHandler:
 def _timed_out(exc: BaseException) -> bool:
     """Whether time ran out, rather than the connection failing or the reply being unreadable.
 
-    The lean and aiohttp transports raise httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
+    The aiohttp transport raises httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
     transport chains httpcore's timeouts, which are not ``TimeoutError``s: there the httpx class decides.
     """
     return isinstance(exc, TimeoutError | httpx.TimeoutException) or isinstance(exc.__cause__, TimeoutError)

@@ -132,9 +132,9 @@ class BusSettings(_Section):
     redis_client: Literal["auto", "library", "lean"] = "auto"
     """The bus's Redis client: `library` (redis-py with hiredis), `lean` (examlops' pipelined client, plain TCP
     only), `auto` (lean for a redis:// URL, else library). Compared by `bench/bus_vs_http.py --clients`."""
-    http_client: Literal["library", "aiohttp", "lean"] = "lean"
-    """The transport under the bridge's httpx client to serving: `library` (httpx's own), `aiohttp`
-    (httpx-aiohttp's) or `lean` (examlops' keep-alive transport). Compared by `bench/bus_vs_http.py --clients`."""
+    http_client: Literal["library", "aiohttp"] = "aiohttp"
+    """The transport under the bridge's httpx client to serving: `aiohttp` (httpx-aiohttp's) or `library`
+    (httpx's own, ~0.27 of aiohttp's bus throughput at c=32: bench/RESULTS.md)."""
 
 
 class ServingSettings(_Section):

@@ -110,7 +110,7 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
-def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "auto/lean") -> Settings:
+def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "auto/aiohttp") -> Settings:
     """``clients``: the Redis and HTTP client switches, as ``redis/http`` (``EXAMLOPS_BUS__*_CLIENT``)."""
     redis_client, http_client = clients.split("/")
     settings = Settings(
@@ -166,7 +166,7 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
         return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
 
 
-@pytest.mark.parametrize("clients", ["library/library", "library/aiohttp", "lean/lean"])
+@pytest.mark.parametrize("clients", ["library/library", "library/aiohttp", "lean/aiohttp"])
 async def test_a_job_is_answered_with_the_models_reply(
     tmp_path: Path, redis_url: str, standin: StandIn, clients: str
 ) -> None:
@@ -462,7 +462,7 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
         assert survivor is not None and survivor.returncode == 0
 
 
-@pytest.mark.parametrize("clients", ["library/library", "lean/lean"])
+@pytest.mark.parametrize("clients", ["library/library", "lean/aiohttp"])
 async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(
     tmp_path: Path, standin: StandIn, clients: str
 ) -> None:

@@ -58,7 +58,7 @@ async def silent() -> AsyncIterator[str]:
 Hop = Callable[[ModelSpec, str, HttpSettings], ModelHandler]
 
 
-@pytest.fixture(params=["library", "aiohttp", "lean"])
+@pytest.fixture(params=["library", "aiohttp"])
 def handler(request: pytest.FixtureRequest) -> Hop:
     """Handlers on the hop client bootstrap builds, once over each transport (``EXAMLOPS_BUS__HTTP_CLIENT``)."""
 
@@ -168,11 +168,10 @@ async def test_a_handled_reply_is_freed_by_reference_counting_not_left_to_the_co
 async def test_the_switch_builds_the_transport_it_names() -> None:
     from examlops.bootstrap.clients import hop_transport
     from examlops.bus.aiohttp_transport import AiohttpTransport
-    from examlops.bus.http_transport import KeepAliveTransport
 
-    expected = {"library": httpx.AsyncHTTPTransport, "aiohttp": AiohttpTransport, "lean": KeepAliveTransport}
+    expected = {"library": httpx.AsyncHTTPTransport, "aiohttp": AiohttpTransport}
     for kind, transport_class in expected.items():
         transport = hop_transport(Settings(bus=BusSettings(http_client=kind)))
         assert isinstance(transport, transport_class)
         await transport.aclose()
-    assert Settings().bus.http_client == "lean"
+    assert Settings().bus.http_client == "aiohttp"
