@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -90,91 +91,80 @@ def log_and_register(
     Every file lands under the state folder when the store is local. ``RegistryUnavailable``, or another
     ``ExamlopsError`` when MLflow refuses a step.
     """
+    with _registering(spec):
+        # Client calls rather than the fluent mlflow.sklearn.log_model: that one reads the
+        # process-global tracking URI, and MLflow's SQL registry resolves a "models:/<id>"
+        # source through a global MlflowClient (which creates ./mlflow.db when nothing is set).
+        # Registering the concrete artifact location avoids both.
+        import_mlflow()
+        import mlflow.sklearn
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric, Param, RunTag
+        from mlflow.models import Model, ModelSignature
+        from mlflow.types import Schema, TensorSpec
+
+        client = registry.client
+        run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
+        now_ms = int(time.time() * 1000)
+        run_tags = [RunTag("examlops.model", spec.name)]
+        if description:
+            run_tags.append(RunTag("mlflow.note.content", description))  # the run's description in the MLflow UI
+        client.log_batch(
+            run_id,
+            metrics=[Metric(key, float(value), now_ms, 0) for key, value in metrics.items()],
+            params=[Param(key, value) for key, value in params.items()],
+            tags=run_tags,
+        )
+        logged = client.create_logged_model(experiment_id, name="model", source_run_id=run_id)
+        columns = feature_count(spec.embedding_dim)
+        # A tensor signature: a DataFrame signature checks every column on each predict (bench/RESULTS.md).
+        signature = ModelSignature(
+            inputs=Schema([TensorSpec(np.dtype(np.float64), (-1, columns))]),
+            outputs=Schema([TensorSpec(np.dtype(np.float64), (-1,))]),
+        )
+        with tempfile.TemporaryDirectory(dir=settings.state_dir, prefix=".seed-") as tmp:
+            local = str(Path(tmp) / "model")
+            mlflow.sklearn.save_model(
+                model,
+                local,
+                mlflow_model=Model(
+                    artifact_path=logged.artifact_location,
+                    run_id=run_id,
+                    model_id=logged.model_id,
+                    model_uuid=logged.model_id,
+                ),
+                serialization_format="skops",
+                skops_trusted_types=list(trusted_types),
+                signature=signature,
+                # Explicit: inferring them takes seconds per model (bench/RESULTS.md).
+                pip_requirements=[
+                    f"{dist}=={dist_version(dist)}" for dist in ("mlflow", "scikit-learn", "skops", "numpy")
+                ],
+            )
+            client.log_model_artifacts(logged.model_id, local)
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        client.set_terminated(run_id)
+        name = _registered_name(registry, spec.name)
+        version = client.create_model_version(
+            name,
+            source=logged.artifact_location,
+            run_id=run_id,
+            model_id=logged.model_id,
+            description=description,
+            tags=dict(tags or {}),
+        )
+        return RegisteredVersion(str(version.version), str(run_id))
+
+
+@contextmanager
+def _registering(spec: ModelSpec) -> Iterator[None]:
+    """MLflow's failures while logging and registering, as ours (``ExamlopsError`` passes unchanged)."""
     try:
-        return _log_and_register(
-            registry, settings, experiment_id, spec, model, run_name, metrics, params,
-            trusted_types=trusted_types, description=description, tags=tags,
-        )  # fmt: skip
+        yield
     except ExamlopsError:
         raise
     except Exception as exc:
         raise translate_error(exc, lambda: ModelNotFound(f"model {spec.name!r} vanished while registering")) from exc
-
-
-def _log_and_register(
-    registry: MlflowRegistry,
-    settings: Settings,
-    experiment_id: str,
-    spec: ModelSpec,
-    model: Any,
-    run_name: str,
-    metrics: Mapping[str, float],
-    params: Mapping[str, str],
-    *,
-    trusted_types: Sequence[str],
-    description: str | None,
-    tags: Mapping[str, str] | None,
-) -> RegisteredVersion:
-    # Client calls rather than the fluent mlflow.sklearn.log_model: that one reads the
-    # process-global tracking URI, and MLflow's SQL registry resolves a "models:/<id>"
-    # source through a global MlflowClient (which creates ./mlflow.db when nothing is set).
-    # Registering the concrete artifact location avoids both.
-    import_mlflow()
-    import mlflow.sklearn
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric, Param, RunTag
-    from mlflow.models import Model, ModelSignature
-    from mlflow.types import Schema, TensorSpec
-
-    client = registry.client
-    run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-    now_ms = int(time.time() * 1000)
-    run_tags = [RunTag("examlops.model", spec.name)]
-    if description:
-        run_tags.append(RunTag("mlflow.note.content", description))  # the run's description in the MLflow UI
-    client.log_batch(
-        run_id,
-        metrics=[Metric(key, float(value), now_ms, 0) for key, value in metrics.items()],
-        params=[Param(key, value) for key, value in params.items()],
-        tags=run_tags,
-    )
-    logged = client.create_logged_model(experiment_id, name="model", source_run_id=run_id)
-    columns = feature_count(spec.embedding_dim)
-    # A tensor signature: a DataFrame signature checks every column on each predict (bench/RESULTS.md).
-    signature = ModelSignature(
-        inputs=Schema([TensorSpec(np.dtype(np.float64), (-1, columns))]),
-        outputs=Schema([TensorSpec(np.dtype(np.float64), (-1,))]),
-    )
-    with tempfile.TemporaryDirectory(dir=settings.state_dir, prefix=".seed-") as tmp:
-        local = str(Path(tmp) / "model")
-        mlflow.sklearn.save_model(
-            model,
-            local,
-            mlflow_model=Model(
-                artifact_path=logged.artifact_location,
-                run_id=run_id,
-                model_id=logged.model_id,
-                model_uuid=logged.model_id,
-            ),
-            serialization_format="skops",
-            skops_trusted_types=list(trusted_types),
-            signature=signature,
-            # Explicit: inferring them takes seconds per model (bench/RESULTS.md).
-            pip_requirements=[f"{dist}=={dist_version(dist)}" for dist in ("mlflow", "scikit-learn", "skops", "numpy")],
-        )
-        client.log_model_artifacts(logged.model_id, local)
-    client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
-    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-    client.set_terminated(run_id)
-    name = _registered_name(registry, spec.name)
-    version = client.create_model_version(
-        name,
-        source=logged.artifact_location,
-        run_id=run_id,
-        model_id=logged.model_id,
-        description=description,
-        tags=dict(tags or {}),
-    )
-    return RegisteredVersion(str(version.version), str(run_id))
 
 
 def _registered_name(registry: MlflowRegistry, name: str) -> str:
