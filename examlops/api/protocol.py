@@ -1,0 +1,123 @@
+"""uvicorn's HTTP/1.1 protocol with the deadlines it lacks: ``guarded_protocol(limits)``.
+
+uvicorn (0.54, httptools) arms a timer only between requests (``timeout_keep_alive``): a connection that
+never sends a byte, one that sends its headers a byte at a time, and one that trickles its body are all
+held open for ever, and its ``limit_concurrency`` answers 503 only once a request's headers are in. This
+subclass adds, per connection:
+
+- a header deadline (``header_timeout_s``), from the connection's opening and from the first byte of
+  each later request, to the end of its headers: past it the connection is closed, with a 408 when part
+  of a request came;
+- a body deadline (``body_timeout_s``), from the end of the headers to the end of the body: past it the
+  connection is closed (with a 408 unless the app already answered); the app's ``receive`` then gives
+  ``http.disconnect``;
+- a cap on open connections (``max_connections``): the one over it gets a 503 with our error body and
+  is closed before any of its bytes is read.
+
+Idle keep-alive connections are reaped by uvicorn's own ``timeout_keep_alive``. Everything else (parsing,
+pipelining, flow control) is uvicorn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from examlops.api.schemas import ErrorReply
+
+log = logging.getLogger(__name__)
+
+_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+
+def raw_error(status: int, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 response with our error body and ``connection: close``, for the protocol to write."""
+    body = ErrorReply(error=message, code=code).model_dump_json().encode()
+    head = (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        % (status, _REASONS[status], len(body))
+    )
+    return head + body
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` with header and body deadlines and a connection cap (see the module docstring)."""
+
+    limits: ClassVar[ConnectionLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._partial = False  # some bytes of a request came, its headers not all
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.info("connection refused: %d open, the cap is %d", len(self.connections), self.limits.max_connections)
+            transport.write(raw_error(503, "too_many_connections", "serving has too many open connections"))
+            transport.close()
+            return
+        self._arm(self.limits.header_timeout_s, self._headers_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._partial = True
+        if self._deadline is None:  # a later request on a kept-alive connection: its own header deadline
+            self._arm(self.limits.header_timeout_s, self._headers_late)
+
+    def on_headers_complete(self) -> None:
+        self._partial = False
+        self._arm(self.limits.body_timeout_s, self._body_late)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._partial:
+            log.info("request headers not complete after %.0f s: connection closed", self.limits.header_timeout_s)
+            self.transport.write(raw_error(408, "request_timeout", "the request headers came too slowly"))
+        self.transport.close()
+
+    def _body_late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        log.info("request body not complete after %.0f s: connection closed", self.limits.body_timeout_s)
+        if self.cycle is not None and not self.cycle.response_started:
+            # The app's later sends are dropped: closing marks the cycle disconnected.
+            self.transport.write(raw_error(408, "request_timeout", "the request body came too slowly"))
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """A ``GuardedHttpProtocol`` class bound to ``limits``, for ``uvicorn.Config(http=...)``."""
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
