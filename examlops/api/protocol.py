@@ -44,9 +44,10 @@ class ConnectionLimits:
 def raw_error(status: int, code: str, message: str) -> bytes:
     """A whole HTTP/1.1 response with our error body and ``connection: close``, for the protocol to write."""
     body = ErrorReply(error=message, code=code).model_dump_json().encode()
-    head = (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-        % (status, _REASONS[status], len(body))
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % (
+        status,
+        _REASONS[status],
+        len(body),
     )
     return head + body
 

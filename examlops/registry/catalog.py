@@ -48,8 +48,8 @@ class FloatArrayField(_Bounded):
 
 class IntegerField(_Bounded):
     type: Literal["integer"]
-    minimum: int | None = None  # type: ignore[assignment]  # narrows the float bound to int
-    maximum: int | None = None  # type: ignore[assignment]  # narrows the float bound to int
+    minimum: int | None = None  # narrows the float bound to int
+    maximum: int | None = None  # narrows the float bound to int
 
 
 class FloatField(_Bounded):

@@ -60,9 +60,10 @@ def validate_features(
     """Check each request against its spec; one outcome per request, in order.
 
     A bad request gets an ``InvalidInput`` naming ``embedding`` or ``node_count`` and saying what is
-    wrong in a few words (a count outside the catalog's bounds, values not finite or outside them); the values themselves are never echoed. The good ones get a row of
-    ``embedding_dim + 1`` float64 values (layout ``embedding + [node_count]``), a view into one matrix
-    per batch. The numeric checks run vectorised over all requests of the same embedding size.
+    wrong in a few words (a count outside the catalog's bounds, values not finite or outside them); the
+    values themselves are never echoed. The good ones get a row of ``embedding_dim + 1`` float64 values
+    (layout ``embedding + [node_count]``), a view into one matrix per batch. The numeric checks run
+    vectorised over all requests of the same embedding size.
     """
     outcomes: list[Features | InvalidInput | None] = [None] * len(requests)
     by_dim: dict[int, list[int]] = {}

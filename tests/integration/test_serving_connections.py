@@ -69,7 +69,7 @@ async def connect(server: ServingProcess) -> tuple[asyncio.StreamReader, asyncio
 
 
 def error_body(response: bytes) -> dict[str, object]:
-    head, _, body = response.partition(b"\r\n\r\n")
+    _, _, body = response.partition(b"\r\n\r\n")
     data: dict[str, object] = json.loads(body)
     assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
     return data
@@ -151,7 +151,7 @@ async def test_a_413_on_a_keep_alive_connection_closes_it(server: ServingProcess
         b"content-type: application/json\r\ncontent-length: 10000000\r\n\r\n" + b" " * 1000
     )
     await writer.drain()
-    data, took = await read_until_closed(reader, 1.0)  # well before any deadline: the 413 itself closes it
+    data, _ = await read_until_closed(reader, 1.0)  # well before any deadline: the 413 itself closes it
     writer.close()
     assert data.startswith(b"HTTP/1.1 413 ")
     assert b"\r\nconnection: close\r\n" in data.lower()
@@ -161,7 +161,9 @@ async def test_a_413_on_a_keep_alive_connection_closes_it(server: ServingProcess
 async def test_a_body_that_is_not_json_gets_a_415_with_our_body(server: ServingProcess) -> None:
     async with httpx.AsyncClient(base_url=server.url) as client:
         reply = await client.post(
-            "/infer-pipeline/infer", content=b"model=JPCP", headers={"content-type": "application/x-www-form-urlencoded"}
+            "/infer-pipeline/infer",
+            content=b"model=JPCP",
+            headers={"content-type": "application/x-www-form-urlencoded"},
         )
     assert reply.status_code == 415
     assert reply.json()["code"] == "unsupported_media_type"
@@ -196,7 +198,7 @@ async def test_connections_over_the_cap_get_a_fast_503_and_serving_recovers(serv
 async def test_a_client_gone_mid_body_costs_one_log_line_naming_the_route_and_bytes(server: ServingProcess) -> None:
     before = server.log_path.read_text(errors="replace")
     for _ in range(20):
-        reader, writer = await connect(server)
+        _, writer = await connect(server)
         writer.write(
             b"POST /infer-pipeline/infer HTTP/1.1\r\nhost: serving\r\n"
             b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n" + b" " * 100
