@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -32,6 +32,9 @@ from examlops.api.schemas import ErrorReply
 log = logging.getLogger(__name__)
 
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+
+Phase = Literal["idle", "head", "body"]
+"""Where the connection's current request is: none or answered, its head arriving, its body arriving."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +56,19 @@ def raw_error(status: int, code: str, message: str) -> bytes:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` with header and body deadlines and a connection cap (see the module docstring)."""
+    """``HttpToolsProtocol`` with header and body deadlines and a connection cap (see the module docstring).
+
+    A deadline is armed only when a read leaves a request incomplete, so a request that arrives whole in
+    one read (nearly all of them) costs no timer.
+    """
 
     limits: ClassVar[ConnectionLimits]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
-        self._partial = False  # some bytes of a request came, its headers not all
+        self._armed_for: Phase | None = None
+        self._phase: Phase = "idle"
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
@@ -69,50 +77,58 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             transport.write(raw_error(503, "too_many_connections", "serving has too many open connections"))
             transport.close()
             return
-        self._arm(self.limits.header_timeout_s, self._headers_late)
+        self._arm("head")  # a new connection has until the header deadline to send a whole request head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._phase in ("head", "body") and self._armed_for != self._phase and not self.transport.is_closing():
+            self._arm(self._phase)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._partial = True
-        if self._deadline is None:  # a later request on a kept-alive connection: its own header deadline
-            self._arm(self.limits.header_timeout_s, self._headers_late)
+        self._phase = "head"
 
     def on_headers_complete(self) -> None:
-        self._partial = False
-        self._arm(self.limits.body_timeout_s, self._body_late)
+        self._phase = "body"
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._phase = "idle"
         self._disarm()
         super().on_message_complete()
 
-    def _arm(self, delay: float, callback: Any) -> None:
+    def _arm(self, phase: Phase) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(delay, callback)
+        late = self._headers_late if phase == "head" else self._body_late
+        delay = self.limits.header_timeout_s if phase == "head" else self.limits.body_timeout_s
+        self._deadline = self.loop.call_later(delay, late)
+        self._armed_for = phase
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        self._armed_for = None
 
     def _headers_late(self) -> None:
-        self._deadline = None
+        self._deadline = self._armed_for = None
         if self.transport.is_closing():
             return
-        if self._partial:
-            log.info("request headers not complete after %.0f s: connection closed", self.limits.header_timeout_s)
+        answering = self.cycle is not None and not self.cycle.response_complete  # a pipelined earlier request
+        if self._phase == "head" and not answering:
+            log.info("request headers not complete after %.1f s: connection closed", self.limits.header_timeout_s)
             self.transport.write(raw_error(408, "request_timeout", "the request headers came too slowly"))
         self.transport.close()
 
     def _body_late(self) -> None:
-        self._deadline = None
+        self._deadline = self._armed_for = None
         if self.transport.is_closing():
             return
-        log.info("request body not complete after %.0f s: connection closed", self.limits.body_timeout_s)
+        log.info("request body not complete after %.1f s: connection closed", self.limits.body_timeout_s)
         if self.cycle is not None and not self.cycle.response_started:
             # The app's later sends are dropped: closing marks the cycle disconnected.
             self.transport.write(raw_error(408, "request_timeout", "the request body came too slowly"))
