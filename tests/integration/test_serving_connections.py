@@ -8,9 +8,12 @@ their body before they ask whether the hot set is loaded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import resource
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,15 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]
         },
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{proc.url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, proc.log_tail()
-            time.sleep(0.2)
+        wait_alive(proc)
         yield proc
     finally:
         proc.stop()
@@ -73,6 +68,38 @@ def error_body(response: bytes) -> dict[str, object]:
     data: dict[str, object] = json.loads(body)
     assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
     return data
+
+
+async def first_bytes(reader: asyncio.StreamReader, within_s: float = 0.5) -> bytes | None:
+    """What the server sends first within ``within_s`` (b"" if it closed), None if it sent nothing."""
+    try:
+        async with asyncio.timeout(within_s):
+            return await reader.read(65536)
+    except TimeoutError:
+        return None
+
+
+def wait_alive(proc: ServingProcess, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{proc.url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, proc.log_tail()
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def open_files_limit(limit: int) -> Iterator[None]:
+    """Children started inside inherit a soft open-files limit of ``limit``; ours is restored after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def trickle(writer: asyncio.StreamWriter, data: bytes, every_s: float) -> None:
@@ -171,14 +198,6 @@ async def test_a_body_that_is_not_json_gets_a_415_with_our_body(server: ServingP
 
 async def test_connections_over_the_cap_get_a_fast_503_and_serving_recovers(server: ServingProcess) -> None:
     connections = [await connect(server) for _ in range(MAX_CONNECTIONS + 8)]
-
-    async def first_bytes(reader: asyncio.StreamReader) -> bytes | None:
-        try:
-            async with asyncio.timeout(0.5):  # half the header deadline: under the cap, nothing comes yet
-                return await reader.read(65536)
-        except TimeoutError:
-            return None
-
     answers = await asyncio.gather(*(first_bytes(reader) for reader, _ in connections))
     refused = 0
     for data in answers:
@@ -215,3 +234,34 @@ async def test_a_client_gone_mid_body_costs_one_log_line_naming_the_route_and_by
     assert len(disconnects) == 20, added[-3000:]
     assert all("POST /infer-pipeline/infer" in line for line in disconnects)
     assert len(lines) == 20, added[-3000:]
+
+
+async def test_idle_sockets_past_the_open_files_limit_are_refused_and_serving_recovers(tmp_path: Path) -> None:
+    """The finding: with 300 open files allowed, 320 idle sockets made every new request fail."""
+    with open_files_limit(300):
+        proc = ServingProcess(
+            tmp_path, env={"EXAMLOPS_SERVING__HEADER_TIMEOUT_S": "3", "EXAMLOPS_PREDICT__WORKERS": "1"}
+        )
+    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        wait_alive(proc)
+        connections = [await connect(proc) for _ in range(320)]
+        answers = await asyncio.gather(*(first_bytes(reader) for reader, _ in connections))
+        refused = [data for data in answers if data is not None]
+        assert all(data.startswith(b"HTTP/1.1 503 ") for data in refused)
+        assert len(refused) >= 320 - (300 - 128)  # the cap leaves 128 descriptors to serving itself
+        # The idle ones hold their slots until the header deadline reaps them; then serving answers again.
+        await asyncio.sleep(3.0)
+        async with httpx.AsyncClient(base_url=proc.url) as client:
+            for _ in range(50):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get("/healthz", timeout=2)).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("serving did not recover")
+        assert "Too many open files" not in proc.log_path.read_text(errors="replace")
+    finally:
+        for _, writer in connections:
+            writer.close()
+        proc.stop()
