@@ -82,5 +82,5 @@ def list_(as_json: JsonOption = False) -> None:
     print_table(
         "task map",
         ["task", "model", "alias", "adapter", "bus address", "changed"],
-        [[r.task, r.model, r.alias, r.adapter, r.address, r.changed_at] for r in routes],
+        [[r.task, r.model, r.alias, r.adapter, r.address, f"{r.changed_at:%Y-%m-%d %H:%M:%S}"] for r in routes],
     )
