@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from examlops.bootstrap import sql_engine, upgrade_database
@@ -21,12 +22,17 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def tasks(database_url: str, tmp_path: Path) -> Iterator[SqlTaskMap]:
+def engine(database_url: str, tmp_path: Path) -> Iterator[Engine]:
     settings = Settings(home=tmp_path, database_url=database_url)
     upgrade_database(settings)
     engine = sql_engine(settings)
-    yield SqlTaskMap(engine)
+    yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def tasks(engine: Engine) -> SqlTaskMap:
+    return SqlTaskMap(engine)
 
 
 def test_a_remap_changes_model_and_alias_and_keeps_the_address(tasks: SqlTaskMap) -> None:
@@ -156,3 +162,21 @@ def test_exa_task_map_refuses_an_unknown_model_or_a_bad_name_and_changes_nothing
 
     assert runner.invoke(exa, ["task", "list", "--json"]).stdout == before
     assert len([e for e in audit_events(runner) if e["type"] == "task.mapped"]) == 1
+
+
+def test_seeding_from_the_shipped_catalog_maps_its_tasks_once_and_keeps_a_remap(
+    engine: Engine, tasks: SqlTaskMap
+) -> None:
+    from examlops.bootstrap.tasks import seed_task_map
+    from examlops.registry.catalog import load_catalog
+
+    catalog = load_catalog(Settings().catalog_path)
+    created = seed_task_map(engine, catalog)
+    assert sorted((r.task, r.model, r.alias) for r in created) == [
+        ("pavement.distress.ac", "AC", "Production"),
+        ("pavement.distress.crcp", "CRCP", "Production"),
+        ("pavement.distress.jpcp", "JPCP", "Production"),
+    ]
+    remapped = tasks.map("pavement.distress.jpcp", "CRCP", "Canary").route
+    assert seed_task_map(engine, catalog) == []
+    assert tasks.get("pavement.distress.jpcp") == remapped
