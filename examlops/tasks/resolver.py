@@ -76,7 +76,7 @@ class TaskResolver:
         if snapshot is not None and snapshot.expires > self._clock():
             return snapshot
         if self._reading is None:
-            self._reading = asyncio.get_running_loop().create_task(asyncio.to_thread(self.refresh))
+            self._reading = asyncio.get_running_loop().create_task(asyncio.to_thread(self._read))
             self._reading.add_done_callback(self._read_done)
         # shield: a cancelled caller must not cancel a read that other calls share.
         return await asyncio.shield(self._reading)
@@ -87,7 +87,7 @@ class TaskResolver:
         if not task.cancelled():
             task.exception()  # retrieved here so that a failed read nobody awaited is not reported as lost
 
-    def refresh(self) -> _Snapshot:
+    def _read(self) -> _Snapshot:
         """Read the whole map now (blocking) and keep it for ``ttl_s``; on failure keep the last snapshot
         for another ``ttl_s``, or raise ``StoreUnavailable`` when there is none."""
         try:

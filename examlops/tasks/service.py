@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from examlops.core.messages import canonical_alias
@@ -43,7 +43,7 @@ def event_data(route: TaskRoute, previous: TaskRoute | None, by: str) -> dict[st
     """The data of a ``task.mapped`` event: the route now, what it was, and who changed it."""
 
     def plain(r: TaskRoute) -> dict[str, Any]:
-        return {k: str(v) if v is not None else None for k, v in asdict(r).items() if k != "changed_at"}
+        return {"task": r.task, "model": r.model, "alias": r.alias, "adapter": r.adapter, "address": str(r.address)}
 
     return {**plain(route), "previous": None if previous is None else plain(previous), "by": by}
 
