@@ -1,4 +1,4 @@
-"""Bus round trip against direct HTTP, and the bus's protocol clients against each other.
+"""Bus round trip against direct HTTP, and the hop's HTTP transports against each other.
 
 Starts a real redis-server, `exa serve start` and one `exa bridge start` per
 client configuration (``--clients``) on a state folder with the demo models
@@ -12,10 +12,9 @@ machine does not land on one path only:
 - httpx <http>: the same POST through the bridge's own hop client
   (``bootstrap.hop_client``, pre-encoded body) over that transport: direct
   HTTP as a Python caller makes it, and what the bridge's hop costs alone;
-- bus <redis>/<http>: ``BusClient.request`` (the submit script, the bridge's
-  XREADGROUP, its POST, the reply script, the client's XREAD), with the bus
-  client and that configuration's bridge on those clients
-  (``EXAMLOPS_BUS__REDIS_CLIENT``, ``EXAMLOPS_BUS__HTTP_CLIENT``). Each
+- bus <http>: ``BusClient.request`` (the submit script, the bridge's
+  XREADGROUP, its POST, the reply script, the client's XREAD), with that
+  configuration's bridge on that transport (``EXAMLOPS_BUS__HTTP_CLIENT``). Each
   configuration has a Redis database of its own, so its bridge serves only
   its jobs; the others' bridges idle meanwhile.
 
@@ -32,7 +31,7 @@ serving's mean batch (requests per feature-transformer batch, from its
 batch.
 
     .venv/bin/python bench/bus_vs_http.py [--requests 1000] [--rounds 3] [--concurrency 1 32] \
-        [--clients lean/aiohttp library/aiohttp lean/library library/library]
+        [--clients aiohttp library]
 
 Figures only: nothing here asserts anything. Target: the bus adds at most 2 ms at p50.
 """
@@ -54,22 +53,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import bodies as demo_bodies
+from demo import demo_state
 from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
-from examlops.bootstrap import bus_client, hop_client, upgrade_database
+from examlops.bootstrap import bus_client, hop_client
 from examlops.bus.hop import JSON_HEADERS
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
-REDIS_CLIENTS, HTTP_CLIENTS = ("auto", "library", "lean"), ("library", "aiohttp")
+HTTP_CLIENTS = ("aiohttp", "library")
 
 
 @dataclass
@@ -164,16 +162,6 @@ def pooled(runs: list[Run]) -> dict[str, Any]:
     return row
 
 
-def configuration(text: str) -> tuple[str, str]:
-    """``redis/http``, e.g. ``lean/library``: the bus's Redis client and the hop's HTTP client."""
-    redis_client, _, http_client = text.partition("/")
-    if redis_client not in REDIS_CLIENTS or http_client not in HTTP_CLIENTS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: want REDIS/HTTP with REDIS in {REDIS_CLIENTS}, HTTP in {HTTP_CLIENTS}"
-        )
-    return redis_client, http_client
-
-
 def print_ratios(table: list[tuple[int, dict[str, dict[str, Any]]]], first: str) -> None:
     """Each bus path's req/s as a ratio to the first configuration's, each httpx path's to the first's."""
     print(f"req/s relative to {first} (1.00 = the same; below 1 = slower)")
@@ -194,15 +182,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument(
         "--clients",
-        type=configuration,
+        choices=HTTP_CLIENTS,
         nargs="+",
-        default=[(BusSettings().redis_client, BusSettings().http_client)],
-        help="bus client configurations REDIS/HTTP, each with its own bridge; the first is the ratios' base "
-        "(default: the settings' defaults)",
+        default=[BusSettings().http_client],
+        help="the hop's HTTP clients (EXAMLOPS_BUS__HTTP_CLIENT), each with its own bridge; the first is the "
+        "ratios' base (default: the settings' default)",
     )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-bus"))
     args = parser.parse_args()
-    clients: list[tuple[str, str]] = list(dict.fromkeys(args.clients))
+    clients: list[str] = list(dict.fromkeys(args.clients))
     if len(clients) > 15:
         parser.error("at most 15 configurations (one Redis database each)")
 
@@ -210,17 +198,9 @@ def main() -> None:
     # An empty Redis each run: the last run's append-only file (GBs of done keys and replies) takes longer to
     # load than the start-up waits, and the figures should not depend on what earlier runs left.
     shutil.rmtree(home / "redis", ignore_errors=True)
-    home.mkdir(parents=True, exist_ok=True)
-    base = Settings(home=home)
-    catalog = load_catalog(base.catalog_path)
-    seed_demo(base, catalog)
-    upgrade_database(base)
+    _base, catalog = demo_state(home)
     spec = catalog.get("JPCP")
-    rng = np.random.default_rng(7)
-    bodies: list[dict[str, object]] = [
-        {"embedding": [float(v) for v in rng.normal(0, 0.05, spec.embedding_dim)], "node_count": 12}
-        for _ in range(args.requests)
-    ]
+    bodies = demo_bodies(spec.embedding_dim, args.requests, seed=7)
 
     redis_server = EmbeddedRedis(home / "redis", REDIS_PORT)
     redis_server.start()
@@ -232,14 +212,13 @@ def main() -> None:
     bridge_code = "from examlops.cli.bus import bridge_app; bridge_app()"
     bridges: dict[str, Any] = {}
     settings: dict[str, Settings] = {}
-    for db, (redis_client, http_client) in enumerate(clients, start=1):
-        name = f"bus {redis_client}/{http_client}"
+    for db, http_client in enumerate(clients, start=1):
+        name = f"bus {http_client}"
         url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
-        bus = BusSettings(redis_client=redis_client, http_client=http_client)
+        bus = BusSettings(http_client=http_client)
         settings[name] = Settings(home=home, redis=RedisSettings(url=url), bus=bus)
-        bridge_env = env | {"EXAMLOPS_REDIS__URL": url, "EXAMLOPS_BUS__REDIS_CLIENT": redis_client}
-        bridge_env["EXAMLOPS_BUS__HTTP_CLIENT"] = http_client
-        log = home / f"bridge-{redis_client}-{http_client}.log"
+        bridge_env = env | {"EXAMLOPS_REDIS__URL": url, "EXAMLOPS_BUS__HTTP_CLIENT": http_client}
+        log = home / f"bridge-{http_client}.log"
         bridges[name] = start([sys.executable, "-c", bridge_code, "start", "--log-level", "warning"], bridge_env, log)
     url = f"http://127.0.0.1:{SERVING_PORT}"
     try:
@@ -250,7 +229,7 @@ def main() -> None:
         loads: dict[str, Callable[[int], Coroutine[Any, Any, Run]]] = {
             "raw http": lambda c: raw_http_load(infer_url, named, c)
         }
-        for transport in dict.fromkeys(http for _redis, http in clients):
+        for transport in clients:
             loads[f"httpx {transport}"] = lambda c, t=transport: httpx_load(infer_url, named, c, t)  # type: ignore[misc]
         for name in bridges:
             loads[name] = lambda c, s=settings[name]: bus_load(s, address, bodies, c)  # type: ignore[misc]
@@ -294,7 +273,7 @@ def main() -> None:
                     f"{row['rps']:>8.0f} {row['errors']:>6} {row['serving_batch']:>6.1f}  {cpu}"
                 )
             first = next(iter(bridges))
-            for baseline in ("raw http", f"httpx {clients[0][1]}"):
+            for baseline in ("raw http", f"httpx {clients[0]}"):
                 added = figures[first]["p50"] - figures[baseline]["p50"]
                 print(f"{concurrency:>3} {first} adds {added:.2f} ms at p50 over {baseline}")
             print()

@@ -10,8 +10,7 @@ wraps its commands in ``translated(what)``:
   redis-py's ``Retry``, also when the command was already sent (it may run
   twice: what is sent through these clients is safe to repeat).
 - ``RedisCommands``: the port the bus store speaks, raw RESP2 replies;
-  ``RedisPyCommands`` is its adapter over redis-py (``bus.redis_pipe``'s
-  ``PipelinedRedis`` is the other).
+  ``RedisPyCommands`` is its adapter over redis-py.
 - ``translated(what)``: a refused, dropped or timed-out connection (and a
   Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
   other redis-py errors pass unchanged. It works around ``await`` too.
@@ -119,7 +118,7 @@ async def evalsha_loading(
 
 class RedisPyCommands:
     """``RedisCommands`` over redis-py's asyncio client (``connect_async``), whose reply parsers are cleared so
-    that every command answers its raw reply, as ``PipelinedRedis`` does. Blocking reads take a connection of
+    that every command answers its raw reply. Blocking reads take a connection of
     the pool of their own. Retries are redis-py's (see the module docstring)."""
 
     def __init__(self, url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> None:

@@ -1,24 +1,21 @@
-"""The bus's protocol clients, picked by the settings' switches: one Redis port and one HTTP transport.
+"""The bus's protocol clients: one Redis port and one HTTP transport picked by a setting.
 
-- ``bus_redis(settings)``: the ``RedisCommands`` port of a bus client or a bridge,
-  ``EXAMLOPS_BUS__REDIS_CLIENT``: ``library`` (redis-py, ``RedisPyCommands``),
-  ``lean`` (``PipelinedRedis``), ``auto`` (lean for a ``redis://`` URL, else
-  library). ``ConfigError`` for ``lean`` with a TLS or Unix-socket URL.
+- ``bus_redis(settings)``: the ``RedisCommands`` port of a bus client or a
+  bridge, redis-py with hiredis (``RedisPyCommands``).
 - ``hop_client(settings)``: the bridge's one shared httpx client to serving,
   ``EXAMLOPS_BUS__HTTP_CLIENT``: ``aiohttp`` (httpx-aiohttp's,
   ``bus.aiohttp_transport``; the default) or ``library`` (httpx's own
   transport). Each keeps at most ``bus.concurrency`` connections, drops idle
   ones after ``bus.keepalive_s`` and retries nothing.
 
-Nothing connects until first used. ``bench/bus_vs_http.py --clients`` compares the paths; why the defaults
-are what they are: ``bench/RESULTS.md``.
+Nothing connects until first used. ``bench/bus_vs_http.py --clients`` compares the HTTP paths; why the
+default is what it is: ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from examlops.core.errors import ConfigError
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -29,17 +26,8 @@ if TYPE_CHECKING:
 
 def bus_redis(settings: Settings) -> RedisCommands:
     from examlops.adapters.redis import RedisPyCommands
-    from examlops.bus.redis_pipe import PipelinedRedis, speaks
 
-    choice, url = settings.bus.redis_client, settings.redis_url
-    if choice == "lean" and not speaks(url):
-        raise ConfigError(
-            "EXAMLOPS_BUS__REDIS_CLIENT=lean speaks plain TCP (a redis:// URL) only; "
-            "use library (or auto) for a TLS or Unix-socket Redis"
-        )
-    if choice == "lean" or (choice == "auto" and speaks(url)):
-        return PipelinedRedis.from_url(url)
-    return RedisPyCommands(url)
+    return RedisPyCommands(settings.redis_url)
 
 
 def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:

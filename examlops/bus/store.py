@@ -1,9 +1,9 @@
 """``BusStore``: every Redis command the bus client and the bridge send, over one ``RedisCommands`` port.
 
 The port answers raw RESP2 replies; this module turns them into the bus's
-shapes. Two adapters implement it (redis-py, ``adapters.redis.RedisPyCommands``,
-and the pipelined ``redis_pipe.PipelinedRedis``), chosen by ``bootstrap`` from
-``EXAMLOPS_BUS__REDIS_CLIENT``; each method has one body for both.
+shapes. Its adapter is redis-py's (``adapters.redis.RedisPyCommands``, built by
+``bootstrap.clients.bus_redis``), tested against a real redis-server
+(``tests/integration/test_bus_store.py``).
 
 Failure mode: an unreachable or restarting Redis is ``StoreUnavailable``
 (``adapters.redis.translated``, after the adapter's connect retries), so the

@@ -21,7 +21,8 @@ error *means* lives here, as class attributes:
     ├── NotFound (LookupError)
     │   ├── ModelNotFound               no such model in the catalog or registry
     │   ├── AliasNotFound               the model has no such alias
-    │   └── VersionNotFound             the model has no such version
+    │   ├── VersionNotFound             the model has no such version
+    │   └── TaskNotFound                no task of that name is in the task map
     ├── Conflict                        a change that contradicts the current state
     ├── NotReady                        the hot set is not loaded yet (503)
     ├── DeadlineExceeded                the caller's deadline passed before the work ran
@@ -102,6 +103,12 @@ class AliasNotFound(NotFound):
 
 class VersionNotFound(NotFound):
     code = "version_not_found"
+
+
+class TaskNotFound(NotFound):
+    """The task map has no such task: the caller named a task the site does not serve."""
+
+    code = "unknown_task"
 
 
 class Conflict(ExamlopsError):

@@ -129,9 +129,6 @@ class BusSettings(_Section):
     to a connection serving is closing."""
     reply_ttl_s: int = Field(600, ge=1)
     """Seconds a client's reply stream lives after its last reply (an abandoned client's stream vanishes)."""
-    redis_client: Literal["auto", "library", "lean"] = "auto"
-    """The bus's Redis client: `library` (redis-py with hiredis), `lean` (examlops' pipelined client, plain TCP
-    only), `auto` (lean for a redis:// URL, else library). Compared by `bench/bus_vs_http.py --clients`."""
     http_client: Literal["library", "aiohttp"] = "aiohttp"
     """The transport under the bridge's httpx client to serving: `aiohttp` (httpx-aiohttp's) or `library`
     (httpx's own, ~0.27 of aiohttp's bus throughput at c=32: bench/RESULTS.md)."""

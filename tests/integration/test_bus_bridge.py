@@ -110,15 +110,14 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
-def bus_settings(home: Path, redis_url: str, serving_port: int, clients: str = "auto/aiohttp") -> Settings:
-    """``clients``: the Redis and HTTP client switches, as ``redis/http`` (``EXAMLOPS_BUS__*_CLIENT``)."""
-    redis_client, http_client = clients.split("/")
+def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str = "aiohttp") -> Settings:
+    """``http_client``: the hop's transport switch (``EXAMLOPS_BUS__HTTP_CLIENT``)."""
     settings = Settings(
         home=home,
         redis=RedisSettings(url=redis_url),
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
-        bus=BusSettings(redis_client=redis_client, http_client=http_client),
+        bus=BusSettings(http_client=http_client),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
     return settings
@@ -166,11 +165,11 @@ def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
         return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
 
 
-@pytest.mark.parametrize("clients", ["library/library", "library/aiohttp", "lean/aiohttp"])
+@pytest.mark.parametrize("http_client", ["library", "aiohttp"])
 async def test_a_job_is_answered_with_the_models_reply(
-    tmp_path: Path, redis_url: str, standin: StandIn, clients: str
+    tmp_path: Path, redis_url: str, standin: StandIn, http_client: str
 ) -> None:
-    settings = bus_settings(tmp_path, redis_url, standin.port, clients)
+    settings = bus_settings(tmp_path, redis_url, standin.port, http_client)
     async with running_bridge(settings), bus_client(settings, caller="t") as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
     assert reply == {
@@ -462,14 +461,14 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
         assert survivor is not None and survivor.returncode == 0
 
 
-@pytest.mark.parametrize("clients", ["library/library", "lean/aiohttp"])
+@pytest.mark.parametrize("http_client", ["library", "aiohttp"])
 async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(
-    tmp_path: Path, standin: StandIn, clients: str
+    tmp_path: Path, standin: StandIn, http_client: str
 ) -> None:
     server = EmbeddedRedis(tmp_path / "redis", free_port())
     server.start()
     try:
-        settings = bus_settings(tmp_path, server.url, standin.port, clients)
+        settings = bus_settings(tmp_path, server.url, standin.port, http_client)
         async with bus_client(settings, caller="t") as client:
             async with running_bridge(settings):
                 assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None

@@ -1,8 +1,4 @@
-"""The bus store against a real redis-server, once over each Redis client (``EXAMLOPS_BUS__REDIS_CLIENT``).
-
-Every test runs on the redis-py adapter and on the pipelined one, built by ``bootstrap.bus_redis``: the
-store has one body per method, and these tests hold both adapters to it.
-"""
+"""The bus store against a real redis-server, over the redis-py adapter ``bootstrap.bus_redis`` builds."""
 
 from __future__ import annotations
 
@@ -19,34 +15,28 @@ from examlops.bootstrap.clients import bus_redis
 from examlops.bus import wire
 from examlops.bus.store import BusStore
 from examlops.core.errors import StoreUnavailable
-from examlops.core.settings import BusSettings, RedisSettings, Settings
+from examlops.core.settings import RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-CLIENTS = ["library", "lean"]
 ADDRESS = str(uuid.UUID(int=7))
 STREAM = wire.jobs_stream(ADDRESS)
 StoreFor = Callable[[str], BusStore]
 
 
-def settings_for(url: str, kind: str) -> Settings:
-    return Settings(redis=RedisSettings(url=url), bus=BusSettings(redis_client=kind))
-
-
-@pytest.fixture(params=CLIENTS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+def settings_for(url: str) -> Settings:
+    return Settings(redis=RedisSettings(url=url))
 
 
 @pytest.fixture
-async def store_for(kind: str) -> AsyncIterator[StoreFor]:
-    """Stores on ``kind``'s adapter for a URL; closed at teardown."""
+async def store_for() -> AsyncIterator[StoreFor]:
+    """Stores for a URL; closed at teardown."""
     stores: list[BusStore] = []
 
     def build(url: str) -> BusStore:
-        stores.append(BusStore(bus_redis(settings_for(url, kind)), reply_ttl_s=60))
+        stores.append(BusStore(bus_redis(settings_for(url)), reply_ttl_s=60))
         return stores[-1]
 
     yield build
@@ -58,26 +48,6 @@ async def store_for(kind: str) -> AsyncIterator[StoreFor]:
 def store(store_for: StoreFor, client: redis.Redis, redis_server: str) -> BusStore:
     client.script_flush()
     return store_for(redis_server)
-
-
-# The two tests below need no loop; they are async because a sync test that runs before async ones leaves an
-# event loop unclosed in this suite (pytest-asyncio), which fails whichever async test the collector meets it in.
-async def test_the_switch_builds_the_adapter_it_names(redis_server: str) -> None:
-    from examlops.adapters.redis import RedisPyCommands
-    from examlops.bus.redis_pipe import PipelinedRedis
-
-    assert isinstance(bus_redis(settings_for(redis_server, "library")), RedisPyCommands)
-    assert isinstance(bus_redis(settings_for(redis_server, "lean")), PipelinedRedis)
-    assert isinstance(bus_redis(settings_for(redis_server, "auto")), PipelinedRedis)
-    assert isinstance(bus_redis(settings_for("rediss://127.0.0.1:1/0", "auto")), RedisPyCommands)
-    assert Settings().bus.redis_client == "auto"
-
-
-async def test_the_lean_client_refuses_a_url_it_does_not_speak() -> None:
-    from examlops.core.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="plain TCP"):
-        bus_redis(settings_for("unix:///tmp/redis.sock", "lean"))
 
 
 async def test_a_submitted_job_is_read_once_by_the_group_and_its_address_noted(

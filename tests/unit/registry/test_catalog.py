@@ -159,3 +159,9 @@ def test_an_unknown_name_is_echoed_as_a_short_prefix() -> None:
         catalog.get("m" * 4000)
     assert "m" * 65 not in str(caught.value)
     assert "m" * 64 + "…" in str(caught.value)
+
+
+def test_a_task_name_that_cannot_be_one_names_the_file_and_the_task(tmp_path: Path) -> None:
+    _write(tmp_path, "jpcp.yaml", _entry(tasks=["pavement.distress.jpcp", "has space"]))
+    error = _refusal(tmp_path)
+    assert (error.file, error.field) == ("jpcp.yaml", "tasks.1")
