@@ -12,7 +12,8 @@ subclass adds, per connection:
   connection is closed (with a 408 unless the app already answered); the app's ``receive`` then gives
   ``http.disconnect``;
 - a cap on open connections (``max_connections``): the one over it gets a 503 with our error body and
-  is closed before any of its bytes is read.
+  is closed before any of its bytes is read;
+- bytes that are not HTTP get a 400 with our error body instead of uvicorn's plain text.
 
 Idle keep-alive connections are reaped by uvicorn's own ``timeout_keep_alive``. Everything else (parsing,
 pipelining, flow control) is uvicorn's.
@@ -31,7 +32,7 @@ from examlops.api.schemas import ErrorReply
 
 log = logging.getLogger(__name__)
 
-_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
 
 Phase = Literal["idle", "head", "body"]
 """Where the connection's current request is: none or answered, its head arriving, its body arriving."""
@@ -100,6 +101,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = "idle"
         self._disarm()
         super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request that is not HTTP: our error body rather than uvicorn's plain text, then close."""
+        self.transport.write(raw_error(400, "bad_request", msg))
+        self.transport.close()
 
     def _arm(self, phase: Phase) -> None:
         self._disarm()

@@ -196,6 +196,16 @@ async def test_a_body_that_is_not_json_gets_a_415_with_our_body(server: ServingP
     assert reply.json()["code"] == "unsupported_media_type"
 
 
+async def test_bytes_that_are_not_http_get_a_400_with_our_body(server: ServingProcess) -> None:
+    reader, writer = await connect(server)
+    writer.write(b"\x16\x03\x01 not http at all\r\n\r\n")
+    await writer.drain()
+    data, _ = await read_until_closed(reader, 2.0)
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 400 ")
+    assert error_body(data)["code"] == "bad_request"
+
+
 async def test_connections_over_the_cap_get_a_fast_503_and_serving_recovers(server: ServingProcess) -> None:
     connections = [await connect(server) for _ in range(MAX_CONNECTIONS + 8)]
     answers = await asyncio.gather(*(first_bytes(reader) for reader, _ in connections))
