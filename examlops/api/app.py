@@ -21,10 +21,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from examlops.api.errors import (
     describe_validation,
     error_response,
+    handle_disconnect,
     handle_examlops,
     handle_http,
     handle_unexpected,
@@ -55,7 +57,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorReply, "description": text}
     for status, text in (
         (404, "unknown model, alias or version"),
+        (408, "the request's headers or body came too slowly (the connection is closed)"),
         (413, "body over the size limit"),
+        (415, "the body is not JSON"),
         (422, "the payload does not match the model's schema (never a model failure)"),
         (500, "the model raised or returned nothing (inference_failed: true)"),
         (503, "not ready, or a dependency is unavailable"),
@@ -135,6 +139,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
     app.add_exception_handler(ExamlopsError, handle_examlops)
+    app.add_exception_handler(ClientDisconnect, handle_disconnect)
     app.add_exception_handler(Exception, handle_unexpected)
 
     async def serve(raw: bytes, kind: type[PredictBody], path_model: str | None) -> Response:

@@ -1,10 +1,13 @@
 """The one table from our errors to HTTP statuses, and the handlers that use it.
 
 No bad input may yield a 500 or a 2xx, and no reply echoes the input back:
-a validation error names the field and what was wrong with it, nothing more.
+a validation error names the field and what was wrong with it, nothing more;
+a name the caller sent (a model in the path, a route) appears as at most its
+first 64 characters and "…", and no message is longer than 256 characters.
 Errors that FastAPI and Starlette answer themselves (an unknown route, a
 method the route does not take, any ``HTTPException``) get the same body as
-ours, their headers (``Allow`` on a 405) kept.
+ours, their headers (``Allow`` on a 405) kept. A client that goes away in the
+middle of its body costs one log line, not a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from examlops.api.limits import received_bytes
 from examlops.api.schemas import ErrorReply
 from examlops.core import errors
 
@@ -47,17 +51,27 @@ def status_of(error: errors.ExamlopsError) -> int:
     return 500
 
 
+PREFIX = 64
+"""Characters of a caller's string an error reply may show."""
+MAX_MESSAGE = 256
+
+
+def shown(text: str, limit: int = PREFIX) -> str:
+    """``text``, or its first ``limit`` characters and "…" when longer: how a caller's string is echoed."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def error_response(error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> JSONResponse:
     message = error.message
     if error.field and not message.startswith(error.field):
         message = f"{error.field}: {message}"
     body = ErrorReply(
-        error=message,
+        error=shown(message, MAX_MESSAGE),
         code=error.code,
-        field=error.field,
+        field=None if error.field is None else shown(error.field),
         inference_failed=error.model_failure,
-        model=model,
-        job_id=job_id,
+        model=None if model is None else shown(model),
+        job_id=job_id,  # at most 128 characters (schemas.ShortText), and the caller's key to the reply
     )
     return JSONResponse(body.model_dump(), status_code=status_of(error))
 
@@ -77,6 +91,8 @@ def describe_validation(details: Sequence[Any]) -> tuple[str, str]:
         "json_invalid": "the body is not valid JSON",
         "list_type": "must be a list of numbers",
         "too_long": "has too many values",
+        "less_than_equal": f"must be at most {first.get('ctx', {}).get('le')}",
+        "greater_than_equal": f"must be at least {first.get('ctx', {}).get('ge')}",
         "string_type": "must be a string",
     }.get(kind, str(first.get("msg", "is not valid")))
     return field, f"{field}: {message}"
@@ -98,7 +114,7 @@ async def handle_examlops(request: Request, exc: Exception) -> JSONResponse:
 def _http_message(request: Request, exc: HTTPException) -> tuple[str, str]:
     """(code, message) of an error the framework raised; at most a short prefix of the path or method."""
     if exc.status_code == 404 and exc.detail == HTTPStatus.NOT_FOUND.phrase:
-        return "not_found", f"no route {request.url.path[:64]!r}"
+        return "not_found", f"no route {shown(request.url.path)!r}"
     if exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "none")
         return "method_not_allowed", f"{request.method[:16]} is not allowed here (allowed: {allowed})"
@@ -106,7 +122,7 @@ def _http_message(request: Request, exc: HTTPException) -> tuple[str, str]:
         code = re.sub(r"[^a-z0-9]+", "_", HTTPStatus(exc.status_code).phrase.lower()).strip("_")
     except ValueError:
         code = f"http_{exc.status_code}"
-    return code, str(exc.detail)[:200]
+    return code, shown(str(exc.detail), MAX_MESSAGE)
 
 
 async def handle_http(request: Request, exc: Exception) -> Response:
@@ -116,6 +132,14 @@ async def handle_http(request: Request, exc: Exception) -> Response:
     code, message = _http_message(request, exc)
     body = ErrorReply(error=message, code=code)
     return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def handle_disconnect(request: Request, exc: Exception) -> Response:
+    """The client went away before its body was in: one line, and a reply nobody will read."""
+    route = request.scope.get("route")
+    where = getattr(route, "path", None) or shown(request.url.path)
+    log.warning("%s %s: client disconnected after %d body bytes", request.method, where, received_bytes(request.scope))
+    return Response(status_code=400)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -1,20 +1,63 @@
-"""A body-size limit as pure ASGI middleware: over-limit bodies get a 413 without being read whole.
+"""What a request body must be before a route sees it, as pure ASGI middleware: JSON, and not too large.
 
-A declared Content-Length over the limit is refused before a byte is read; a
-chunked body is counted as it arrives and refused at the first chunk that
-crosses the limit. The application's own reply to a cut-off body is dropped.
+- A body that is not JSON (``Content-Type`` neither ``application/json`` nor ``*/*+json``) gets a 415
+  before a byte of it is read; a request without a body needs no content type.
+- A declared Content-Length over the limit is refused with a 413 before a byte is read; a chunked body is
+  counted as it arrives and refused at the first chunk that crosses the limit. The application's own
+  reply to a cut-off body is dropped.
+- Both refusals carry ``connection: close``: the rest of the body is never read, so the connection is
+  not kept alive for another request.
+- The bytes of body received so far are kept in the scope (``received_bytes``) for the one log line a
+  client's disconnect mid-body deserves.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from examlops.api.schemas import ErrorReply
+
+RECEIVED = "examlops.received_bytes"
+"""Scope key: a one-item list, the body bytes received so far (set for every HTTP request)."""
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def received_bytes(scope: Scope) -> int:
+    counter = scope.get(RECEIVED)
+    return int(counter[0]) if counter else 0
+
+
+def is_json(content_type: bytes) -> bool:
+    """``application/json`` or a ``+json`` type, any parameters (``; charset=utf-8``), any case."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"0").strip() not in (b"0", b"")
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    body = ErrorReply(error=message, code=code, field="body").model_dump_json().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimitMiddleware:
@@ -26,26 +69,30 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", ())).get(b"content-length")
+        headers = dict(scope.get("headers", ()))
+        if scope["method"] in _BODY_METHODS and _has_body(headers) and not is_json(headers.get(b"content-type", b"")):
+            await _refuse(send, 415, "unsupported_media_type", "the body must be JSON (Content-Type: application/json)")
+            return
+        declared = headers.get(b"content-length")
         if declared is not None:
             try:
                 too_big = int(declared) > self.max_bytes
             except ValueError:
                 too_big = False
             if too_big:
-                await self._refuse(send)
+                await self._too_large(send)
                 return
 
-        received = 0
+        counter = scope[RECEIVED] = [0]
         cut = False
         started = False
 
         async def limited_receive() -> Message:
-            nonlocal received, cut
+            nonlocal cut
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                counter[0] += len(message.get("body", b""))
+                if counter[0] > self.max_bytes:
                     cut = True
                     raise _BodyTooLarge
             return message
@@ -60,25 +107,7 @@ class BodyLimitMiddleware:
         with contextlib.suppress(_BodyTooLarge):
             await self.app(scope, limited_receive, guarded_send)
         if cut and not started:
-            await self._refuse(send)
+            await self._too_large(send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": f"the request body is larger than {self.max_bytes} bytes",
-                "prediction": 0.0,
-                "code": "payload_too_large",
-                "field": "body",
-                "inference_failed": False,
-                "model": None,
-                "job_id": None,
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _too_large(self, send: Send) -> None:
+        await _refuse(send, 413, "payload_too_large", f"the request body is larger than {self.max_bytes} bytes")

@@ -17,6 +17,11 @@ ShortText = Annotated[StrictStr, Field(min_length=1, max_length=128)]
 
 MAX_EMBEDDING_VALUES = 8192
 """A ceiling well above any catalog's embedding, so a huge list is refused by pydantic before it is copied."""
+MAX_VERSION = 2**31 - 1
+"""The largest registry version a caller may pin: MLflow keeps versions in a 32-bit SQL integer on Postgres."""
+MAX_NODE_COUNT = 2**53
+"""A ceiling for any catalog: the node count becomes a float64 feature, exact only up to 2**53. A model's
+own bound is its catalog maximum, checked by the feature transformer."""
 
 
 class CallBody(BaseModel):
@@ -26,8 +31,8 @@ class CallBody(BaseModel):
 
     embedding: Annotated[list[FiniteFloat], Field(max_length=MAX_EMBEDDING_VALUES)]
     """Exactly as many finite numbers as the model's catalog entry says (384 for the demo models)."""
-    node_count: Annotated[StrictInt, Field(ge=1)]
-    """The mesh node count, a positive integer."""
+    node_count: Annotated[StrictInt, Field(ge=1, le=MAX_NODE_COUNT)]
+    """The mesh node count, a positive integer within the model's catalog bounds."""
     job_id: ShortText | None = None
     """Kept as metadata and echoed in the reply."""
     user_id: ShortText | None = None
@@ -59,8 +64,8 @@ class PredictBody(CallBody):
 
     alias: ShortText | None = None
     """Production, Canary or Staging, any case. Unset: the model's default alias and its traffic split."""
-    version: Annotated[StrictInt, Field(ge=1)] | None = None
-    """Pin a raw registry version instead of an alias (kept loaded in an LRU of recent pins)."""
+    version: Annotated[StrictInt, Field(ge=1, le=MAX_VERSION)] | None = None
+    """Pin a raw registry version (1 to 2**31-1) instead of an alias (kept loaded in an LRU of recent pins)."""
 
 
 class InferBody(PredictBody):

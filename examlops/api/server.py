@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+
+from examlops.api.protocol import ConnectionLimits, guarded_protocol
+from examlops.core.settings import ServingSettings
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +56,43 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+FILES_RESERVED = 128
+"""File descriptors kept free of connections: the predict pool's pipes, SQL, MLflow, log files."""
+
+
+def connection_limits(serving: ServingSettings) -> ConnectionLimits:
+    """The settings' limits, the connection cap lowered to fit under the open-files limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = serving.max_connections
+    if soft != resource.RLIM_INFINITY:
+        cap = max(1, min(cap, soft - FILES_RESERVED))
+    return ConnectionLimits(serving.header_timeout_s, serving.body_timeout_s, cap)
+
+
 def draining_server(
-    app: FastAPI, *, host: str, port: int, grace_s: float, log_level: str = "warning"
+    app: FastAPI, serving: ServingSettings, *, host: str, port: int, log_level: str = "warning"
 ) -> DrainingServer:
-    """The uvicorn server of ``app``, not yet running: ``.run()`` serves until a signal or ``.handle_exit``."""
+    """The uvicorn server of ``app``, not yet running: ``.run()`` serves until a signal or ``.handle_exit``.
+
+    Connections get the deadlines and cap of ``api.protocol`` (from ``serving``); idle keep-alive
+    connections are closed after ``serving.keep_alive_s``.
+    """
+    limits = connection_limits(serving)
+    if limits.max_connections < serving.max_connections:
+        log.warning(
+            "open connections capped at %d (the open-files limit), below serving.max_connections=%d",
+            limits.max_connections,
+            serving.max_connections,
+        )
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=serving.keep_alive_s,
         timeout_graceful_shutdown=1,
         lifespan="on",
         access_log=False,  # one log line per prediction costs more than the prediction; errors still log
     )
-    return DrainingServer(config, app, grace_s=grace_s)
+    return DrainingServer(config, app, grace_s=serving.drain_grace_s)

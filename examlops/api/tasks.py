@@ -27,7 +27,9 @@ TASK_ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorReply, "description": text}
     for status, text in (
         (404, "the task is not mapped (code unknown_task), or the model it maps to has no such alias"),
+        (408, "the request's headers or body came too slowly (the connection is closed)"),
         (413, "body over the size limit"),
+        (415, "the body is not JSON"),
         (422, "the payload does not match the model's schema (never a model failure)"),
         (500, "the model raised or returned nothing (inference_failed: true)"),
         (503, "not ready, or a dependency is unavailable"),

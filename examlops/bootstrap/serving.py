@@ -95,9 +95,9 @@ class ServingProcess:
         self.settings = settings
         self.server = draining_server(
             serving_app(settings),
+            settings.serving,
             host=host or settings.serving.host,
             port=port or settings.serving.port,
-            grace_s=settings.serving.drain_grace_s,
             log_level=log_level,
         )
 

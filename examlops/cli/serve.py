@@ -41,8 +41,12 @@ def start(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Start serving in the foreground: load the hot set from MLflow and answer on HTTP."""
+    import logging
+
     from examlops.bootstrap.serving import ServingProcess
 
+    # One line per record, with its time and source: what `exa up` copies into serving.log.
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings()
     with errors_as_exit():
         serving = ServingProcess(settings, host=host, port=port, log_level=log_level)

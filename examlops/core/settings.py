@@ -147,6 +147,20 @@ class ServingSettings(_Section):
     """Base URLs of every serving instance that promotions must reach; empty means the local one."""
     drain_grace_s: float = Field(30.0, ge=0)
     """On SIGTERM, seconds to finish requests in flight before exiting."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Seconds a request's line and headers may take to arrive, counted from the connection's first byte
+    (or from its opening, for a new connection): past it the connection is closed (a 408 when part of a
+    request came). Reaps slowloris connections and sockets that never send anything."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a request's whole body may take to arrive once its headers are in; past it the connection is
+    closed and the request abandoned. A body trickled a byte at a time cannot hold a connection longer."""
+    keep_alive_s: int = Field(5, ge=1)
+    """Seconds an idle keep-alive connection is kept between requests (uvicorn's ``timeout_keep_alive``);
+    above ``bus.keepalive_s``, so the bridge never writes to a connection serving is closing."""
+    max_connections: int = Field(1000, ge=1)
+    """Open connections at most; one more is answered 503 (our error body) and closed at once. Lowered at
+    start to leave room under the process's open-files limit (``RLIMIT_NOFILE`` less 128 for the predict
+    pool, SQL and log files), so connections can never exhaust file descriptors."""
 
     @property
     def local_url(self) -> str:
@@ -154,6 +168,15 @@ class ServingSettings(_Section):
 
     def instance_urls(self) -> tuple[str, ...]:
         return self.instances or (self.local_url,)
+
+
+class LogSettings(_Section):
+    """The log files under the state folder (``logs/``): every service's, rotated by size."""
+
+    max_bytes: int = Field(10 * 1024 * 1024, ge=4096)
+    """A log file is rotated once it would grow past this many bytes."""
+    backups: int = Field(5, ge=1)
+    """Rotated files kept per log (``serving.log.1`` ... ``.5``); the oldest is deleted."""
 
 
 class RedisSettings(_Section):
@@ -218,6 +241,7 @@ class Settings(BaseSettings):
     recording: RecordingSettings = RecordingSettings()
     bus: BusSettings = BusSettings()
     serving: ServingSettings = ServingSettings()
+    logs: LogSettings = LogSettings()
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()
     prefect: PrefectSettings = PrefectSettings()

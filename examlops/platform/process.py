@@ -3,8 +3,9 @@
 Contract:
 
 - ``start()`` launches ``argv`` in a new session (so it leads its own process
-  group), stdout and stderr into ``log_path`` (the previous log is kept as
-  ``<name>.log.1``). A missing program raises ``ServiceStartFailed``.
+  group), stdout and stderr through a pipe into ``log_path``, rotated by size
+  (``log_pump.LogPump``: ``log_max_bytes``, ``log_backups``; the previous run's
+  log is rotated to ``<name>.log.1``). A missing program raises ``ServiceStartFailed``.
 - ``check_ready()`` polls the health check once; ``wait_ready(timeout)``
   polls until it answers. The process dying first raises
   ``ServiceStartFailed`` with the tail of its log; running past ``timeout``
@@ -40,6 +41,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from examlops.core.errors import PortInUse, ServiceStartFailed
+from examlops.core.settings import LogSettings
+from examlops.platform.log_pump import LogPump
 
 HealthCheck = str | Callable[[], bool]
 """An ``http(s)://`` URL that must answer below 400, a ``redis://`` URL that must PING, or a callable."""
@@ -137,6 +140,7 @@ class ManagedProcess:
         stop_signal: signal.Signals = signal.SIGTERM,
         prepare: Callable[[], None] | None = None,
         stop_grace: float = 10.0,
+        logs: LogSettings | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -147,7 +151,9 @@ class ManagedProcess:
         self.stop_signal = stop_signal
         self._prepare = prepare
         self.stop_grace = stop_grace
+        self.logs = logs or LogSettings()
         self._popen: subprocess.Popen[bytes] | None = None
+        self._pump: LogPump | None = None
 
     @property
     def pid(self) -> int | None:
@@ -171,26 +177,29 @@ class ManagedProcess:
             return
         if self._prepare is not None:
             self._prepare()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.log_path.exists():
-            self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
-        with self.log_path.open("wb") as log:
-            try:
-                self._popen = subprocess.Popen(
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **self.env},
-                    cwd=self.cwd,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise ServiceStartFailed(f"{self.name}: cannot run {self.argv[0]}: {exc}") from exc
+        try:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ServiceStartFailed(f"{self.name}: cannot run {self.argv[0]}: {exc}") from exc
+        assert self._popen.stdout is not None  # stdout=PIPE
+        self._pump = LogPump(
+            self._popen.stdout, self.log_path, max_bytes=self.logs.max_bytes, backups=self.logs.backups
+        )
+        self._pump.start()
 
     def check_ready(self) -> bool:
         """One readiness poll. Raises ``ServiceStartFailed`` (with the log tail) when the process has exited."""
         if not self.alive():
+            if self._pump is not None:
+                self._pump.join(timeout=2.0)  # its last words are still in the pipe
             raise ServiceStartFailed(
                 f"{self.name} exited with code {self.returncode} while starting (log: {self.log_path})",
                 log_tail=self.log_tail(),
@@ -226,7 +235,10 @@ class ManagedProcess:
                 time.sleep(0.05)
             if group_alive(pgid):
                 kill_group(pgid, signal.SIGKILL)
-        return self._popen.wait()
+        code = self._popen.wait()
+        if self._pump is not None:
+            self._pump.join(timeout=5.0)  # the group is gone, so the pipe's end of file is near
+        return code
 
     def log_tail(self, lines: int = 20) -> str:
         return tail(self.log_path, lines)

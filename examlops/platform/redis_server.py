@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from examlops.core.errors import ServiceStartFailed
+from examlops.core.settings import LogSettings
 from examlops.platform.process import ManagedProcess, ensure_port_free
 
 HOST = "127.0.0.1"
@@ -48,6 +49,7 @@ class EmbeddedRedis:
         *,
         log_path: Path | None = None,
         port_setting: str = "EXAMLOPS_REDIS__PORT",
+        logs: LogSettings | None = None,
     ) -> None:
         self.dir = dir.resolve()
         self.port = port
@@ -59,6 +61,7 @@ class EmbeddedRedis:
             log_path=log_path or self.dir / "redis.log",
             health=self.url,
             prepare=self.write_config,
+            logs=logs,
         )
 
     @property

@@ -72,7 +72,9 @@ def _external(name: str, title: str, url: str, health: str | None) -> ServiceSpe
 def redis_spec(settings: Settings) -> ServiceSpec:
     if not settings.redis_owned:
         return _external("redis", "Redis", settings.redis_url, settings.redis_url)
-    server = EmbeddedRedis(settings.state_dir / "redis", settings.redis.port, log_path=settings.log_dir / "redis.log")
+    server = EmbeddedRedis(
+        settings.state_dir / "redis", settings.redis.port, log_path=settings.log_dir / "redis.log", logs=settings.logs
+    )
     return ServiceSpec(
         "redis", "Redis", server.url, process=server.process, port=server.port,
         port_setting="EXAMLOPS_REDIS__PORT", health_url=server.url,
@@ -98,6 +100,7 @@ def mlflow_spec(settings: Settings) -> ServiceSpec:
         "mlflow",
         argv,
         log_path=settings.log_dir / "mlflow.log",
+        logs=settings.logs,
         health=f"{url}/health",
         # Without this, the server forks a pool of job workers (about 15 processes, 2 GB).
         env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
@@ -129,6 +132,7 @@ def prefect_spec(settings: Settings) -> ServiceSpec:
         "prefect",
         [_bin("prefect"), "server", "start", "--host", LOCALHOST, "--port", str(port)],
         log_path=settings.log_dir / "prefect.log",
+        logs=settings.logs,
         health=f"{api}/health",
         env=env,
         cwd=home,
@@ -147,6 +151,7 @@ def serving_spec(settings: Settings) -> ServiceSpec:
         "serving",
         [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--host", host, "--port", str(port)],
         log_path=settings.log_dir / "serving.log",
+        logs=settings.logs,
         health=f"{url}/readyz",
         # The child reads its own Settings from the environment; this keeps it on our state folder.
         env={"EXAMLOPS_HOME": str(settings.state_dir)},
@@ -183,6 +188,7 @@ def bridge_spec(settings: Settings) -> ServiceSpec:
         "bridge",
         [sys.executable, "-m", "examlops.cli.main", "bridge", "start"],
         log_path=settings.log_dir / "bridge.log",
+        logs=settings.logs,
         health=_bridge_heartbeat(settings.redis_url, time.time()),
         env={"EXAMLOPS_HOME": str(settings.state_dir)},
         cwd=settings.state_dir,
@@ -216,6 +222,7 @@ def flows_spec(settings: Settings) -> ServiceSpec:
         "flows",
         [sys.executable, "-m", "examlops.cli.main", "flows", "serve"],
         log_path=settings.log_dir / "flows.log",
+        logs=settings.logs,
         health=_deployments_exist(api, FLOWS_DEPLOYMENTS),
         env={
             "EXAMLOPS_HOME": str(settings.state_dir),

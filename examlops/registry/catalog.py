@@ -25,24 +25,35 @@ from examlops.core.messages import DEFAULT_ALIAS, TASK_NAME_MAX, TASK_NAME_PATTE
 from examlops.core.settings import DEFAULT_EMBEDDING_DIM
 
 
-class FloatArrayField(BaseModel):
+class _Bounded(BaseModel):
+    """A numeric field's inclusive bounds; either may be absent, and ``minimum`` may not exceed ``maximum``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Bounded:
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"minimum {self.minimum} is above maximum {self.maximum}")
+        return self
+
+
+class FloatArrayField(_Bounded):
+    """An embedding: ``length`` finite numbers, each within ``minimum``/``maximum`` when given."""
+
     type: Literal["float_array"]
     length: int = Field(ge=1)
 
 
-class IntegerField(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class IntegerField(_Bounded):
     type: Literal["integer"]
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: int | None = None  # narrows the float bound to int
+    maximum: int | None = None  # narrows the float bound to int
 
 
-class FloatField(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class FloatField(_Bounded):
     type: Literal["float"]
-    minimum: float | None = None
-    maximum: float | None = None
 
 
 InputField = Annotated[FloatArrayField | IntegerField | FloatField, Field(discriminator="type")]
@@ -114,7 +125,8 @@ class Catalog:
         for spec in self.models:
             if spec.name.lower() == lowered:
                 return spec
-        raise ModelNotFound(f"model {name!r} is not in the catalog (known: {', '.join(self.names)})")
+        shown = name if len(name) <= 64 else name[:64] + "…"  # never echo more of a caller's string
+        raise ModelNotFound(f"model {shown!r} is not in the catalog (known: {', '.join(self.names)})")
 
     def only(self, names: Iterable[str]) -> Catalog:
         """The catalog restricted to ``names`` (case-insensitive, in catalog order); ``ModelNotFound`` names
@@ -141,7 +153,7 @@ class Catalog:
         for spec in self.models:
             if task in spec.tasks:
                 return spec
-        raise ModelNotFound(f"no model serves the task {task!r}")
+        raise ModelNotFound(f"no model serves the task {task[:64]!r}")
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -60,9 +60,10 @@ def validate_features(
     """Check each request against its spec; one outcome per request, in order.
 
     A bad request gets an ``InvalidInput`` naming ``embedding`` or ``node_count`` and saying what is
-    wrong in a few words; the values themselves are never echoed. The good ones get a row of
-    ``embedding_dim + 1`` float64 values (layout ``embedding + [node_count]``), a view into one matrix
-    per batch. The numeric checks run vectorised over all requests of the same embedding size.
+    wrong in a few words (a count outside the catalog's bounds, values not finite or outside them); the
+    values themselves are never echoed. The good ones get a row of ``embedding_dim + 1`` float64 values
+    (layout ``embedding + [node_count]``), a view into one matrix per batch. The numeric checks run
+    vectorised over all requests of the same embedding size.
     """
     outcomes: list[Features | InvalidInput | None] = [None] * len(requests)
     by_dim: dict[int, list[int]] = {}
@@ -79,6 +80,10 @@ def validate_features(
     for dim, indices in by_dim.items():
         embeddings, numeric = _as_matrix([requests[i].embedding for i in indices], dim)
         not_finite = dim - np.count_nonzero(np.isfinite(embeddings), axis=1)
+        schemas = [specs[i].input_schema.embedding for i in indices]
+        low = np.array([-np.inf if e.minimum is None else e.minimum for e in schemas])[:, None]
+        high = np.array([np.inf if e.maximum is None else e.maximum for e in schemas])[:, None]
+        out_of_range = np.count_nonzero((embeddings < low) | (embeddings > high), axis=1)
         rows = np.empty((len(indices), dim + 1), dtype=np.float64)
         rows[:, :dim] = embeddings
         rows[:, dim] = [float(requests[i].node_count) for i in indices]
@@ -87,6 +92,12 @@ def validate_features(
                 outcomes[i] = InvalidInput("embedding values must be numbers", field="embedding")
             elif not_finite[j]:
                 outcomes[i] = InvalidInput(f"{not_finite[j]} of {dim} values are not finite", field="embedding")
+            elif out_of_range[j]:
+                bounds = schemas[j]
+                outcomes[i] = InvalidInput(
+                    f"{out_of_range[j]} of {dim} values are outside [{bounds.minimum}, {bounds.maximum}]",
+                    field="embedding",
+                )
             else:
                 outcomes[i] = Features(rows[j], requests[i].job_id, requests[i].user_id)
     return [outcome for outcome in outcomes if outcome is not None]

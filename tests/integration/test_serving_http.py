@@ -150,6 +150,81 @@ def test_unknown_models_aliases_and_versions_are_404(server: ServingProcess, bod
     assert reply.json()["prediction"] == 0.0
 
 
+ERROR_KEYS = {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
+
+
+@pytest.mark.parametrize(
+    ("field", "body"),
+    [
+        ("version", {"version": 9223372036854775808}),  # was a 500 naming SQLite's INTEGER
+        ("version", {"version": 2**31}),
+        ("version", {"version": 0}),
+        ("node_count", {"node_count": 2**70}),  # was served
+        ("node_count", {"node_count": 1_000_001}),  # over the catalog's maximum
+        ("embedding", {"embedding": [0.01] * 383 + [10.5]}),  # a value over the catalog's maximum
+        ("embedding", {"embedding": [-10.5] + [0.01] * 383}),
+    ],
+)
+def test_numbers_outside_what_the_model_and_registry_accept_are_a_422_naming_the_field(
+    server: ServingProcess, field: str, body: dict[str, Any]
+) -> None:
+    reply = infer(server, **body)
+    assert reply.status_code == 422, reply.text
+    data = reply.json()
+    assert set(data) == ERROR_KEYS
+    assert (data["field"], data["code"], data["inference_failed"]) == (field, "invalid_input", False)
+    assert "sqlite" not in reply.text.lower()
+
+
+def test_the_catalog_maximum_itself_is_served(server: ServingProcess) -> None:
+    reply = infer(server, node_count=1_000_000, embedding=[10.0] + [0.01] * 383)
+    assert reply.status_code == 200, reply.text
+
+
+def test_a_long_model_name_is_echoed_as_a_short_prefix_only(server: ServingProcess) -> None:
+    for name in ("m" * 4000, "m" * 64_000):
+        reply = httpx.post(f"{server.url}/v1/models/{name}/predict", json={"embedding": embedding(), "node_count": 1})
+        assert reply.status_code == 404, reply.text[:300]
+        assert set(reply.json()) == ERROR_KEYS
+        assert "m" * 65 not in reply.text
+        assert len(reply.content) < 512
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/infer-pipeline/infer", 405, "method_not_allowed"),
+        ("DELETE", "/v1/models/JPCP/predict", 405, "method_not_allowed"),
+        ("GET", "/no/such/route", 404, "not_found"),
+        ("PUT", "/v1/traffic/JPCP", 422, "invalid_input"),
+    ],
+)
+def test_framework_errors_answer_with_our_error_body(
+    server: ServingProcess, method: str, path: str, status: int, code: str
+) -> None:
+    reply = httpx.request(method, f"{server.url}{path}", json={"Production": "x"} if method == "PUT" else None)
+    assert reply.status_code == status
+    assert set(reply.json()) == ERROR_KEYS
+    assert reply.json()["code"] == code
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_json_is_a_415(server: ServingProcess, content_type: str | None) -> None:
+    raw = json.dumps({"model": "JPCP", "embedding": embedding(), "node_count": 12})
+    headers = {"content-type": content_type} if content_type else {}
+    reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers=headers)  # no type of its own
+    assert reply.status_code == 415, reply.text
+    assert set(reply.json()) == ERROR_KEYS
+    assert reply.json()["code"] == "unsupported_media_type"
+
+
+def test_a_json_media_type_with_parameters_or_a_json_suffix_is_accepted(server: ServingProcess) -> None:
+    raw = json.dumps({"model": "JPCP", "embedding": embedding(), "node_count": 12})
+    for content_type in ("application/json; charset=utf-8", "application/vnd.examlops+json", "Application/JSON"):
+        reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": content_type})
+        assert reply.status_code == 200, (content_type, reply.text)
+
+
 def test_names_and_aliases_match_case_insensitively(server: ServingProcess) -> None:
     reply = infer(server, model="jpcp", alias="CANARY")
     assert reply.status_code == 200, reply.text

@@ -47,6 +47,9 @@ class FakePipeline:
     def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
         return dict(weights)
 
+    async def reload(self, model: str | None = None) -> Sequence[Any]:
+        return []
+
 
 @pytest.fixture
 def pipeline(settings: Settings) -> FakePipeline:
@@ -233,3 +236,49 @@ async def test_a_bad_body_on_a_route_fastapi_parses_is_a_422_with_our_body(clien
     assert reply.status_code == 422
     assert_error_body(reply.json(), "invalid_input")
     assert "x" * 100 not in reply.text
+
+
+@pytest.mark.parametrize(
+    ("field", "extra"),
+    [
+        ("version", {"version": 9223372036854775808}),
+        ("version", {"version": 2**31}),
+        ("node_count", {"node_count": 2**70}),
+    ],
+)
+async def test_numbers_past_what_the_registry_and_features_hold_are_a_422(
+    client: httpx.AsyncClient, pipeline: FakePipeline, field: str, extra: dict[str, Any]
+) -> None:
+    reply = await client.post("/infer-pipeline/infer", json=body(**extra))
+    assert reply.status_code == 422
+    assert_error_body(reply.json(), "invalid_input")
+    assert reply.json()["field"] == field
+    assert pipeline.seen == []
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/xml", "multipart/form-data; boundary=b"])
+async def test_a_body_that_is_not_json_is_a_415_before_the_pipeline(
+    client: httpx.AsyncClient, pipeline: FakePipeline, content_type: str
+) -> None:
+    reply = await client.post(
+        "/infer-pipeline/infer", content=json.dumps(body()), headers={"content-type": content_type}
+    )
+    assert reply.status_code == 415
+    assert_error_body({**reply.json(), "field": None}, "unsupported_media_type")
+    assert reply.headers["connection"] == "close"
+    assert pipeline.seen == []
+
+
+async def test_a_reload_without_a_body_needs_no_content_type(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/admin/reload")).status_code == 200
+
+
+async def test_a_long_model_name_is_echoed_as_a_short_prefix_only(
+    client: httpx.AsyncClient, pipeline: FakePipeline
+) -> None:
+    pipeline.fail_with = ModelNotFound("m" * 4000)  # even a message built from the caller's string
+    reply = await client.post("/v1/models/" + "m" * 4000 + "/predict", json={"embedding": [0.1] * 384, "node_count": 1})
+    assert reply.status_code == 404
+    assert "m" * 300 not in reply.text
+    assert reply.json()["model"] == "m" * 64 + "…"
+    assert len(reply.content) < 600

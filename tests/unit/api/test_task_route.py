@@ -100,9 +100,28 @@ async def test_a_task_call_may_not_name_a_model_alias_or_version(client: httpx.A
 
 
 async def test_a_bad_payload_is_a_422_naming_the_field(client: httpx.AsyncClient) -> None:
-    reply = await client.post("/v1/tasks/pavement.distress.jpcp/infer", content=b'{"embedding":[NaN],"node_count":1}')
+    reply = await client.post(
+        "/v1/tasks/pavement.distress.jpcp/infer",
+        content=b'{"embedding":[NaN],"node_count":1}',
+        headers={"content-type": "application/json"},
+    )
     assert reply.status_code == 422
     assert reply.json()["field"] == "embedding.0"
+
+
+@pytest.mark.parametrize("extra", [{"node_count": 2**70}, {"node_count": 0}])
+async def test_a_node_count_past_any_catalog_is_a_422(client: httpx.AsyncClient, extra: dict[str, Any]) -> None:
+    reply = await client.post("/v1/tasks/pavement.distress.jpcp/infer", json=body(**extra))
+    assert reply.status_code == 422
+    assert reply.json()["field"] == "node_count"
+
+
+async def test_a_body_that_is_not_json_is_a_415(client: httpx.AsyncClient) -> None:
+    reply = await client.post(
+        "/v1/tasks/pavement.distress.jpcp/infer", content=b"{}", headers={"content-type": "text/plain"}
+    )
+    assert reply.status_code == 415
+    assert reply.json()["code"] == "unsupported_media_type"
 
 
 async def test_a_model_failure_names_the_model_that_failed(client: httpx.AsyncClient, pipeline: FakePipeline) -> None:

@@ -135,6 +135,32 @@ def test_the_embedding_dim_setting_comes_from_the_environment(tmp_path: Path, mo
     assert bootstrap.catalog(Settings()).get("jpcp").embedding_dim == 8
 
 
+def test_the_shipped_catalog_bounds_every_number() -> None:
+    for spec in load_catalog(Settings().catalog_path):
+        schema = spec.input_schema
+        assert schema.node_count.minimum == 1 and schema.node_count.maximum is not None
+        assert schema.embedding.minimum is not None and schema.embedding.maximum is not None
+
+
+@pytest.mark.parametrize("field", ["embedding", "node_count"])
+def test_a_minimum_above_the_maximum_is_refused_naming_the_field(tmp_path: Path, field: str) -> None:
+    entry = _entry()
+    kind = {"embedding": {"type": "float_array", "length": 4}, "node_count": {"type": "integer"}}[field]
+    entry["input_schema"][field] = {**kind, "minimum": 5, "maximum": 1}
+    _write(tmp_path, "a.yaml", entry)
+    error = _refusal(tmp_path)
+    assert error.field is not None and error.field.startswith(f"input_schema.{field}")
+    assert "above maximum" in str(error)
+
+
+def test_an_unknown_name_is_echoed_as_a_short_prefix() -> None:
+    catalog = load_catalog(Settings().catalog_path)
+    with pytest.raises(ModelNotFound) as caught:
+        catalog.get("m" * 4000)
+    assert "m" * 65 not in str(caught.value)
+    assert "m" * 64 + "…" in str(caught.value)
+
+
 def test_a_task_name_that_cannot_be_one_names_the_file_and_the_task(tmp_path: Path) -> None:
     _write(tmp_path, "jpcp.yaml", _entry(tasks=["pavement.distress.jpcp", "has space"]))
     error = _refusal(tmp_path)

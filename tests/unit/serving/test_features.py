@@ -10,6 +10,7 @@ import pytest
 
 from examlops.core.errors import InvalidInput
 from examlops.core.messages import InferenceRequest
+from examlops.registry.catalog import ModelSpec
 from examlops.serving.features import Features, validate_features
 from tests.unit.serving.fakes import make_spec
 
@@ -51,3 +52,48 @@ def test_a_bad_request_fails_alone_without_echoing_its_values(
     error = outcomes[1]
     assert isinstance(error, InvalidInput) and error.field == field and message in str(error)
     assert "0.1" not in str(error)
+
+
+def bounded_spec(low: float | None, high: float | None, node_max: int | None = None) -> ModelSpec:
+    embedding: dict[str, object] = {"type": "float_array", "length": 4}
+    if low is not None:
+        embedding["minimum"] = low
+    if high is not None:
+        embedding["maximum"] = high
+    node_count: dict[str, object] = {"type": "integer", "minimum": 1}
+    if node_max is not None:
+        node_count["maximum"] = node_max
+    return ModelSpec.model_validate(
+        {
+            "name": "b",
+            "seanerbus_uuid": "00000000-0000-4000-8000-00000000000b",
+            "input_schema": {"embedding": embedding, "node_count": node_count},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("embedding", "node_count", "field", "message"),
+    [
+        ([0.1, 10.5, 0.1, 0.1], 3, "embedding", "1 of 4 values are outside [-10.0, 10.0]"),
+        ([-11.0, -10.5, 0.1, 0.1], 3, "embedding", "2 of 4 values are outside"),
+        ([0.1] * 4, 1_000_001, "node_count", "at most 1000000"),
+        ([0.1] * 4, 2**70, "node_count", "at most 1000000"),
+    ],
+)
+def test_values_outside_the_catalog_bounds_are_refused_naming_the_field(
+    embedding: list[float], node_count: int, field: str, message: str
+) -> None:
+    spec = bounded_spec(-10.0, 10.0, 1_000_000)
+    good = request([10.0, -10.0, 0.0, 0.0], 1_000_000)
+    outcomes = validate_features([good, request(embedding, node_count)], [spec, spec])
+    assert isinstance(outcomes[0], Features)
+    error = outcomes[1]
+    assert isinstance(error, InvalidInput) and error.field == field and message in str(error)
+
+
+def test_bounds_apply_per_spec_within_one_batch() -> None:
+    bounded, free = bounded_spec(-1.0, 1.0), bounded_spec(None, None)
+    big = request([5.0, 0.0, 0.0, 0.0])
+    outcomes = validate_features([big, big], [bounded, free])
+    assert isinstance(outcomes[0], InvalidInput) and isinstance(outcomes[1], Features)
