@@ -31,6 +31,7 @@ from examlops.api.errors import (
     handle_validation,
 )
 from examlops.api.limits import BodyLimitMiddleware
+from examlops.api.tracing import TraceMiddleware, call_of
 from examlops.api.schemas import (
     ErrorReply,
     HotSetEntry,
@@ -44,9 +45,10 @@ from examlops.api.schemas import (
     TrafficReply,
 )
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
-from examlops.core.messages import InferenceRequest, InferenceResult
+from examlops.core.messages import InferenceRequest, InferenceResult, ServingFacts
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
+from examlops.tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +100,15 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry) -> FastAPI:
-    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it."""
+def create_app(
+    settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry, tracer: Tracer | None = None
+) -> FastAPI:
+    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
+
+    Every inference call gets a trace id (``X-Examlops-Trace``) and, with a ``tracer`` that has a queue,
+    one trace record (``api.tracing``).
+    """
+    tracer = tracer or Tracer(None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,6 +118,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
             # out of the collector's reach so full collections stay short under load.
             gc.freeze()
 
+        tracer.start()
         starting = asyncio.create_task(start(), name="pipeline-start")
         try:
             yield
@@ -117,6 +127,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
             await pipeline.close()
+            await asyncio.to_thread(tracer.close)
 
     app = FastAPI(
         title="examlops serving",
@@ -126,12 +137,17 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     )
     app.state.draining = False
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
+    app.add_middleware(TraceMiddleware, tracer=tracer)  # added last: outermost, so a 413 is traced too
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
     app.add_exception_handler(ExamlopsError, handle_examlops)
     app.add_exception_handler(Exception, handle_unexpected)
 
-    async def serve(raw: bytes, kind: type[PredictBody], path_model: str | None) -> Response:
+    async def serve(request: Request, kind: type[PredictBody], path_model: str | None) -> Response:
+        raw = await request.body()
+        call = call_of(request)
+        if call is not None:
+            call.model = path_model
         # The hot routes parse the body with pydantic-core's JSON parser in one step rather than
         # FastAPI's json.loads followed by validation of Python objects: about a tenth of a
         # millisecond a request, where HTTP and JSON handling is the whole cost.
@@ -141,6 +157,9 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
             field, message = describe_validation(exc.errors(include_input=False))
             return error_response(InvalidInput(message, field=field), model=path_model)
         model = body.model if isinstance(body, InferBody) else path_model or ""
+        facts = call.facts if call is not None else None
+        if call is not None:
+            call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
@@ -156,10 +175,13 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
                     job_id=body.job_id,
                     user_id=body.user_id,
                     deadline=body.deadline,
+                    facts=facts,
                 )
             )
         except ExamlopsError as exc:
             return error_response(exc, model=model, job_id=body.job_id)
+        if call is not None:
+            call.model, call.alias, call.version = result.model, result.alias, result.version
         reply = InferReply(
             model=result.model,
             alias=result.alias,
@@ -179,7 +201,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     )
     async def infer(request: Request) -> Response:
         """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(await request.body(), InferBody, None)
+        return await serve(request, InferBody, None)
 
     @app.post(
         "/v1/models/{model}/predict",
@@ -190,7 +212,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     )
     async def predict(model: str, request: Request) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
-        return await serve(await request.body(), PredictBody, model)
+        return await serve(request, PredictBody, model)
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
     async def models() -> list[HotSetEntry]:

@@ -52,7 +52,7 @@ def outcome_of(error: BaseException | str | None) -> Outcome:
     if error is None:
         return "answered"
     if isinstance(error, str):
-        return "failed" if error in _FAILED_CODES else "refused"
+        return "failed" if error in _FAILED_CODES or error.startswith("http_5") else "refused"
     if isinstance(error, InferenceFailed | DependencyUnavailable) or not isinstance(error, ExamlopsError):
         return "failed"
     return "refused"

@@ -1,0 +1,89 @@
+"""The trace of every inference call over HTTP, as pure ASGI middleware.
+
+For a POST to an inference route (a path ending in ``/infer`` or ``/predict``), ``TraceMiddleware``:
+
+- opens a ``CallTrace`` before anything else runs (so a 413 from the body limit or an unexpected error is
+  traced too) and puts it where the route finds it (``call_of(request)``); a call from the bridge
+  (``X-Examlops-Channel: bus``) keeps the bridge's trace id (``X-Examlops-Trace``) and is traced as a bus
+  call;
+- adds ``X-Examlops-Trace`` to the reply, whatever its status;
+- once the reply is sent, finishes the trace: answered for a 200, else refused or failed as the error
+  body's ``code`` says (``tracing.outcome_of``). The route notes model, alias, version and job id on the
+  call, and hands the pipeline ``call.facts`` for queue wait, batch and predict time.
+
+The request and reply bodies are kept for the payload policy only when it keeps something.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from examlops.tracing import CHANNEL_HEADER, TRACE_HEADER, CallTrace, Tracer
+
+_STATE_KEY = "examlops.trace"
+_TRACE_HEADER = TRACE_HEADER.lower().encode()
+_CHANNEL_HEADER = CHANNEL_HEADER.lower().encode()
+
+
+def is_inference(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    return scope.get("method") == "POST" and (path.endswith("/infer") or path.endswith("/predict"))
+
+
+def call_of(request: Request) -> CallTrace | None:
+    """The trace of the call ``request`` belongs to (None off the inference routes)."""
+    state = request.scope.get("state")
+    return state.get(_STATE_KEY) if isinstance(state, dict) else None
+
+
+class TraceMiddleware:
+    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_inference(scope):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", ()))
+        bus = headers.get(_CHANNEL_HEADER) == b"bus"
+        given = headers.get(_TRACE_HEADER, b"").decode("latin-1") if bus else None
+        call = self.tracer.begin("bus" if bus else "http", given)
+        scope.setdefault("state", {})[_STATE_KEY] = call
+        keep = self.tracer.policy.keeps
+        body_in: list[bytes] = []
+        body_out: list[bytes] = []
+        status = 0
+
+        async def traced_receive() -> Message:
+            message = await receive()
+            if keep and message["type"] == "http.request":
+                body_in.append(message.get("body", b""))
+            return message
+
+        async def traced_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                message["headers"] = [*message.get("headers", ()), (_TRACE_HEADER, call.trace_id.encode())]
+            elif message["type"] == "http.response.body" and (keep or status != 200):
+                body_out.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, traced_receive if keep else receive, traced_send)
+        finally:
+            output = b"".join(body_out)
+            code = None if status == 200 else _error_code(output, status)
+            self.tracer.finish(call, error_code=code, status=status, input=b"".join(body_in), output=output)
+
+
+def _error_code(body: bytes, status: int) -> str:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    code = data.get("code") if isinstance(data, dict) else None
+    return code if isinstance(code, str) and code else f"http_{status or 500}"

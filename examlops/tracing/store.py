@@ -1,0 +1,60 @@
+"""The trace store port: where traces are written in batches, read back, and pruned.
+
+``TraceStore`` is implemented by ``SqlTraceStore`` (``sql_store``). Every method raises
+``StoreUnavailable`` when the store cannot be reached; ``InvalidInput`` for a query it cannot run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from examlops.tracing.record import Outcome, TraceRecord
+
+MAX_PAGE = 1000
+"""The most traces one read returns."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceQuery:
+    """Which traces to read: every given filter must hold; newest first, ``limit`` of them after ``offset``.
+
+    ``since`` is a UNIX time (traces that arrived at or after it); names match exactly (callers give
+    the catalog's spelling of a model).
+    """
+
+    identity: str | None = None
+    task: str | None = None
+    model: str | None = None
+    outcome: Outcome | None = None
+    channel: str | None = None
+    since: float | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one retention pass did: rows deleted, rows whose stored input and output were cleared."""
+
+    deleted: int
+    cleared: int
+
+
+class TraceStore(Protocol):
+    def add(self, records: Sequence[TraceRecord]) -> int:
+        """Write the records in one transaction; a trace id already stored is left as it is (the first
+        record of a call wins: a bus job seen by serving and its bridge stays one trace). Returns how many
+        were new."""
+
+    def get(self, trace_id: str) -> TraceRecord | None: ...
+
+    def find(self, query: TraceQuery) -> list[TraceRecord]: ...
+
+    def count(self, query: TraceQuery) -> int:
+        """How many traces match ``query``'s filters (its limit and offset aside)."""
+
+    def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
+        """Delete rows older than ``row_max_age_s``, clear input and output of those older than
+        ``payload_max_age_s``."""
