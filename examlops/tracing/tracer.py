@@ -89,7 +89,8 @@ class Tracer:
 
     def begin(self, channel: Channel = "http", trace_id: str | None = None) -> CallTrace:
         """A new call; ``trace_id`` is kept when it is one (a bridge's), else a fresh one is made."""
-        return CallTrace(trace_id if valid_trace_id(trace_id) else new_trace_id(), channel, self.wall(), self.clock())
+        given = trace_id if trace_id is not None and valid_trace_id(trace_id) else None
+        return CallTrace(given or new_trace_id(), channel, self.wall(), self.clock())
 
     def finish(
         self,
