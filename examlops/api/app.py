@@ -31,7 +31,6 @@ from examlops.api.errors import (
     handle_validation,
 )
 from examlops.api.limits import BodyLimitMiddleware
-from examlops.api.tracing import TraceMiddleware, call_of
 from examlops.api.schemas import (
     ErrorReply,
     HotSetEntry,
@@ -44,11 +43,13 @@ from examlops.api.schemas import (
     ReloadReply,
     TrafficReply,
 )
+from examlops.api.traces import traces_router
+from examlops.api.tracing import TraceMiddleware, call_of
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
-from examlops.core.messages import InferenceRequest, InferenceResult, ServingFacts
+from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
-from examlops.tracing import Tracer
+from examlops.tracing import Tracer, TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,11 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def create_app(
-    settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry, tracer: Tracer | None = None
+    settings: Settings,
+    pipeline: ServingPipeline,
+    metrics: CollectorRegistry,
+    tracer: Tracer | None = None,
+    traces: TraceStore | None = None,
 ) -> FastAPI:
     """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
 
@@ -238,6 +243,9 @@ def create_app(
         model = pipeline.catalog.get(body.model).name if body and body.model else None
         changes = await pipeline.reload(model)
         return ReloadReply(changes=[ReloadChangeReply(**asdict(change)) for change in changes])
+
+    if traces is not None:
+        app.include_router(traces_router(traces))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from examlops.bootstrap.control import control_events
 from examlops.bootstrap.sql import sql_engine
-from examlops.bootstrap.tracing import call_tracer
+from examlops.bootstrap.tracing import call_tracer, trace_reader
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
 
@@ -55,7 +55,7 @@ def serving_app(settings: Settings) -> FastAPI:
         registry=metrics,
         on_event=control_events(settings, engine),
     )
-    return create_app(settings, pipeline, metrics, tracer)
+    return create_app(settings, pipeline, metrics, tracer, trace_reader(engine))
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

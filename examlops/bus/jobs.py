@@ -126,7 +126,9 @@ class JobRunner:
             outcome = Outcome(wire.error_body(expired, model=model, job_id=job.job_id), 0, False)
         else:
             outcome = await handler.handle(job, trace.trace_id)
-        body = self._traced(trace, outcome.body, job) if outcome.status == 0 else {**outcome.body, "trace": trace.trace_id}
+        body = (
+            self._traced(trace, outcome.body, job) if outcome.status == 0 else {**outcome.body, "trace": trace.trace_id}
+        )
         outcome = Outcome(body, outcome.status, outcome.recorded)
         record = self._record(job, handler, outcome) if handler is not None and outcome.recorded else ""
         await self.finish(

@@ -36,7 +36,6 @@ class PayloadPolicy:
             return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
         return text
 
-
     def kept_body(self, raw: bytes) -> str:
         """``kept`` of a JSON body as it travelled; a body that is not JSON is kept as its text."""
         if self.mode == "none" or not raw:

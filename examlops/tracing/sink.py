@@ -93,7 +93,9 @@ class TraceSink:
         self._written_metric: Counter | None = None
         if registry is not None:
             self._dropped_metric = Counter(
-                "examlops_traces_dropped", "Traces not written: queue full, sink closed or write failed", registry=registry
+                "examlops_traces_dropped",
+                "Traces not written: queue full, sink closed or write failed",
+                registry=registry,
             )
             self._written_metric = Counter("examlops_traces_written", "Traces written to the store", registry=registry)
             queued = Gauge("examlops_traces_queued", "Traces waiting to be written", registry=registry)

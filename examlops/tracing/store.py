@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
+from examlops.core.errors import InvalidInput
 from examlops.tracing.record import Outcome, TraceRecord
 
 MAX_PAGE = 1000
@@ -58,3 +60,28 @@ class TraceStore(Protocol):
     def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
         """Delete rows older than ``row_max_age_s``, clear input and output of those older than
         ``payload_max_age_s``."""
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_since(text: str, now: float) -> float:
+    """A ``since`` filter as a UNIX time: a duration back from ``now`` (``90s``, ``15m``, ``2h``, ``7d``), an
+    ISO 8601 time (UTC when it names no zone) or UNIX seconds; ``InvalidInput`` for anything else."""
+    value = text.strip()
+    if value[-1:] in _UNITS:
+        try:
+            return now - float(value[:-1]) * _UNITS[value[-1]]
+        except ValueError:
+            pass
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InvalidInput(
+            f"since: {value[:40]!r} is not a duration (15m, 2h, 7d), an ISO time or UNIX seconds", field="since"
+        ) from exc
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
