@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from examlops.core.backoff import Outage
+from examlops.core.backoff import RECONNECT, Backoff, Outage
 from examlops.core.errors import StoreUnavailable
 from examlops.tracing.record import TraceRecord
 from examlops.tracing.store import TraceStore
@@ -73,6 +73,7 @@ class TraceSink:
         prune_every_s: float = 300.0,
         registry: CollectorRegistry | None = None,
         wall: Callable[[], float] = time.time,
+        backoff: Backoff = RECONNECT,
     ) -> None:
         self.store = store
         self.batch = batch
@@ -87,7 +88,7 @@ class TraceSink:
         self._lock = threading.Lock()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._outage = Outage("trace store", log)
+        self._outage = Outage("trace writer", log, backoff=backoff, what="the trace store")
         self._next_prune = 0.0
         self._dropped_metric: Counter | None = None
         self._written_metric: Counter | None = None
