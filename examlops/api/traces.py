@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from examlops.core.errors import NotFound
-from examlops.tracing import TraceQuery, TraceStore
+from examlops.tracing import TraceQuery, TraceStore, trace_fields
 from examlops.tracing.store import MAX_PAGE, parse_since
 
 
@@ -49,7 +48,7 @@ def traces_router(store: TraceStore) -> APIRouter:
         records, total = await asyncio.gather(
             asyncio.to_thread(store.find, query), asyncio.to_thread(store.count, query)
         )
-        return TracePage(total=total, limit=limit, offset=offset, traces=[asdict(r) for r in records])
+        return TracePage(total=total, limit=limit, offset=offset, traces=[trace_fields(r) for r in records])
 
     @router.get("/{trace_id}")
     async def get_trace(trace_id: str) -> dict[str, Any]:
@@ -57,6 +56,6 @@ def traces_router(store: TraceStore) -> APIRouter:
         record = await asyncio.to_thread(store.get, trace_id.strip().lower()[:64])
         if record is None:
             raise NotFound(f"no trace {trace_id[:64]!r}")
-        return asdict(record)
+        return trace_fields(record)
 
     return router

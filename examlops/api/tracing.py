@@ -4,8 +4,8 @@ For a POST to an inference route (a path ending in ``/infer`` or ``/predict``), 
 
 - opens a ``CallTrace`` before anything else runs (so a 413 from the body limit or an unexpected error is
   traced too) and puts it where the route finds it (``call_of(request)``); a call from the bridge
-  (``X-Examlops-Channel: bus``) keeps the bridge's trace id (``X-Examlops-Trace``) and is traced as a bus
-  call;
+  (``X-Examlops-Channel: bus``, read by ``from_bridge`` only) keeps the bridge's trace id
+  (``X-Examlops-Trace``) and is traced as a bus call;
 - adds ``X-Examlops-Trace`` to the reply, whatever its status;
 - once the reply is sent, finishes the trace: answered for a 200, else refused or failed as the error
   body's ``code`` says (``tracing.outcome_of``). The route notes model, alias, version and job id on the
@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from examlops.tracing import CHANNEL_HEADER, TRACE_HEADER, CallTrace, Tracer
+from examlops.tracing.record import Channel
 
 _STATE_KEY = "examlops.trace"
 _TRACE_HEADER = TRACE_HEADER.lower().encode()
@@ -30,6 +31,20 @@ _CHANNEL_HEADER = CHANNEL_HEADER.lower().encode()
 def is_inference(scope: Scope) -> bool:
     path: str = scope.get("path", "")
     return scope.get("method") == "POST" and (path.endswith("/infer") or path.endswith("/predict"))
+
+
+def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
+    """The channel and trace id a call claims (``bus.hop.trace_headers`` writes them): ``("bus", id)`` for
+    a call the bridge forwarded, else ``("http", None)`` and the call gets a fresh id.
+
+    The one place that reads what the bridge says about a call (its channel, trace id, and later the
+    identity it verified): trusting these headers only from the bridge's own credential is to be decided
+    here. Until then any caller can claim them; a trace id that is not one (``valid_trace_id``) is replaced.
+    """
+    headers = dict(scope.get("headers", ()))
+    if headers.get(_CHANNEL_HEADER) != b"bus":
+        return "http", None
+    return "bus", headers.get(_TRACE_HEADER, b"").decode("latin-1")
 
 
 def call_of(request: Request) -> CallTrace | None:
@@ -47,10 +62,8 @@ class TraceMiddleware:
         if scope["type"] != "http" or not is_inference(scope):
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers", ()))
-        bus = headers.get(_CHANNEL_HEADER) == b"bus"
-        given = headers.get(_TRACE_HEADER, b"").decode("latin-1") if bus else None
-        call = self.tracer.begin("bus" if bus else "http", given)
+        channel, given = from_bridge(scope)
+        call = self.tracer.begin(channel, given)
         scope.setdefault("state", {})[_STATE_KEY] = call
         keep = self.tracer.policy.keeps
         body_in: list[bytes] = []

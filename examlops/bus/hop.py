@@ -58,11 +58,16 @@ def http_client(http: HttpSettings, transport: httpx.AsyncBaseTransport) -> http
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it."""
+    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it.
+
+    ``verdict``: the body is the bridge's own answer, not serving's reply passed on (serving gave none, or
+    one the bridge turned into an error: late, unreadable, empty); the job's trace must then say so.
+    """
 
     body: dict[str, Any]
     status: int
     recorded: bool
+    verdict: bool = False
 
 
 class ModelHandler:
@@ -136,7 +141,7 @@ class ModelHandler:
         )
 
     def _error(self, error: ExamlopsError, job: Job, status: int = 0, *, recorded: bool = True) -> Outcome:
-        return Outcome(error_body(error, model=self.spec.name, job_id=job.job_id), status, recorded)
+        return Outcome(error_body(error, model=self.spec.name, job_id=job.job_id), status, recorded, verdict=True)
 
     async def handle(self, job: Job, trace_id: str = "") -> Outcome:
         """Serve ``job``; ``trace_id`` travels to serving (``trace_headers``), which traces the call under it."""
@@ -198,7 +203,11 @@ class ModelHandler:
 
 
 def trace_headers(trace_id: str) -> dict[str, str]:
-    """The hop's headers carrying a bus job's trace id: serving traces the call as a bus call under that id."""
+    """The hop's headers carrying a bus job's trace id: serving traces the call as a bus call under that id.
+
+    The one place the bridge says things about a call to serving (channel, trace id, and later the identity
+    it verified); serving reads them in ``api.tracing.from_bridge`` only.
+    """
     return {**JSON_HEADERS, TRACE_HEADER: trace_id, CHANNEL_HEADER: "bus"}
 
 

@@ -126,20 +126,25 @@ class JobRunner:
             outcome = Outcome(wire.error_body(expired, model=model, job_id=job.job_id), 0, False)
         else:
             outcome = await handler.handle(job, trace.trace_id)
-        body = (
-            self._traced(trace, outcome.body, job) if outcome.status == 0 else {**outcome.body, "trace": trace.trace_id}
-        )
-        outcome = Outcome(body, outcome.status, outcome.recorded)
+        if outcome.status == 0 or outcome.verdict:
+            body = self._traced(trace, outcome.body, job, status=outcome.status)
+        else:  # serving's reply passed on: serving traced the call under this id
+            body = {**outcome.body, "trace": trace.trace_id}
+        outcome = Outcome(body, outcome.status, outcome.recorded, outcome.verdict)
         record = self._record(job, handler, outcome) if handler is not None and outcome.recorded else ""
         await self.finish(
             stream, entry_id, job.job_id, job.reply_to, outcome.body, status=outcome.status, job=job, record=record
         )
 
-    def _traced(self, trace: CallTrace, body: dict[str, Any], job: wire.Job | None) -> dict[str, Any]:
-        """``body`` with its trace id; the call is traced here, for serving never saw it (it traces the rest)."""
+    def _traced(
+        self, trace: CallTrace, body: dict[str, Any], job: wire.Job | None, *, status: int = 0
+    ) -> dict[str, Any]:
+        """``body`` with its trace id, traced here as the call's verdict: the caller gets ``body`` whatever
+        serving saw (nothing, or a reply the bridge turned into this error: a late answer, a hop that timed
+        out after serving answered), so the store keeps this outcome over serving's record of the call."""
         trace.job_id = job.job_id if job is not None else None
         code = None if body.get("error") is None else str(body.get("code") or "error")
-        self.tracer.finish(trace, error_code=code)
+        self.tracer.finish(trace, error_code=code, status=status, verdict=True)
         return {**body, "trace": trace.trace_id}
 
     def _record(self, job: wire.Job, handler: ModelHandler, outcome: Outcome) -> str:

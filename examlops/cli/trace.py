@@ -7,7 +7,6 @@ Thin: parse, read through ``bootstrap.tracing.trace_reader``, format. Exit codes
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -15,7 +14,7 @@ import typer
 
 from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 from examlops.core.errors import NotFound
-from examlops.tracing import TraceQuery, TraceRecord
+from examlops.tracing import TraceQuery, TraceRecord, trace_fields
 from examlops.tracing.store import parse_since
 
 trace_app = typer.Typer(help="The trace of every call (HTTP and bus): who, what, where, how long, outcome.",
@@ -23,7 +22,7 @@ trace_app = typer.Typer(help="The trace of every call (HTTP and bus): who, what,
 
 
 def trace_json(record: TraceRecord) -> dict[str, Any]:
-    data = asdict(record)
+    data = trace_fields(record)
     data["time"] = datetime.fromtimestamp(record.at, UTC).isoformat()
     return data
 

@@ -8,6 +8,7 @@ from examlops.tracing.record import (
     TraceRecord,
     new_trace_id,
     outcome_of,
+    trace_fields,
     trace_id_for_job,
     valid_trace_id,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Tracer",
     "new_trace_id",
     "outcome_of",
+    "trace_fields",
     "trace_id_for_job",
     "valid_trace_id",
 ]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 from examlops.core.errors import DependencyUnavailable, ExamlopsError, InferenceFailed
 
@@ -86,6 +86,11 @@ class TraceRecord:
     is '' for an answered call. ``input`` and ``output`` are what the site's payload policy kept ('' for
     nothing); ``status`` is the HTTP status of the reply (0 when none was given, as on the bus before
     serving answered).
+
+    ``verdict`` is not stored: it marks the bridge's record of a bus call whose caller got something else
+    than serving's reply said (a late answer refused, a hop that failed after serving answered). The store
+    keeps a verdict's outcome, error code and status over any other record of the same call, whichever
+    arrives first.
     """
 
     trace_id: str
@@ -110,3 +115,11 @@ class TraceRecord:
     job_id: str | None = None
     input: str = ""
     output: str = ""
+    verdict: bool = False
+
+
+def trace_fields(record: TraceRecord) -> dict[str, Any]:
+    """The stored fields of ``record`` (all but ``verdict``), as the store, `exa trace` and the API show them."""
+    values = asdict(record)
+    del values["verdict"]
+    return values

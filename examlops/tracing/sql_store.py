@@ -1,27 +1,28 @@
 """Traces in SQL (SQLModel): the ``Trace`` table and ``SqlTraceStore``, the ``TraceStore`` adapter.
 
 One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters
-of `exa trace list` and ``GET /v1/traces``). ``add`` inserts a batch in one transaction and skips trace ids
-already stored (``ON CONFLICT DO NOTHING`` on SQLite and Postgres). Database errors become
+of `exa trace list` and ``GET /v1/traces``). ``add`` writes a batch in one transaction; a trace id already
+stored stays one row (``ON CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only
+fields it left empty (batch, queue wait, predict time, alias, version) are filled from the later one, except
+that a verdict (``TraceRecord.verdict``) sets outcome, error code and status. Database errors become
 ``StoreUnavailable``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Index, delete, func, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Field, Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from examlops.core.errors import StoreUnavailable
-from examlops.tracing.record import Channel, Outcome, TraceRecord
+from examlops.tracing.record import Channel, Outcome, TraceRecord, trace_fields
 from examlops.tracing.store import MAX_PAGE, Pruned, TraceQuery
 
 S = TypeVar("S")
@@ -60,8 +61,15 @@ class Trace(SQLModel, table=True):
     output: str
 
 
+_FILLED = ("alias", "version", "batch_id", "batch_size", "queue_wait_ms", "predict_ms")
+"""Fields a later record of a call fills when the stored one left them empty (serving knows them, its bridge
+does not)."""
+_VERDICT = ("outcome", "error_code", "status")
+"""Fields a verdict sets: what the caller got."""
+
+
 def _row(record: TraceRecord) -> dict[str, Any]:
-    values = asdict(record)
+    values = trace_fields(record)
     values["at"] = datetime.fromtimestamp(record.at, UTC)
     return values
 
@@ -84,22 +92,41 @@ class SqlTraceStore:
     def add(self, records: Sequence[TraceRecord]) -> int:
         if not records:
             return 0
-        rows = [_row(record) for record in records]
-        dialect = self._engine.dialect.name
+        last: dict[str, TraceRecord] = {}
+        for record in records:  # one row per id in a statement (Postgres refuses to update a row twice)
+            kept = last.get(record.trace_id)
+            last[record.trace_id] = record if kept is None or (record.verdict and not kept.verdict) else kept
+        ids = list(last)
         try:
             with self._engine.begin() as connection:
-                if dialect in ("sqlite", "postgresql"):
-                    module: Any = sqlite if dialect == "sqlite" else postgresql
-                    statement = module.insert(Trace).on_conflict_do_nothing(index_elements=["trace_id"])
-                    return int(connection.execute(statement, rows).rowcount or 0)
-                ids = [row["trace_id"] for row in rows]
                 known = set(connection.execute(select(Trace.trace_id).where(col(Trace.trace_id).in_(ids))).scalars())
-                fresh = [row for row in rows if row["trace_id"] not in known]
-                if fresh:
-                    connection.execute(Trace.__table__.insert(), fresh)  # type: ignore[attr-defined]  # SQLModel's table
-                return len(fresh)
+                for verdict in (False, True):
+                    rows = [_row(r) for r in last.values() if r.verdict is verdict]
+                    if rows:
+                        self._upsert(connection, rows, known, verdict=verdict)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(f"the trace table cannot be written: {exc}") from exc
+        return len(ids) - len(known)
+
+    def _upsert(self, connection: Connection, rows: list[dict[str, Any]], known: set[str], *, verdict: bool) -> None:
+        dialect = self._engine.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            module: Any = sqlite if dialect == "sqlite" else postgresql
+            statement = module.insert(Trace)
+            table, new = Trace.__table__.c, statement.excluded  # type: ignore[attr-defined]  # SQLModel's table
+            changes = {name: func.coalesce(table[name], new[name]) for name in _FILLED}
+            if verdict:
+                changes |= {name: new[name] for name in _VERDICT}
+            connection.execute(statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes), rows)
+            return
+        fresh = [row for row in rows if row["trace_id"] not in known]
+        if fresh:
+            connection.execute(Trace.__table__.insert(), fresh)  # type: ignore[attr-defined]  # SQLModel's table
+        if verdict:
+            for row in rows:
+                if row["trace_id"] in known:
+                    changes = {name: row[name] for name in _VERDICT}
+                    connection.execute(update(Trace).where(col(Trace.trace_id) == row["trace_id"]).values(**changes))
 
     def get(self, trace_id: str) -> TraceRecord | None:
         try:

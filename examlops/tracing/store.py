@@ -46,9 +46,10 @@ class Pruned:
 
 class TraceStore(Protocol):
     def add(self, records: Sequence[TraceRecord]) -> int:
-        """Write the records in one transaction; a trace id already stored is left as it is (the first
-        record of a call wins: a bus job seen by serving and its bridge stays one trace). Returns how many
-        were new."""
+        """Write the records in one transaction, one row per trace id: a record whose id is stored already
+        only fills the fields the stored one left empty (a reclaimed job served twice stays its first
+        trace), unless it is a verdict (``TraceRecord.verdict``), whose outcome, error code and status
+        replace the stored ones, whichever of the two arrived first. Returns how many ids were new."""
 
     def get(self, trace_id: str) -> TraceRecord | None: ...
 

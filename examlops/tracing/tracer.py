@@ -100,10 +100,12 @@ class Tracer:
         status: int = 0,
         input: bytes | object = None,
         output: bytes | object = None,
+        verdict: bool = False,
     ) -> TraceRecord | None:
         """Record ``call``: answered when ``error_code`` is None, else refused or failed as the code says.
 
         ``input``/``output``: the call's request and reply (bytes of JSON, or a value), kept by the policy.
+        ``verdict``: this outcome is what the caller got, over any other record of the call (a bridge's).
         Returns the record queued (None when already finished or tracing is off).
         """
         if call.finished:
@@ -112,7 +114,7 @@ class Tracer:
         if self.queue is None:
             return None
         try:
-            record = self._record(call, error_code, status, input, output)
+            record = self._record(call, error_code, status, input, output, verdict)
             self.queue.put(record)
         except Exception:  # tracing never fails a call
             log.exception("the trace of call %s could not be built", call.trace_id)
@@ -120,7 +122,13 @@ class Tracer:
         return record
 
     def _record(
-        self, call: CallTrace, error_code: str | None, status: int, input: bytes | object, output: bytes | object
+        self,
+        call: CallTrace,
+        error_code: str | None,
+        status: int,
+        input: bytes | object,
+        output: bytes | object,
+        verdict: bool,
     ) -> TraceRecord:
         facts = call.facts
         return TraceRecord(
@@ -146,6 +154,7 @@ class Tracer:
             job_id=call.job_id,
             input=self._kept(input),
             output=self._kept(output),
+            verdict=verdict,
         )
 
     def _kept(self, value: bytes | object) -> str:
