@@ -44,7 +44,7 @@ from examlops.api.schemas import (
     TrafficReply,
 )
 from examlops.api.traces import traces_router
-from examlops.api.tracing import TraceMiddleware, call_of
+from examlops.api.tracing import TraceMiddleware, call_of, named_model
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -160,6 +160,8 @@ def create_app(
             body = kind.model_validate_json(raw)
         except ValidationError as exc:
             field, message = describe_validation(exc.errors(include_input=False))
+            if call is not None and call.model is None:
+                call.model = named_model(raw)
             return error_response(InvalidInput(message, field=field), model=path_model)
         model = body.model if isinstance(body, InferBody) else path_model or ""
         facts = call.facts if call is not None else None

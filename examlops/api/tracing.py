@@ -100,3 +100,13 @@ def _error_code(body: bytes, status: int) -> str:
         data = None
     code = data.get("code") if isinstance(data, dict) else None
     return code if isinstance(code, str) and code else f"http_{status or 500}"
+
+
+def named_model(raw: bytes) -> str | None:
+    """The model a body that failed validation names (for its trace), when it is a JSON object naming one."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model[:128] if isinstance(model, str) and model else None
