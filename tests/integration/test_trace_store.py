@@ -43,7 +43,12 @@ def test_an_id_stored_already_keeps_its_first_record_and_only_fills_what_it_left
     assert store.add([again, trace()]) == 1
     stored = store.get(first.trace_id)
     assert stored is not None
-    assert (stored.outcome, stored.error_code, stored.status, stored.version) == ("failed", "inference_failed", 500, "1")
+    assert (stored.outcome, stored.error_code, stored.status, stored.version) == (
+        "failed",
+        "inference_failed",
+        500,
+        "1",
+    )
     assert (stored.batch_id, stored.batch_size) == ("b-1", 4)
     assert store.count(TraceQuery()) == 2
 

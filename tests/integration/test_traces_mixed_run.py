@@ -31,7 +31,7 @@ from examlops.cli.main import app as exa
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import Settings, TracingSettings
 from examlops.registry.demo import seed_demo
-from examlops.tracing import TRACE_HEADER, TraceQuery, TraceRecord, TraceStore, trace_id_for_job, valid_trace_id
+from examlops.tracing import TRACE_HEADER, TraceQuery, TraceStore, trace_id_for_job, valid_trace_id
 from tests.integration.servers import ServingProcess
 from tests.integration.test_bus_bridge import ADDRESS, CATALOG, PAYLOAD, bus_settings, running_bridge, until
 from tests.integration.test_recording import drain, recorder_on, served_events
@@ -96,7 +96,9 @@ def http_calls(url: str) -> list[Call]:
     post("/v1/models/NOPE/predict", "NOPE", "refused", "model_not_found")
     post("/infer-pipeline/infer", "JPCP", "refused", "invalid_input", model="JPCP", embedding=[0.1] * 383)
     post("/infer-pipeline/infer", None, "refused", "payload_too_large", raw=b"[" + b"0.5," * 400_000 + b"0.5]")
-    post("/infer-pipeline/infer", "JPCP", "failed", "inference_failed", model="JPCP", alias="staging", embedding=FAILING)
+    post(
+        "/infer-pipeline/infer", "JPCP", "failed", "inference_failed", model="JPCP", alias="staging", embedding=FAILING
+    )
     return calls
 
 
@@ -111,9 +113,7 @@ async def bus_calls(settings: Settings, client: redis.Redis) -> list[Call]:
         try:
             async with running_bridge(settings, tracer=tracer):
                 await until(lambda: client.xlen(bus.reply_stream) >= 1)
-                answered = await asyncio.gather(
-                    *(bus.request(ADDRESS, PAYLOAD, 20, job_id=f"b-{i}") for i in range(4))
-                )
+                answered = await asyncio.gather(*(bus.request(ADDRESS, PAYLOAD, 20, job_id=f"b-{i}") for i in range(4)))
                 unknown = await bus.request("00000000-0000-4000-8000-00000000dead", PAYLOAD, 20, job_id="b-unknown")
                 invalid = await bus.request(ADDRESS, {"embedding": [1.0], "node_count": 3}, 20, job_id="b-invalid")
                 failing = PAYLOAD | {"alias": "staging", "embedding": FAILING}
