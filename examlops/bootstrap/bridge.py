@@ -2,7 +2,8 @@
 
 ``BridgeProcess(settings, models=..., record=...)`` builds nothing until ``run()``; ``run()`` starts the
 recording child (``bootstrap.recording``), serves in the foreground until ``close()`` (from any thread) or
-SIGTERM/SIGINT, then finishes the jobs in flight, lets the child drain the records and closes every client.
+SIGTERM/SIGINT, then finishes the jobs in flight, lets the child drain the records, writes the traces of the
+jobs it refused (``bootstrap.tracing``) and closes every client.
 With ``record`` off the bridge writes no records and runs no child. It raises ``StoreUnavailable`` when
 Redis cannot be reached at start-up; later outages are waited out by the bridge.
 """
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.bootstrap.serving import catalog
+from examlops.bootstrap.sql import sql_engine
+from examlops.bootstrap.tracing import call_tracer
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,14 +64,19 @@ class BridgeProcess:
         # One consumer name per bridge process: a recording child started again reads what the last one left.
         consumer = f"{socket.gethostname()}-{os.getpid()}"
         recording = bridge_recording(self.settings, consumer) if self.record else contextlib.nullcontext(None)
+        engine = sql_engine(self.settings)
+        tracer = call_tracer(self.settings, engine)
+        tracer.start()
         try:
             with recording:
                 async with hop_client(self.settings) as http:
-                    bridge = Bridge(self.settings, self.catalog, redis, http, record=self.record)
+                    bridge = Bridge(self.settings, self.catalog, redis, http, record=self.record, tracer=tracer)
                     tune_garbage_collection()
                     await bridge.run(self._stop)
         finally:
             await redis.aclose()
+            await asyncio.to_thread(tracer.close)
+            engine.dispose()
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:

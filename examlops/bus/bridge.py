@@ -14,6 +14,8 @@ Contract:
 - A bridge that dies holding jobs loses none: every bridge's sweep XAUTOCLAIMs
   jobs idle for longer than its connect plus read timeout; a job delivered more
   than ``wire.MAX_DELIVERIES`` times is dead-lettered with an error reply.
+- Every job carries a trace id (derived from its job id once verified) to serving and in its reply's
+  ``trace`` field; serving traces the calls it answers, the ``tracer`` the jobs it never saw.
 - A lost Redis is logged once; the loops back off and carry on.
 """
 
@@ -40,6 +42,7 @@ from examlops.core.backoff import Outage
 from examlops.core.errors import ConfigError, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
+from examlops.tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class Bridge:
         reclaim_idle_s: float | None = None,
         sweep_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        tracer: Tracer | None = None,
     ) -> None:
         http = settings.http
         self.reclaim_idle_s = reclaim_idle_s or http.connect_timeout_s + http.read_timeout_s + 2.0
@@ -86,6 +90,7 @@ class Bridge:
             record=record,
             records_bound=settings.recording.bound,
             clock=clock,
+            tracer=tracer,
         )
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._room: asyncio.Event | None = None

@@ -31,6 +31,7 @@ from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
+from examlops.tracing.record import CHANNEL_HEADER, TRACE_HEADER
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported
@@ -57,11 +58,16 @@ def http_client(http: HttpSettings, transport: httpx.AsyncBaseTransport) -> http
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it."""
+    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it.
+
+    ``verdict``: the body is the bridge's own answer, not serving's reply passed on (serving gave none, or
+    one the bridge turned into an error: late, unreadable, empty); the job's trace must then say so.
+    """
 
     body: dict[str, Any]
     status: int
     recorded: bool
+    verdict: bool = False
 
 
 class ModelHandler:
@@ -135,16 +141,18 @@ class ModelHandler:
         )
 
     def _error(self, error: ExamlopsError, job: Job, status: int = 0, *, recorded: bool = True) -> Outcome:
-        return Outcome(error_body(error, model=self.spec.name, job_id=job.job_id), status, recorded)
+        return Outcome(error_body(error, model=self.spec.name, job_id=job.job_id), status, recorded, verdict=True)
 
-    async def handle(self, job: Job) -> Outcome:
+    async def handle(self, job: Job, trace_id: str = "") -> Outcome:
+        """Serve ``job``; ``trace_id`` travels to serving (``trace_headers``), which traces the call under it."""
         try:
             content = self.encoded(job)
         except InvalidInput as exc:
             return self._error(exc, job)
         timeout = self._timeout(job.deadline - self.clock())
+        headers = trace_headers(trace_id) if trace_id else JSON_HEADERS
         try:
-            response = await self.http.post(self._url, content=content, headers=JSON_HEADERS, timeout=timeout)
+            response = await self.http.post(self._url, content=content, headers=headers, timeout=timeout)
         except (httpx.TransportError, TimeoutError) as exc:
             return self._transport_error(exc, job)
         # httpx binds a response's stream back to the response, a reference cycle of ~15 objects that only
@@ -192,6 +200,15 @@ class ModelHandler:
             status,
             True,
         )
+
+
+def trace_headers(trace_id: str) -> dict[str, str]:
+    """The hop's headers carrying a bus job's trace id: serving traces the call as a bus call under that id.
+
+    The one place the bridge says things about a call to serving (channel, trace id, and later the identity
+    it verified); serving reads them in ``api.tracing.from_bridge`` only.
+    """
+    return {**JSON_HEADERS, TRACE_HEADER: trace_id, CHANNEL_HEADER: "bus"}
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -27,8 +27,9 @@ from examlops.bus import wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
-from examlops.core.errors import ModelNotFound, StoreUnavailable
+from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
 from examlops.core.records import ServedInference, embedding_stats
+from examlops.tracing import CallTrace, Tracer, trace_id_for_job
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,9 @@ class JobRunner:
         record: bool,
         records_bound: int,
         clock: Callable[[], float],
+        tracer: Tracer | None = None,
     ) -> None:
+        self.tracer = tracer or Tracer(None)
         self.store = store
         self.handlers = handlers
         self.consumer = consumer
@@ -86,25 +89,28 @@ class JobRunner:
             refused: dict[str, Any] = {"stream": stream, "reason": exc.code, "message": exc.message}
             refused["fields"] = dict(fields)
             # Keyed by entry, not by the unverified job id, so a forged job cannot use up a real job's reply.
-            body = wire.error_body(exc, job_id=exc.job_id)
+            body = self._traced(self.tracer.begin("bus"), wire.error_body(exc, job_id=exc.job_id), None)
             await self.finish(stream, entry_id, by_entry, exc.reply_to, body, dead=refused)
             return
+        trace = self.tracer.begin("bus", trace_id_for_job(job.job_id))
         if self.clock() > job.deadline + wire.DONE_MARGIN_S:
             log.warning(
                 "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, wire.DONE_MARGIN_S
             )
             stale = {"stream": stream, "reason": "stale", "fields": dict(fields)}
+            self._traced(trace, wire.error_body(DeadlineExceeded("the job expired long ago"), job_id=job.job_id), job)
             await self.finish(stream, entry_id, by_entry, None, {}, dead=stale)
             return
         handler = self.handlers.get(address)
         model = handler.spec.name if handler else None
+        trace.model = model
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"
             )
             dead: dict[str, Any] = {"stream": stream, "reason": error.code, "delivered": delivered}
             dead["fields"] = dict(fields)
-            body = wire.error_body(error, model=model, job_id=job.job_id)
+            body = self._traced(trace, wire.error_body(error, model=model, job_id=job.job_id), job)
             await self.finish(stream, entry_id, job.job_id, job.reply_to, body, dead=dead, job=job)
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
@@ -119,11 +125,27 @@ class JobRunner:
         elif expired is not None:
             outcome = Outcome(wire.error_body(expired, model=model, job_id=job.job_id), 0, False)
         else:
-            outcome = await handler.handle(job)
+            outcome = await handler.handle(job, trace.trace_id)
+        if outcome.status == 0 or outcome.verdict:
+            body = self._traced(trace, outcome.body, job, status=outcome.status)
+        else:  # serving's reply passed on: serving traced the call under this id
+            body = {**outcome.body, "trace": trace.trace_id}
+        outcome = Outcome(body, outcome.status, outcome.recorded, outcome.verdict)
         record = self._record(job, handler, outcome) if handler is not None and outcome.recorded else ""
         await self.finish(
             stream, entry_id, job.job_id, job.reply_to, outcome.body, status=outcome.status, job=job, record=record
         )
+
+    def _traced(
+        self, trace: CallTrace, body: dict[str, Any], job: wire.Job | None, *, status: int = 0
+    ) -> dict[str, Any]:
+        """``body`` with its trace id, traced here as the call's verdict: the caller gets ``body`` whatever
+        serving saw (nothing, or a reply the bridge turned into this error: a late answer, a hop that timed
+        out after serving answered), so the store keeps this outcome over serving's record of the call."""
+        trace.job_id = job.job_id if job is not None else None
+        code = None if body.get("error") is None else str(body.get("code") or "error")
+        self.tracer.finish(trace, error_code=code, status=status, verdict=True)
+        return {**body, "trace": trace.trace_id}
 
     def _record(self, job: wire.Job, handler: ModelHandler, outcome: Outcome) -> str:
         """The job's record (``ServedInference.packed``), or '' when recording is off."""

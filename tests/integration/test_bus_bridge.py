@@ -40,6 +40,7 @@ from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
+from examlops.tracing import trace_id_for_job
 from tests.integration.servers import examlops_env, free_port, upgraded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -180,6 +181,7 @@ async def test_a_job_is_answered_with_the_models_reply(
         "prediction": 0.5,
         "error": None,
         "job_id": "job-one",
+        "trace": trace_id_for_job("job-one"),
     }
     assert standin.seen == ["job-one"]
     [record] = recorded(redis_url)  # written with the reply, in the same step

@@ -175,3 +175,23 @@ async def test_the_switch_builds_the_transport_it_names() -> None:
         assert isinstance(transport, transport_class)
         await transport.aclose()
     assert Settings().bus.http_client == "aiohttp"
+
+
+async def test_an_answer_arriving_after_the_deadline_is_the_bridges_verdict_not_servings_reply(
+    spec: ModelSpec, handler: Hop
+) -> None:
+    late = job(spec, deadline_in=30.0)
+    calls = iter([time.time()])  # the first reading sets the hop's timeout; the reply is read past the deadline
+    async with serving(REPLY) as (url, _, _):
+        one = handler(spec, url, HttpSettings())
+        one.clock = lambda: next(calls, late.deadline + 1.0)
+        async with one.http:
+            outcome = await one.handle(late, "ab" * 16)
+            passed_on = await ModelHandler(spec, one.http, url, HttpSettings(), time.time).handle(job(spec))
+    assert (outcome.body["code"], outcome.status, outcome.recorded, outcome.verdict) == (
+        "deadline_exceeded",
+        200,
+        False,
+        True,
+    )
+    assert passed_on.status == 200 and passed_on.body["error"] is None and not passed_on.verdict
