@@ -58,7 +58,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import run_load
-from procs import CpuMeter, quantile, start, stop, wait_until
+from procs import CpuMeter, platform_token, quantile, start, stop, wait_until
 
 from examlops.bootstrap import bus_client, hop_client, upgrade_database
 from examlops.bus.hop import JSON_HEADERS
@@ -111,7 +111,7 @@ async def timed_workers(count: int, concurrency: int, call: Callable[[int], Coro
 
 
 async def bus_load(settings: Settings, address: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
-    async with bus_client(settings, caller="bench") as client:
+    async with bus_client(settings) as client:
         for body in bodies[:50]:  # warm-up: connections, the script cache (and the bridge's start on round 1)
             await client.request(address, body, 60)
 
@@ -201,6 +201,7 @@ def main() -> None:
     shutil.rmtree(home / "redis", ignore_errors=True)
     home.mkdir(parents=True, exist_ok=True)
     base = Settings(home=home)
+    platform_token(base.admin_token_path)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
     upgrade_database(base)

@@ -84,7 +84,7 @@ import redis
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
+from procs import CpuMeter, platform_token, quantile, start, stop, thread_cpu, wait_until
 
 from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
@@ -246,7 +246,7 @@ def run_phase(
         meter = CpuMeter(pids | {"serving": context["serving_pid"], "redis": context["redis_pid"]})
 
         async def load() -> None:
-            async with bus_client(context["settings"], caller="bench-recording") as bus:
+            async with bus_client(context["settings"]) as bus:
                 for round_no, order in enumerate(round_orders(args.rounds, args.seed + phase_no)):
                     for record in order:
                         model = recording_model if record else plain_model
@@ -330,6 +330,7 @@ def main() -> None:
     shutil.rmtree(home / "redis", ignore_errors=True)  # counts start from an empty Redis
     home.mkdir(parents=True, exist_ok=True)
     base = Settings(home=home)
+    platform_token(base.admin_token_path)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
     upgrade_database(base)

@@ -49,7 +49,7 @@ import redis
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import start, stop, wait_until
+from procs import platform_token, start, stop, wait_until
 
 from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
@@ -94,7 +94,7 @@ async def steady_load(
     settings: Settings, address: str, bodies: list[dict[str, Any]], rate: float, deadline_s: float, load: Load
 ) -> None:
     """``rate`` bus jobs a second, each with a ``deadline_s`` deadline, until ``load.stop`` is set."""
-    async with bus_client(settings, caller="bench-memory") as client:
+    async with bus_client(settings) as client:
         pending: set[asyncio.Task[None]] = set()
 
         async def one(i: int) -> None:
@@ -147,6 +147,7 @@ def main() -> None:
             target.unlink(missing_ok=True)
     home.mkdir(parents=True, exist_ok=True)
     base = Settings(home=home)
+    platform_token(base.admin_token_path)
     catalog = load_catalog(base.catalog_path)
     seed_demo(base, catalog)
     upgrade_database(base)
