@@ -59,10 +59,15 @@ TOKEN = f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
 
 
 class StandIn:
-    """A stand-in for serving: answers like `/infer-pipeline/infer`, refuses passed deadlines, logs job ids."""
+    """A stand-in for serving: answers like `/infer-pipeline/infer` and `/v1/tasks/{task}/infer` (a task is
+    answered by ``task_models[task]``), refuses passed deadlines, logs job ids, the identity header of each
+    call and the tasks called."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.identities: list[str | None] = []
+        self.tasks: list[str] = []
+        self.task_models: dict[str, str] = {}
         self.delay = 0.0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -75,9 +80,23 @@ class StandIn:
                 error = {"error": "deadline passed", "prediction": 0.0, "code": "deadline_exceeded"}
                 return JSONResponse(error, status_code=504)
             self.seen.append(body["job_id"])
+            self.identities.append(request.headers.get("x-examlops-identity"))
             await asyncio.sleep(self.delay)
             reply = {"model": body["model"], "alias": body.get("alias") or "Production", "version": "1"}
             reply |= {"run_id": "run-1", "prediction": 0.5, "error": None, "job_id": body["job_id"]}
+            return JSONResponse(reply)
+
+        @app.post("/v1/tasks/{task}/infer")
+        async def infer_task(task: str, request: Request) -> JSONResponse:
+            body = await request.json()
+            assert "model" not in body and "alias" not in body
+            self.seen.append(body["job_id"])
+            self.identities.append(request.headers.get("x-examlops-identity"))
+            self.tasks.append(task)
+            model = self.task_models[task]
+            await asyncio.sleep(self.delay)
+            reply = {"task": task, "model": model, "alias": "Production", "version": "1", "run_id": "run-1"}
+            reply |= {"prediction": 0.5, "error": None, "job_id": body["job_id"]}
             return JSONResponse(reply)
 
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
