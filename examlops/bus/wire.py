@@ -7,7 +7,7 @@ Streams and keys::
     examlops:bus:jobs:{uuid}          jobs for one model, by its catalog ``seanerbus_uuid``; group ``bridges``
     examlops:bus:replies:{client_id}  one per client; capped (MAXLEN ~) and expiring, so abandoned ones vanish
     examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id
-    examlops:bus:dead                 dead letters: malformed, refused and over-delivered jobs, with the reason
+    examlops:bus:dead                 dead letters: unverifiable, stale and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
     examlops:bus:addresses            set of the uuids with a job stream: bridges find orphans without a SCAN
 
