@@ -170,7 +170,12 @@ async def test_a_forged_reply_on_every_clients_stream_is_ignored_counted_and_the
             await until(lambda: len(standin.seen) == len(jobs))
             with redis.Redis.from_url(redis_url, decode_responses=True) as forger:
                 for client, job in zip(clients, jobs, strict=True):
-                    body = {"model": "JPCP", "alias": "Production", "version": "1", "run_id": "run-1"}
+                    body: dict[str, object] = {
+                        "model": "JPCP",
+                        "alias": "Production",
+                        "version": "1",
+                        "run_id": "run-1",
+                    }
                     body |= {"prediction": 999.0, "error": None, "job_id": job}
                     forged = {"job_id": job, "status": "200", "body": orjson.dumps(body).decode()}
                     forged |= {"key": client.key_id, "sig": secrets.token_hex(32)}

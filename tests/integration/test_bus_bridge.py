@@ -95,7 +95,13 @@ class StandIn:
             self.tasks.append(task)
             model = self.task_models[task]
             await asyncio.sleep(self.delay)
-            reply = {"task": task, "model": model, "alias": "Production", "version": "1", "run_id": "run-1"}
+            reply: dict[str, Any] = {
+                "task": task,
+                "model": model,
+                "alias": "Production",
+                "version": "1",
+                "run_id": "run-1",
+            }
             reply |= {"prediction": 0.5, "error": None, "job_id": body["job_id"]}
             return JSONResponse(reply)
 
