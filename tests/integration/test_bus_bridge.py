@@ -217,7 +217,7 @@ async def test_a_job_is_answered_with_the_models_reply(
         "error": None,
         "job_id": "job-one",
     }
-    assert standin.seen == ["job-one"]
+    assert standin.seen == ["job-one"] and standin.identities == ["admin"]  # the token's identity, by name
     [record] = recorded(redis_url)  # written with the reply, in the same step
     assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "admin", 12)
     assert record.reply == reply and record.status == 200 and record.address == ADDRESS
