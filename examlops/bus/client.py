@@ -187,6 +187,11 @@ class SyncBusClient:
         self._thread.start()
         self._client = client
 
+    @property
+    def unverified_replies(self) -> int:
+        """Replies ignored because they did not verify (``BusClient.unverified_replies``)."""
+        return self._client.unverified_replies
+
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
