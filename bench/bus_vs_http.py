@@ -53,19 +53,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import bodies as demo_bodies
+from demo import demo_state
 from loadgen import run_load
-from procs import CpuMeter, platform_token, quantile, start, stop, wait_until
+from procs import CpuMeter, quantile, start, stop, wait_until
 
-from examlops.bootstrap import bus_client, hop_client, upgrade_database
+from examlops.bootstrap import bus_client, hop_client
 from examlops.bus.hop import JSON_HEADERS
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18101, 18104
 HTTP_CLIENTS = ("aiohttp", "library")
@@ -199,18 +198,9 @@ def main() -> None:
     # An empty Redis each run: the last run's append-only file (GBs of done keys and replies) takes longer to
     # load than the start-up waits, and the figures should not depend on what earlier runs left.
     shutil.rmtree(home / "redis", ignore_errors=True)
-    home.mkdir(parents=True, exist_ok=True)
-    base = Settings(home=home)
-    platform_token(base.admin_token_path)
-    catalog = load_catalog(base.catalog_path)
-    seed_demo(base, catalog)
-    upgrade_database(base)
+    _base, catalog = demo_state(home)
     spec = catalog.get("JPCP")
-    rng = np.random.default_rng(7)
-    bodies: list[dict[str, object]] = [
-        {"embedding": [float(v) for v in rng.normal(0, 0.05, spec.embedding_dim)], "node_count": 12}
-        for _ in range(args.requests)
-    ]
+    bodies = demo_bodies(spec.embedding_dim, args.requests, seed=7)
 
     redis_server = EmbeddedRedis(home / "redis", REDIS_PORT)
     redis_server.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -18,15 +17,6 @@ def start(argv: list[str], env: dict[str, str], log: Path, *, core: int | None =
     """``argv`` in its own session (so ``stop`` reaches its children), output to ``log``, pinned to ``core``."""
     pinned = ["taskset", "-c", str(core), *argv] if core is not None else argv
     return subprocess.Popen(pinned, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def platform_token(admin_token: Path) -> None:
-    """Write a platform token where `exa up` keeps the admin's (``Settings.admin_token_path``), unless one is
-    there: the benchmark's bridges know it and its bus clients sign with it."""
-    if not admin_token.exists():
-        admin_token.parent.mkdir(parents=True, exist_ok=True)
-        admin_token.write_text(f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}\n")
-        admin_token.chmod(0o600)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -79,14 +79,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import redis
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import CpuMeter, platform_token, quantile, start, stop, thread_cpu, wait_until
+from demo import bodies as demo_bodies
+from demo import demo_state
+from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
 
-from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
 from examlops.bus.client import BusClient
 from examlops.core.settings import RedisSettings, Settings
@@ -94,8 +94,6 @@ from examlops.monitoring.audit import INFERENCE_SERVED
 from examlops.monitoring.audit import STREAM as AUDIT_STREAM
 from examlops.monitoring.snapshots import stream_of
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 MODELS = ("JPCP", "CRCP")
 RECORDER_CPU = re.compile(r"recorder: .* of CPU writing \(([0-9.]+) us per record\)")
@@ -328,18 +326,11 @@ def main() -> None:
 
     home = args.home.resolve()
     shutil.rmtree(home / "redis", ignore_errors=True)  # counts start from an empty Redis
-    home.mkdir(parents=True, exist_ok=True)
-    base = Settings(home=home)
-    platform_token(base.admin_token_path)
-    catalog = load_catalog(base.catalog_path)
-    seed_demo(base, catalog)
-    upgrade_database(base)
+    _base, catalog = demo_state(home)
     dims = {catalog.get(m).embedding_dim for m in MODELS}
     if len(dims) != 1:
         raise SystemExit(f"the models {MODELS} must take embeddings of one length, not {sorted(dims)}")
-    rng = np.random.default_rng(11)
-    dim = dims.pop()
-    bodies = [{"embedding": [float(v) for v in rng.normal(0, 0.05, dim)], "node_count": 12} for _ in range(1000)]
+    bodies = demo_bodies(dims.pop(), 1000, seed=11)
 
     redis_server = EmbeddedRedis(home / "redis", free_port())
     redis_server.start()

@@ -44,14 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import redis
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procs import platform_token, start, stop, wait_until
+from demo import bodies as demo_bodies
+from demo import demo_state
+from procs import start, stop, wait_until
 
-from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.control import ControlPlane, audit_access
 from examlops.core.settings import RedisSettings, Settings
@@ -60,8 +60,6 @@ from examlops.monitoring.audit.store import STREAM as AUDIT_STREAM
 from examlops.monitoring.audit.verify import verify
 from examlops.monitoring.snapshots import MODELS, stream_of
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 SERVING_PORT, REDIS_PORT = 18111, 18114
 TOLERANCE = 0.10
@@ -145,17 +143,9 @@ def main() -> None:
             shutil.rmtree(target)
         else:
             target.unlink(missing_ok=True)
-    home.mkdir(parents=True, exist_ok=True)
-    base = Settings(home=home)
-    platform_token(base.admin_token_path)
-    catalog = load_catalog(base.catalog_path)
-    seed_demo(base, catalog)
-    upgrade_database(base)
+    _base, catalog = demo_state(home)
     spec = catalog.get("JPCP")
-    rng = np.random.default_rng(7)
-    bodies = [
-        {"embedding": [float(v) for v in rng.normal(0, 0.05, spec.embedding_dim)], "node_count": 12} for _ in range(500)
-    ]
+    bodies = demo_bodies(spec.embedding_dim, 500, seed=7)
 
     redis_server = EmbeddedRedis(home / "redis", REDIS_PORT)
     redis_server.start()

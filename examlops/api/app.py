@@ -43,6 +43,7 @@ from examlops.api.schemas import (
     ReloadReply,
     TrafficReply,
 )
+from examlops.api.tasks import Tasks, task_routes
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -98,8 +99,13 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry) -> FastAPI:
-    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it."""
+def create_app(
+    settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry, *, tasks: Tasks | None = None
+) -> FastAPI:
+    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
+
+    With ``tasks`` (the composition root always passes the task resolver), `/v1/tasks/{task}/infer` too.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -168,7 +174,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
             prediction=result.prediction,
             job_id=result.job_id,
         )
-        return Response(reply.model_dump_json(), media_type="application/json")
+        return Response(reply.model_dump_json(exclude={"task"}), media_type="application/json")
 
     @app.post(
         "/infer-pipeline/infer",
@@ -191,6 +197,9 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
     async def predict(model: str, request: Request) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
         return await serve(await request.body(), PredictBody, model)
+
+    if tasks is not None:
+        app.include_router(task_routes(pipeline, tasks))
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
     async def models() -> list[HotSetEntry]:

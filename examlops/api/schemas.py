@@ -19,7 +19,37 @@ MAX_EMBEDDING_VALUES = 8192
 """A ceiling well above any catalog's embedding, so a huge list is refused by pydantic before it is copied."""
 
 
-class PredictBody(BaseModel):
+class CallBody(BaseModel):
+    """The input of one call, whatever names the model: what every inference body holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    embedding: Annotated[list[FiniteFloat], Field(max_length=MAX_EMBEDDING_VALUES)]
+    """Exactly as many finite numbers as the model's catalog entry says (384 for the demo models)."""
+    node_count: Annotated[StrictInt, Field(ge=1)]
+    """The mesh node count, a positive integer."""
+    job_id: ShortText | None = None
+    """Kept as metadata and echoed in the reply."""
+    user_id: ShortText | None = None
+    """Kept as metadata."""
+    deadline: Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)] | None = None
+    """Absolute UNIX time after which the caller no longer waits; work past it is refused, never done."""
+
+
+class TaskInferBody(CallBody):
+    """One call by task (`POST /v1/tasks/{task}/infer`): the site's task map picks model and alias.
+
+    No ``model``, ``alias`` or ``version``: a caller that names a task names no model, so nothing it sends
+    can outlive a remap (a pinned version would name a version of whichever model the task mapped to).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"example": {"embedding": [0.01] * 4, "node_count": 12, "job_id": "j-1"}},
+    )
+
+
+class PredictBody(CallBody):
     """One prediction through the direct API (`POST /v1/models/{model}/predict`)."""
 
     model_config = ConfigDict(
@@ -31,16 +61,6 @@ class PredictBody(BaseModel):
     """Production, Canary or Staging, any case. Unset: the model's default alias and its traffic split."""
     version: Annotated[StrictInt, Field(ge=1)] | None = None
     """Pin a raw registry version instead of an alias (kept loaded in an LRU of recent pins)."""
-    embedding: Annotated[list[FiniteFloat], Field(max_length=MAX_EMBEDDING_VALUES)]
-    """Exactly as many finite numbers as the model's catalog entry says (384 for the demo models)."""
-    node_count: Annotated[StrictInt, Field(ge=1)]
-    """The mesh node count, a positive integer."""
-    job_id: ShortText | None = None
-    """Kept as metadata and echoed in the reply."""
-    user_id: ShortText | None = None
-    """Kept as metadata."""
-    deadline: Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)] | None = None
-    """Absolute UNIX time after which the caller no longer waits; work past it is refused, never done."""
 
 
 class InferBody(PredictBody):
@@ -56,6 +76,8 @@ class InferBody(PredictBody):
 
 
 class InferReply(BaseModel):
+    task: str | None = None
+    """The task the caller named (`/v1/tasks/{task}/infer` only; left out of the model routes' replies)."""
     model: str
     alias: str
     version: str

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.bootstrap.serving import catalog
+from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -116,22 +117,30 @@ def bus_keys(settings: Settings) -> BusKeys:
     return TokenKeyring([("admin", token)] if token else [])
 
 
-def task_addresses(settings: Settings) -> TaskAddresses | None:
-    """The task map as the bridge reads it (``bus.ports.TaskAddresses``); None: no task map yet, so no
-    task address is served and ``exa bus send --task`` finds none."""
-    return None
+def task_addresses(settings: Settings) -> TaskAddresses:
+    """The task map as a bridge reads it (``bus.ports.TaskAddresses``): SQL, on an engine that lives as long
+    as the bridge; the bridge keeps its own copy for ``traffic.rules_ttl_s``. ``SchemaNotCurrent`` when the
+    database is not at this release's schema."""
+    from examlops.tasks.sql import SqlTaskMap
+
+    return SqlTaskMap(sql_engine(settings))
 
 
 def task_route(settings: Settings, task: str) -> TaskAddress:
-    """``task``'s route in the task map (its bus address, model, alias); ``NotFound`` naming (a prefix of) it."""
-    from examlops.core.errors import NotFound
+    """``task``'s route in the task map (its bus address, model, alias). ``TaskNotFound`` for a task that is
+    not mapped, ``InvalidInput`` for a name that cannot be a task; both quote at most a short prefix."""
+    from examlops.core.errors import TaskNotFound
+    from examlops.tasks.routes import short, task_name
+    from examlops.tasks.sql import SqlTaskMap
 
-    tasks = task_addresses(settings)
-    wanted = task.lower()
-    for route in tasks.routes() if tasks is not None else ():
-        if route.task.lower() == wanted:
-            return route
-    raise NotFound(f"task {task[:64]!r} is not mapped to a model")
+    engine = sql_engine(settings)
+    try:
+        route = SqlTaskMap(engine).get(task_name(task))
+    finally:
+        engine.dispose()
+    if route is None:
+        raise TaskNotFound(f"task {short(task)!r} is not in the task map (`exa task list` shows it)")
+    return route
 
 
 def bus_client(settings: Settings, *, token: str | None = None, client_id: str | None = None) -> BusClient:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from examlops.bootstrap.control import control_events
 from examlops.bootstrap.sql import sql_engine
+from examlops.bootstrap.tasks import seed_task_map
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
 
@@ -33,7 +34,9 @@ def model_registry(settings: Settings) -> MlflowRegistry:
 
 
 def serving_app(settings: Settings) -> FastAPI:
-    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules."""
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, and
+    the task resolver over the SQL task map (seeded first with catalog tasks it lacks, so that `exa serve
+    start` alone serves every catalog task; an operator's remap is never touched)."""
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
@@ -41,29 +44,44 @@ def serving_app(settings: Settings) -> FastAPI:
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
     from examlops.serving.traffic_store import SqlTrafficRuleStore
+    from examlops.tasks.resolver import TaskResolver
+    from examlops.tasks.sql import SqlTaskMap
 
     metrics = CollectorRegistry()
     engine = sql_engine(settings)
+    models = catalog(settings)
+    events = control_events(settings, engine)
+    seed_task_map(engine, models, events)
     pipeline = Pipeline(
         settings,
-        catalog(settings),
+        models,
         model_registry(settings),
         SqlTrafficRuleStore(engine),
         ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
         registry=metrics,
-        on_event=control_events(settings, engine),
+        on_event=events,
     )
-    return create_app(settings, pipeline, metrics)
+    tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
+    return create_app(settings, pipeline, metrics, tasks=tasks)
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
-    """What `exa up` does before starting the services (after it upgraded the SQL schema): demo models."""
+    """What `exa up` does before starting the services (after it upgraded the SQL schema, once Redis is up):
+    demo models, and the catalog's tasks the task map lacks (an operator's remap is never touched)."""
     from examlops.registry.demo import seed_demo
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    report = seed_demo(settings, catalog(settings), on_progress)
+    models = catalog(settings)
+    report = seed_demo(settings, models, on_progress)
     if on_progress is not None and report.created:
         on_progress(f"registered demo models: {', '.join(report.created)}")
+    engine = sql_engine(settings)
+    try:
+        created = seed_task_map(engine, models, control_events(settings, engine))
+    finally:
+        engine.dispose()
+    if on_progress is not None and created:
+        on_progress(f"mapped tasks: {', '.join(f'{r.task} -> {r.model}@{r.alias}' for r in created)}")
 
 
 class ServingProcess:

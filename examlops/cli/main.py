@@ -18,6 +18,7 @@ from examlops.cli.flows import flows_app
 from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
 from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
+from examlops.cli.tasks import task_app
 from examlops.core.setting_sources import setting_description, setting_sources
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")
 app.add_typer(audit_app, name="audit")
 app.add_typer(db_app, name="db")
+app.add_typer(task_app, name="task")
 app.add_typer(drift_app, name="drift")
 app.add_typer(flows_app, name="flows")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)

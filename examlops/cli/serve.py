@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
@@ -179,8 +180,14 @@ def read_embedding(path: Path) -> list[float]:
 
 
 def predict(
-    model: Annotated[str, typer.Argument(help="Catalog model name (any case).")],
     node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
+    model: Annotated[
+        str | None, typer.Argument(help="Catalog model name (any case); or name a task with --task instead.")
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option("--task", help="Ask for a task (e.g. pavement.distress.jpcp): the site picks the model."),
+    ] = None,
     alias: Annotated[
         str | None, typer.Option(help="Production, Canary or Staging; default: the traffic split.")
     ] = None,
@@ -192,29 +199,41 @@ def predict(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """One prediction through the direct API (records nothing)."""
+    """One prediction through the direct API (records nothing), for a model or, with --task, for a task."""
     from examlops.bootstrap import catalog
 
+    if (model is None) == (task is None):
+        fail("give exactly one of MODEL and --task T", BAD_INPUT)
+    if task is not None and (alias is not None or version is not None):
+        fail("--task picks the model and alias itself: --alias and --version go with MODEL only", BAD_INPUT)
     if (embedding_file is None) == (not random):
         fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
+    settings = load_settings()
     with errors_as_exit():
-        spec = catalog(load_settings()).get(model)
-        embedding = read_embedding(embedding_file) if embedding_file else _random_embedding(spec.embedding_dim)
+        if embedding_file is not None:
+            embedding = read_embedding(embedding_file)
+        else:
+            # A task's model is the site's choice, so its length is the catalog's default length.
+            dim = catalog(settings).get(model).embedding_dim if model else settings.embedding_dim
+            embedding = _random_embedding(dim)
         body: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
         if alias:
             body["alias"] = alias
         if version is not None:
             body["version"] = version
         with ServingClient(_url(url)) as client:
-            reply = client.request("POST", f"/v1/models/{spec.name}/predict", json=body)
+            if task is not None:
+                reply = client.request("POST", f"/v1/tasks/{quote(task, safe='')}/infer", json=body)
+            else:
+                spec = catalog(settings).get(model or "")
+                reply = client.request("POST", f"/v1/models/{spec.name}/predict", json=body)
     if as_json:
         print_json(reply)
     else:
-        print_table(
-            None,
-            ["model", "alias", "version", "run id", "prediction"],
-            [[reply["model"], reply["alias"], reply["version"], reply["run_id"], reply["prediction"]]],
-        )
+        columns = ["model", "alias", "version", "run_id", "prediction"]
+        if task is not None:
+            columns.insert(0, "task")
+        print_table(None, [c.replace("_", " ") for c in columns], [[reply.get(c) for c in columns]])
 
 
 @serve_app.command("reload")

@@ -21,7 +21,8 @@ error *means* lives here, as class attributes:
     ├── NotFound (LookupError)
     │   ├── ModelNotFound               no such model in the catalog or registry
     │   ├── AliasNotFound               the model has no such alias
-    │   └── VersionNotFound             the model has no such version
+    │   ├── VersionNotFound             the model has no such version
+    │   └── TaskNotFound                no task of that name is in the task map
     ├── Unauthenticated                 no credential, or one that is unknown, revoked or malformed (401)
     ├── Forbidden                       a known identity lacks the permission it names (403)
     ├── Conflict                        a change that contradicts the current state
@@ -104,6 +105,12 @@ class AliasNotFound(NotFound):
 
 class VersionNotFound(NotFound):
     code = "version_not_found"
+
+
+class TaskNotFound(NotFound):
+    """The task map has no such task: the caller named a task the site does not serve."""
+
+    code = "unknown_task"
 
 
 class Unauthenticated(ExamlopsError):

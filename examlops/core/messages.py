@@ -13,6 +13,11 @@ from typing import Any
 DEFAULT_ALIAS = "Production"
 KNOWN_ALIASES = ("Production", "Canary", "Staging")
 
+TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""A task name (``pavement.distress.jpcp``): letters, digits, dots, dashes and underscores; matched
+case-insensitively, stored lower-cased."""
+TASK_NAME_MAX = 128
+
 
 def canonical_alias(alias: str, known: tuple[str, ...] | list[str] = KNOWN_ALIASES) -> str:
     """Map an alias to its canonical spelling, case-insensitively ("canary" -> "Canary").

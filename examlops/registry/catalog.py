@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from examlops.core.errors import CatalogError, ModelNotFound
-from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
+from examlops.core.messages import DEFAULT_ALIAS, TASK_NAME_MAX, TASK_NAME_PATTERN, canonical_alias
 from examlops.core.settings import DEFAULT_EMBEDDING_DIM
 
 
@@ -75,7 +75,8 @@ class ModelSpec(BaseModel):
     default_alias: str = DEFAULT_ALIAS
     description: str = ""
     input_schema: InputSchema
-    tasks: tuple[str, ...] = ()
+    tasks: tuple[Annotated[str, Field(pattern=TASK_NAME_PATTERN, max_length=TASK_NAME_MAX)], ...] = ()
+    """The tasks this model serves: they seed the task map (``examlops.tasks``) where a task is not mapped yet."""
 
     @property
     def embedding_dim(self) -> int:

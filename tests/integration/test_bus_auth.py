@@ -2,9 +2,10 @@
 
 The attacks of issue 16 are replayed here as an attacker with write access to Redis would run them: a
 tampered copy of each real job, and a forged reply on each client's reply stream. The bridge's identities
-and task map are in-test implementations of its ports (``Identities``, ``Tasks``) over dicts the tests
-change; the identity store's resolver and the SQL task map take their place in ``bootstrap`` (to run these
-tests on them, build the bridge with those instead: ``keys=`` and ``tasks=`` of ``running_bridge``).
+are an in-test implementation of its ``BusKeys`` port (``Identities``) over a dict the tests change; the
+identity store's resolver takes its place in ``bootstrap.bus_keys`` (to run these tests on it, give
+``running_bridge`` that instead as ``keys=``). The task map is the real one, in SQL
+(``bootstrap.task_addresses``); ``Tasks``, a dict, only splits tasks between bridges.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import orjson
 import pytest
 import redis
 
-from examlops.bootstrap.bridge import bus_client
+from examlops.bootstrap import sql_engine
+from examlops.bootstrap.bridge import bus_client, task_addresses
 from examlops.bus import wire
 from examlops.bus.credentials import bus_key_from_token
 from examlops.core.errors import DeadlineExceeded, Forbidden
 from examlops.core.settings import Settings, TrafficSettings
+from examlops.tasks.sql import SqlTaskMap
 from tests.integration.test_bus_bridge import (
     ADDRESS,
     CATALOG,
@@ -252,15 +255,17 @@ async def test_a_tasks_address_is_served_as_the_task_and_a_remap_under_load_fail
 ) -> None:
     ttl_s = 0.5
     settings = settings_with_ttl(tmp_path, redis_url, standin, ttl_s)
-    task, address = "pavement.distress.jpcp", uuid.uuid4()
-    tasks = Tasks({task: Route(task, "JPCP", "Production", address)})
+    task = "pavement.distress.test"
+    engine = sql_engine(settings)
+    task_map = SqlTaskMap(engine)
+    address = task_map.map(task, "JPCP", "Production").route.address
     standin.task_models[task] = "JPCP"
     identities = Identities(ttl_s=30)
     token = identities.add(Identity("robot-7", tasks=(task,)))
     other = identities.add(Identity("other-app", tasks=("another.task",)))
     standin.delay = 0.2
     async with (
-        running_bridge(settings, keys=identities, tasks=tasks, sweep_s=0.1),
+        running_bridge(settings, keys=identities, tasks=task_addresses(settings), sweep_s=0.1),
         bus_client(settings, token=token) as client,
         bus_client(settings, token=other) as other_client,
     ):
@@ -268,7 +273,7 @@ async def test_a_tasks_address_is_served_as_the_task_and_a_remap_under_load_fail
         denied = await other_client.request(address, PAYLOAD, 10, job_id="denied")
         before = [asyncio.create_task(client.request(address, PAYLOAD, 20, job_id=f"a-{i}")) for i in range(20)]
         await until(lambda: len(standin.seen) >= 10)
-        tasks.routes_by_task[task] = Route(task, "CRCP", "Production", address)  # in flight: the remap
+        task_map.map(task, "CRCP", "Production")  # in flight: the remap (the address stays)
         standin.task_models[task] = "CRCP"
         after: list[asyncio.Task[dict[str, object]]] = []
         for i in range(20):
@@ -277,6 +282,7 @@ async def test_a_tasks_address_is_served_as_the_task_and_a_remap_under_load_fail
         await asyncio.sleep(ttl_s + 0.3)
         last = await client.request(address, PAYLOAD, 10, job_id="task-last")
         replies = await asyncio.gather(*before, *after)
+    engine.dispose()
     assert (first["task"], first["model"], first["prediction"], first["error"]) == (task, "JPCP", 0.5, None)
     assert (denied["code"], denied["task"]) == ("forbidden", task)
     assert all(r["error"] is None and r["task"] == task for r in replies)
@@ -303,3 +309,27 @@ async def test_a_task_whose_model_is_not_in_the_bridges_catalog_is_left_to_other
         assert jpcp_bridge.addresses.handler_of(str(address)) is None
         assert crcp_bridge.addresses.handler_of(str(address)) is not None
     assert (reply["task"], reply["model"], reply["error"]) == (task, "CRCP", None)
+
+
+async def test_exa_bus_send_task_sends_to_the_tasks_address_and_prints_the_reply_naming_it(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    from typer.testing import CliRunner
+
+    from examlops.cli.main import app
+
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    engine = sql_engine(settings)
+    SqlTaskMap(engine).map("pavement.distress.cli", "JPCP", "Production")
+    engine.dispose()
+    standin.task_models["pavement.distress.cli"] = "JPCP"
+    assert settings.token is not None
+    env = {"EXAMLOPS_HOME": str(tmp_path), "EXAMLOPS_REDIS__URL": redis_url}
+    env["EXAMLOPS_TOKEN"] = settings.token.get_secret_value()
+    argv = ["bus", "send", "--task", "Pavement.Distress.CLI", "--random", "--node-count", "7", "--json"]
+    async with running_bridge(settings, tasks=task_addresses(settings)):
+        result = await asyncio.to_thread(CliRunner().invoke, app, argv, env=env)
+    assert result.exit_code == 0, result.output
+    reply = orjson.loads(result.stdout)
+    assert (reply["task"], reply["model"], reply["error"]) == ("pavement.distress.cli", "JPCP", None)
+    assert standin.tasks == ["pavement.distress.cli"] and standin.identities == ["admin"]

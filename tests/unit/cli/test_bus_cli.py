@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from examlops.bootstrap import upgrade_database
 from examlops.cli.main import app
+from examlops.core.settings import Settings
 
 runner = CliRunner()
 
@@ -22,6 +24,7 @@ def test_bus_send_takes_exactly_one_of_a_model_and_a_task() -> None:
 
 def test_bus_send_to_a_task_that_is_not_mapped_is_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    upgrade_database(Settings(home=tmp_path))  # an empty task map
     result = runner.invoke(app, ["bus", "send", "--task", "no.such.task", "--random", "--node-count", "3"])
     assert result.exit_code == 4, result.output
     assert "no.such.task" in result.output

@@ -133,3 +133,9 @@ def test_the_embedding_dim_setting_comes_from_the_environment(tmp_path: Path, mo
     monkeypatch.setenv("EXAMLOPS_CATALOG_DIR", str(tmp_path))
     monkeypatch.setenv("EXAMLOPS_EMBEDDING_DIM", "8")
     assert bootstrap.catalog(Settings()).get("jpcp").embedding_dim == 8
+
+
+def test_a_task_name_that_cannot_be_one_names_the_file_and_the_task(tmp_path: Path) -> None:
+    _write(tmp_path, "jpcp.yaml", _entry(tasks=["pavement.distress.jpcp", "has space"]))
+    error = _refusal(tmp_path)
+    assert (error.file, error.field) == ("jpcp.yaml", "tasks.1")

@@ -1,0 +1,116 @@
+"""The task route: `POST /v1/tasks/{task}/infer`, a call that names what it wants done, never a model.
+
+The task map (``examlops.tasks``) picks model and alias; the call then goes through the same pipeline
+as the model routes and its reply names the task and the model, alias and version that answered. An
+alias the map names that is the model's default alias takes the model's traffic split, as any call to
+the default alias does. A task that is not mapped: 404 ``unknown_task`` naming at most a short prefix of
+it. The route takes the same dependencies as `/infer-pipeline/infer` (see ``task_routes``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from examlops.api.errors import describe_validation, error_response
+from examlops.api.schemas import ErrorReply, InferReply, TaskInferBody
+from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.messages import InferenceRequest, InferenceResult
+
+if TYPE_CHECKING:
+    from examlops.tasks.routes import TaskRoute
+
+TASK_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorReply, "description": text}
+    for status, text in (
+        (404, "the task is not mapped (code unknown_task), or the model it maps to has no such alias"),
+        (413, "body over the size limit"),
+        (422, "the payload does not match the model's schema (never a model failure)"),
+        (500, "the model raised or returned nothing (inference_failed: true)"),
+        (503, "not ready, or a dependency is unavailable"),
+        (504, "the prediction ran past the hard limit, or the caller's deadline passed"),
+    )
+}
+
+
+class Inference(Protocol):
+    """What the route needs of the pipeline."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult: ...
+
+
+class Tasks(Protocol):
+    """What the route needs of the task resolver (``examlops.tasks.TaskResolver``)."""
+
+    async def resolve(self, task: str) -> TaskRoute: ...
+
+
+def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
+    """The task routes over ``pipeline`` and ``tasks``.
+
+    Dependencies: this route takes exactly what `/infer-pipeline/infer` takes (the raw request, parsed by
+    hand for speed); a dependency added there (the caller's identity, say) is added to ``infer_task``'s
+    signature the same way, in this one place.
+    """
+    router = APIRouter(tags=["inference"])
+
+    @router.post(
+        "/v1/tasks/{task}/infer",
+        response_model=InferReply,
+        responses=TASK_ERRORS,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": TaskInferBody.model_json_schema(ref_template="#/components/schemas/{model}")
+                    }
+                },
+            }
+        },
+    )
+    async def infer_task(task: str, request: Request) -> Response:
+        """One prediction for a task: the site's task map picks the model and alias that answer it."""
+        try:
+            body = TaskInferBody.model_validate_json(await request.body())
+        except ValidationError as exc:
+            field, message = describe_validation(exc.errors(include_input=False))
+            return error_response(InvalidInput(message, field=field))
+        model: str | None = None
+        try:
+            if not pipeline.ready or request.app.state.draining:
+                raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
+            route = await tasks.resolve(task)
+            model = route.model
+            result = await pipeline.infer(
+                InferenceRequest(
+                    model=route.model,
+                    embedding=tuple(body.embedding),
+                    node_count=body.node_count,
+                    alias=route.alias,
+                    job_id=body.job_id,
+                    user_id=body.user_id,
+                    deadline=body.deadline,
+                    metadata={"task": route.task},
+                )
+            )
+        except ExamlopsError as exc:
+            return error_response(exc, model=model, job_id=body.job_id)
+        reply = InferReply(
+            task=route.task,
+            model=result.model,
+            alias=result.alias,
+            version=result.version,
+            run_id=result.run_id,
+            prediction=result.prediction,
+            job_id=result.job_id,
+        )
+        return Response(reply.model_dump_json(), media_type="application/json")
+
+    return router

@@ -1,0 +1,88 @@
+"""Changing the task map: seeding it from the catalog, and an operator's remap, each one audited.
+
+``map_task`` contract: the task name must be one (``InvalidInput``), the model must be in the catalog
+(``ModelNotFound`` naming the known ones), and the alias defaults to the model's default alias; any of
+those refused, nothing is changed and nothing is audited. The change is stored first, then appended to
+the audit trail as ``task.mapped`` naming who did it (``by``); when the audit trail cannot be written the
+change stays (it is already in SQL) and ``TaskMapped.audited`` says so, so the caller reports it.
+
+``seed_tasks`` maps every task a catalog model lists that the map does not hold yet to that model's
+default alias, and audits each one it created (best effort, by ``"catalog"``). A mapped task is never
+touched: an operator's remap survives every restart. A task two catalog models list goes to the first
+in catalog order (files sorted by name).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from examlops.core.messages import canonical_alias
+from examlops.registry.catalog import Catalog
+from examlops.tasks.ports import TaskMap
+from examlops.tasks.routes import TaskChange, TaskRoute, task_name
+
+log = logging.getLogger(__name__)
+
+AuditHook = Callable[[str, str, Mapping[str, Any]], None]
+"""``(event type, subject, data)``: appends one control event to the audit trail, or raises."""
+
+TASK_MAPPED = "task.mapped"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMapped:
+    change: TaskChange
+    audited: bool
+    audit_error: str | None = None
+
+
+def event_data(route: TaskRoute, previous: TaskRoute | None, by: str) -> dict[str, Any]:
+    """The data of a ``task.mapped`` event: the route now, what it was, and who changed it."""
+
+    def plain(r: TaskRoute) -> dict[str, Any]:
+        return {"task": r.task, "model": r.model, "alias": r.alias, "adapter": r.adapter, "address": str(r.address)}
+
+    return {**plain(route), "previous": None if previous is None else plain(previous), "by": by}
+
+
+def map_task(
+    task_map: TaskMap,
+    catalog: Catalog,
+    task: str,
+    model: str,
+    alias: str | None,
+    *,
+    by: str,
+    audit: AuditHook,
+) -> TaskMapped:
+    """Point ``task`` at ``model`` and ``alias`` (contract above)."""
+    key = task_name(task)
+    spec = catalog.get(model)
+    chosen = canonical_alias(alias) if alias and alias.strip() else spec.default_alias_canonical
+    change = task_map.map(key, spec.name, chosen)
+    try:
+        audit(TASK_MAPPED, key, event_data(change.route, change.previous, by))
+    except Exception as exc:
+        log.error("task %s was mapped but its audit event was not written: %s", key, exc)
+        return TaskMapped(change, audited=False, audit_error=str(exc))
+    return TaskMapped(change, audited=True)
+
+
+def seed_tasks(task_map: TaskMap, catalog: Catalog, audit: AuditHook | None = None) -> list[TaskRoute]:
+    """Map the catalog's tasks the map lacks (contract above); the routes created, in catalog order."""
+    wanted: dict[str, tuple[str, str, str]] = {}
+    for spec in catalog:
+        for task in spec.tasks:
+            wanted.setdefault(task.lower(), (task.lower(), spec.name, spec.default_alias_canonical))
+    created = task_map.add_missing(wanted.values())
+    for route in created:
+        log.info("task %s mapped to %s@%s from the catalog", route.task, route.model, route.alias)
+        if audit is not None:
+            try:
+                audit(TASK_MAPPED, route.task, event_data(route, None, "catalog"))
+            except Exception as exc:
+                log.warning("task %s was seeded but its audit event was not written: %s", route.task, exc)
+    return created

@@ -1,0 +1,109 @@
+"""Seeding the task map from the catalog and remapping a task, each change audited, bad input changing nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from examlops.core.errors import InvalidInput, ModelNotFound, StoreUnavailable
+from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.tasks.service import map_task, seed_tasks
+from tests.unit.serving.fakes import make_spec
+from tests.unit.tasks.fakes import InMemoryTaskMap
+
+
+class Audit:
+    def __init__(self, fail: bool = False) -> None:
+        self.events: list[tuple[str, str, dict[str, Any]]] = []
+        self.fail = fail
+
+    def __call__(self, type: str, subject: str, data: Mapping[str, Any]) -> None:
+        if self.fail:
+            raise StoreUnavailable("redis is down")
+        self.events.append((type, subject, dict(data)))
+
+
+def spec(name: str, *tasks: str) -> ModelSpec:
+    return make_spec(name).model_copy(update={"tasks": tasks})
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return Catalog((spec("JPCP", "pavement.distress.jpcp"), spec("CRCP", "pavement.distress.crcp"), spec("AC")))
+
+
+def test_seeding_maps_every_catalog_task_to_its_model_default_alias_and_audits_it(catalog: Catalog) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    created = seed_tasks(tasks, catalog, audit)
+    assert [(r.task, r.model, r.alias) for r in created] == [
+        ("pavement.distress.jpcp", "JPCP", "Production"),
+        ("pavement.distress.crcp", "CRCP", "Production"),
+    ]
+    assert [(t, s, d["by"]) for t, s, d in audit.events] == [
+        ("task.mapped", "pavement.distress.jpcp", "catalog"),
+        ("task.mapped", "pavement.distress.crcp", "catalog"),
+    ]
+
+
+def test_seeding_again_never_overwrites_an_operator_remap_nor_moves_an_address(catalog: Catalog) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    seed_tasks(tasks, catalog, audit)
+    address = tasks.rows["pavement.distress.jpcp"].address
+    map_task(tasks, catalog, "pavement.distress.jpcp", "AC", "Canary", by="operator", audit=audit)
+    assert seed_tasks(tasks, catalog, audit) == []
+    route = tasks.rows["pavement.distress.jpcp"]
+    assert (route.model, route.alias, route.address) == ("AC", "Canary", address)
+
+
+def test_a_remap_keeps_the_address_and_audits_who_did_it_and_what_it_was(catalog: Catalog) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    seed_tasks(tasks, catalog)
+    address = tasks.rows["pavement.distress.jpcp"].address
+    done = map_task(tasks, catalog, "Pavement.Distress.JPCP", "crcp", "canary", by="exa task map", audit=audit)
+    assert done.audited
+    assert (done.change.route.model, done.change.route.alias, done.change.route.address) == ("CRCP", "Canary", address)
+    [(kind, subject, data)] = audit.events
+    assert (kind, subject, data["by"], data["model"], data["alias"]) == (
+        "task.mapped",
+        "pavement.distress.jpcp",
+        "exa task map",
+        "CRCP",
+        "Canary",
+    )
+    assert data["address"] == str(address)
+    assert (data["previous"]["model"], data["previous"]["alias"]) == ("JPCP", "Production")
+
+
+def test_a_new_task_gets_the_model_default_alias_when_none_is_given(catalog: Catalog) -> None:
+    tasks = InMemoryTaskMap()
+    done = map_task(tasks, catalog, "pavement.new", "AC", None, by="x", audit=Audit())
+    assert (done.change.route.alias, done.change.previous) == ("Production", None)
+
+
+def test_an_unknown_model_is_refused_and_changes_nothing(catalog: Catalog) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    seed_tasks(tasks, catalog)
+    before = dict(tasks.rows)
+    with pytest.raises(ModelNotFound, match="NOPE"):
+        map_task(tasks, catalog, "pavement.distress.jpcp", "NOPE", None, by="x", audit=audit)
+    assert tasks.rows == before
+    assert audit.events == []
+
+
+@pytest.mark.parametrize("name", ["", "a b", ".starts.with.dot", "x" * 129, "task/with/slash"])
+def test_a_name_that_cannot_be_a_task_is_refused_and_changes_nothing(catalog: Catalog, name: str) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    with pytest.raises(InvalidInput) as caught:
+        map_task(tasks, catalog, name, "JPCP", None, by="x", audit=audit)
+    assert caught.value.field == "task"
+    assert len(caught.value.message) < 200
+    assert tasks.rows == {} and audit.events == []
+
+
+def test_a_remap_whose_audit_cannot_be_written_stays_done_and_says_so(catalog: Catalog) -> None:
+    tasks = InMemoryTaskMap()
+    done = map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", None, by="x", audit=Audit(fail=True))
+    assert not done.audited and done.audit_error == "redis is down"
+    assert tasks.rows["pavement.distress.jpcp"].model == "JPCP"
