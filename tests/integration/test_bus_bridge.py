@@ -285,7 +285,7 @@ async def test_an_altered_job_is_dead_lettered_with_its_reason_and_never_answere
         dead = [orjson.loads(f["job"]) for _id, f in sync_redis.xrange(wire.DEAD_STREAM)]
         assert sync_redis.xlen(reply_to) == 0
         assert not any(sync_redis.exists(wire.done_key(j)) for j in ("altered", "unsigned", "stranger"))
-    assert [d["reason"] for d in dead] == ["bad_signature", "bad_signature", "unknown_key"]
+    assert Counter(d["reason"] for d in dead) == Counter({"bad_signature": 2, "unknown_key": 1})  # jobs run at once
     assert standin.seen == []
 
 
