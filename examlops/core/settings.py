@@ -259,6 +259,9 @@ class Settings(BaseSettings):
     """development or production; production refuses the development secret."""
     secret: SecretStr = SecretStr(DEV_SECRET)
     """Key for job signatures and audit checkpoints."""
+    token: SecretStr | None = None
+    """The bearer token `exa` commands send to the platform (EXAMLOPS_TOKEN); unset, the state folder's
+    admin.token that `exa up` wrote."""
     embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
     """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 
@@ -334,6 +337,11 @@ class Settings(BaseSettings):
     @property
     def redis_owned(self) -> bool:
         return self.redis.url is None
+
+    @property
+    def admin_token_path(self) -> Path:
+        """Where `exa up` keeps the first admin identity's token (mode 0600)."""
+        return self.state_dir / "admin.token"
 
     @property
     def prefect_home(self) -> Path:

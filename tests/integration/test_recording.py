@@ -102,7 +102,7 @@ async def test_the_bridge_writes_one_record_per_served_job_and_a_recorder_makes_
     tmp_path: Path, redis_server: str, client: redis.Redis, standin: StandIn
 ) -> None:
     settings: Settings = bus_settings(tmp_path, redis_server, standin.port)
-    async with make_bus_client(settings, caller="t") as bus_client, running_bridge(settings):
+    async with make_bus_client(settings) as bus_client, running_bridge(settings):
         good = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(60)]
         bad = [
             bus_client.request(ADDRESS, {"embedding": [1.0], "node_count": 3}, 10, job_id=f"bad-{i}") for i in range(5)
