@@ -29,6 +29,8 @@ STATUS: tuple[tuple[type[errors.ExamlopsError], int], ...] = (
     # Most specific first: the first match wins.
     (errors.PayloadTooLarge, 413),
     (errors.InvalidInput, 422),
+    (errors.Unauthenticated, 401),
+    (errors.Forbidden, 403),
     (errors.NotFound, 404),
     (errors.Conflict, 409),
     (errors.NotReady, 503),
@@ -58,8 +60,10 @@ def error_response(error: errors.ExamlopsError, *, model: str | None = None, job
         inference_failed=error.model_failure,
         model=model,
         job_id=job_id,
+        permission=error.permission if isinstance(error, errors.Forbidden) else None,
     )
-    return JSONResponse(body.model_dump(), status_code=status_of(error))
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
+    return JSONResponse(body.model_dump(), status_code=status_of(error), headers=headers)
 
 
 def describe_validation(details: Sequence[Any]) -> tuple[str, str]:

@@ -22,6 +22,8 @@ error *means* lives here, as class attributes:
     │   ├── ModelNotFound               no such model in the catalog or registry
     │   ├── AliasNotFound               the model has no such alias
     │   └── VersionNotFound             the model has no such version
+    ├── Unauthenticated                 no credential, or one that is unknown, revoked or malformed (401)
+    ├── Forbidden                       a known identity lacks the permission it names (403)
     ├── Conflict                        a change that contradicts the current state
     ├── NotReady                        the hot set is not loaded yet (503)
     ├── DeadlineExceeded                the caller's deadline passed before the work ran
@@ -102,6 +104,26 @@ class AliasNotFound(NotFound):
 
 class VersionNotFound(NotFound):
     code = "version_not_found"
+
+
+class Unauthenticated(ExamlopsError):
+    """No usable credential. The message is the same whether the token was missing, unknown, revoked
+    or malformed: a caller probing tokens learns nothing from the refusal. Never a model failure."""
+
+    code = "unauthenticated"
+
+    def __init__(self, message: str = "a valid bearer token is required") -> None:
+        super().__init__(message)
+
+
+class Forbidden(ExamlopsError):
+    """A known identity asked for something its role or lists do not allow; ``permission`` names what it lacks."""
+
+    code = "forbidden"
+
+    def __init__(self, message: str, *, permission: str) -> None:
+        super().__init__(message)
+        self.permission = permission
 
 
 class Conflict(ExamlopsError):
