@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from examlops.api.auth import Authenticator, CurrentCaller
 from examlops.api.errors import (
     describe_validation,
     error_response,
@@ -46,6 +47,7 @@ from examlops.api.schemas import (
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
+from examlops.identity import Caller, Permission
 from examlops.registry.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorReply, "description": text}
     for status, text in (
+        (401, "no bearer token, or one that is not valid (the reply never says which)"),
+        (403, "the identity lacks the permission the reply names"),
         (404, "unknown model, alias or version"),
         (413, "body over the size limit"),
         (422, "the payload does not match the model's schema (never a model failure)"),
@@ -81,9 +85,9 @@ class ServingPipeline(Protocol):
 
     def traffic(self, model: str) -> dict[str, int]: ...
 
-    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]: ...
+    def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = ...) -> dict[str, int]: ...
 
-    async def reload(self, model: str | None = None) -> Sequence[Any]: ...
+    async def reload(self, model: str | None = None, *, actor: str = ...) -> Sequence[Any]: ...
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -98,8 +102,13 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry) -> FastAPI:
-    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it."""
+def create_app(
+    settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry, *, identities: Authenticator | None
+) -> FastAPI:
+    """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
+
+    ``identities`` resolves bearer tokens (``api.auth``); None turns authentication off (development only).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,13 +134,14 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
         lifespan=lifespan,
     )
     app.state.draining = False
+    app.state.identities = identities
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
     app.add_exception_handler(ExamlopsError, handle_examlops)
     app.add_exception_handler(Exception, handle_unexpected)
 
-    async def serve(raw: bytes, kind: type[PredictBody], path_model: str | None) -> Response:
+    async def serve(raw: bytes, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
         # The hot routes parse the body with pydantic-core's JSON parser in one step rather than
         # FastAPI's json.loads followed by validation of Python objects: about a tenth of a
         # millisecond a request, where HTTP and JSON handling is the whole cost.
@@ -142,6 +152,7 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
             return error_response(InvalidInput(message, field=field), model=path_model)
         model = body.model if isinstance(body, InferBody) else path_model or ""
         try:
+            caller.may_call(model=model)
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
             if body.alias is not None and body.version is not None:
@@ -177,9 +188,9 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
         tags=["inference"],
         openapi_extra=json_body(InferBody),
     )
-    async def infer(request: Request) -> Response:
+    async def infer(request: Request, caller: CurrentCaller) -> Response:
         """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(await request.body(), InferBody, None)
+        return await serve(await request.body(), InferBody, None, caller)
 
     @app.post(
         "/v1/models/{model}/predict",
@@ -188,33 +199,36 @@ def create_app(settings: Settings, pipeline: ServingPipeline, metrics: Collector
         tags=["inference"],
         openapi_extra=json_body(PredictBody),
     )
-    async def predict(model: str, request: Request) -> Response:
+    async def predict(model: str, request: Request, caller: CurrentCaller) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
-        return await serve(await request.body(), PredictBody, model)
+        caller.may_call(model=model)
+        return await serve(await request.body(), PredictBody, model, caller)
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
-    async def models() -> list[HotSetEntry]:
+    async def models(caller: CurrentCaller) -> list[HotSetEntry]:
         """The hot set: every model and alias in memory, with its version and state."""
         return [HotSetEntry(**asdict(entry)) for entry in pipeline.hot_set()]
 
     @app.get("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
-    async def get_traffic(model: str) -> TrafficReply:
+    async def get_traffic(model: str, caller: CurrentCaller) -> TrafficReply:
         """The traffic split applied to requests addressed to the model's default alias."""
         spec = pipeline.catalog.get(model)
         return TrafficReply(model=spec.name, weights=await asyncio.to_thread(pipeline.traffic, spec.name))
 
     @app.put("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
-    async def put_traffic(model: str, weights: dict[str, int]) -> TrafficReply:
+    async def put_traffic(model: str, weights: dict[str, int], caller: CurrentCaller) -> TrafficReply:
         """Set the split, e.g. `{"Production": 90, "Canary": 10}`: weights sum to 100 and name existing aliases."""
+        caller.require(Permission.SET_TRAFFIC)
         spec = pipeline.catalog.get(model)
-        stored = await asyncio.to_thread(pipeline.set_traffic, spec.name, weights)
+        stored = await asyncio.to_thread(pipeline.set_traffic, spec.name, weights, caller.name)
         return TrafficReply(model=spec.name, weights=stored)
 
     @app.post("/admin/reload", response_model=ReloadReply, responses=ERRORS, tags=["models"])
-    async def reload(body: ReloadBody | None = None) -> ReloadReply:
+    async def reload(caller: CurrentCaller, body: ReloadBody | None = None) -> ReloadReply:
         """Ask MLflow now whether any alias in memory moved; load, swap, release. Answers with what changed."""
+        caller.require(Permission.RELOAD)
         model = pipeline.catalog.get(body.model).name if body and body.model else None
-        changes = await pipeline.reload(model)
+        changes = await pipeline.reload(model, actor=caller.name)
         return ReloadReply(changes=[ReloadChangeReply(**asdict(change)) for change in changes])
 
     @app.get("/healthz", tags=["health"])

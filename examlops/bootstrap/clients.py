@@ -57,6 +57,12 @@ def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
 
 def hop_client(settings: Settings) -> httpx.AsyncClient:
+    """The hop's client; it presents the platform token (``bootstrap.identity.platform_token``) to serving."""
+    from examlops.bootstrap.identity import platform_token
     from examlops.bus.hop import http_client
 
-    return http_client(settings.http, hop_transport(settings))
+    client = http_client(settings.http, hop_transport(settings))
+    token = platform_token(settings)
+    if token is not None:
+        client.headers["Authorization"] = f"Bearer {token}"
+    return client

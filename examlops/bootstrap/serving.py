@@ -42,6 +42,8 @@ def serving_app(settings: Settings) -> FastAPI:
     from examlops.serving.pool import ProcessPredictPool
     from examlops.serving.traffic_store import SqlTrafficRuleStore
 
+    from examlops.bootstrap.identity import identity_resolver
+
     metrics = CollectorRegistry()
     engine = sql_engine(settings)
     pipeline = Pipeline(
@@ -53,7 +55,7 @@ def serving_app(settings: Settings) -> FastAPI:
         registry=metrics,
         on_event=control_events(settings, engine),
     )
-    return create_app(settings, pipeline, metrics)
+    return create_app(settings, pipeline, metrics, identities=identity_resolver(settings, engine))
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

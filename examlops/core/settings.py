@@ -220,6 +220,9 @@ class Settings(BaseSettings):
     """development or production; production refuses the development secret."""
     secret: SecretStr = SecretStr(DEV_SECRET)
     """Key for job signatures and audit checkpoints."""
+    token: SecretStr | None = None
+    """The bearer token `exa` commands send to the platform (EXAMLOPS_TOKEN); unset, the state folder's
+    admin.token that `exa up` wrote."""
     embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
     """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 

@@ -55,7 +55,7 @@ class IdentityService:
         self.store.add(identity, _key(name, issued, now))
         return identity, issued
 
-    def list(self) -> list[tuple[Identity, Sequence[IdentityKey]]]:
+    def identities(self) -> list[tuple[Identity, Sequence[IdentityKey]]]:
         return [(identity, self.store.keys(identity.name)) for identity in self.store.identities()]
 
     def revoke(self, name: str) -> Identity:
