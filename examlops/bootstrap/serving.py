@@ -37,12 +37,11 @@ def serving_app(settings: Settings) -> FastAPI:
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
+    from examlops.bootstrap.identity import identity_resolver
     from examlops.registry.loader import load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
     from examlops.serving.traffic_store import SqlTrafficRuleStore
-
-    from examlops.bootstrap.identity import identity_resolver
 
     metrics = CollectorRegistry()
     engine = sql_engine(settings)

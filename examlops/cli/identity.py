@@ -150,8 +150,12 @@ def list_identities(as_json: JsonOption = False) -> None:
                 row["role"],
                 ", ".join(row["tasks"]) or "(all)",
                 ", ".join(row["models"]) or "(all)",
-                ", ".join(k["key_id"] + (f" until {k['not_after']}" if k["not_after"] else "") for k in row["keys"]
-                          if k["valid"]) or "-",
+                ", ".join(
+                    k["key_id"] + (f" until {k['not_after']}" if k["not_after"] else "")
+                    for k in row["keys"]
+                    if k["valid"]
+                )
+                or "-",
                 row["revoked"] or "",
             ]
             for row in rows
@@ -197,9 +201,8 @@ def rotate(
         actor = _actor(settings)
         with identity_service(settings) as service:
             issued, deadline = service.rotate(name, grace_s)
-    _audit(
-        settings, "identity.rotated", name, {"key_id": issued.key_id, "old_valid_until": _when(deadline), "actor": actor}
-    )
+    old_until = _when(deadline)
+    _audit(settings, "identity.rotated", name, {"key_id": issued.key_id, "old_valid_until": old_until, "actor": actor})
     if as_json:
         print_json({"name": name, "key_id": issued.key_id, "token": issued.token, "old_valid_until": _when(deadline)})
         return

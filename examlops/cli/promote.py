@@ -123,7 +123,8 @@ def _audited(by: str, actor: str, settings: Settings) -> Callable[[AliasMove], N
 
     def on_moved(move: AliasMove) -> None:
         try:
-            control_events(settings, sql_engine(settings))("alias.moved", move.model, {**asdict(move), "by": by, "actor": actor})
+            data = {**asdict(move), "by": by, "actor": actor}
+            control_events(settings, sql_engine(settings))("alias.moved", move.model, data)
         except ExamlopsError as exc:
             err_console.print(f"[yellow]warning:[/] the alias moved but its audit event was not written: {exc}")
 

@@ -44,7 +44,8 @@ def run_retrain(
         on_progress=on_progress,
     )
     if audit is not None:
-        audit(MODEL_RETRAINED, result.model, {**asdict(result), "better": result.better, "reason": reason, "actor": actor})
+        data = {**asdict(result), "better": result.better, "reason": reason, "actor": actor}
+        audit(MODEL_RETRAINED, result.model, data)
     return result
 
 
