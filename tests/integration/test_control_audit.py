@@ -57,7 +57,9 @@ def test_traffic_changes_promotions_and_reloads_land_on_a_verified_audit_trail(
         monkeypatch.setenv(name, value)
     runner = CliRunner()
 
-    split = httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 90, "Canary": 10}, timeout=30)
+    split = httpx.put(
+        f"{server.url}/v1/traffic/JPCP", json={"Production": 90, "Canary": 10}, timeout=30, headers=server.auth
+    )
     assert split.status_code == 200, split.text
     promoted = runner.invoke(exa, ["promote", "AC", "--alias", "Production", "--from", "Canary", "--json"], env=env)
     assert promoted.exit_code == 0, promoted.output

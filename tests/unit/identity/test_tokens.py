@@ -28,7 +28,15 @@ def test_two_tokens_never_share_a_key_id_or_secret() -> None:
 
 @pytest.mark.parametrize(
     "token",
-    ["", "exa", "Bearer x", "exa__abc", "abc_0123456789abcdef_" + "a" * 43, "exa_0123456789abcdef_short", "exa_!!_" + "a" * 43],
+    [
+        "",
+        "exa",
+        "Bearer x",
+        "exa__abc",
+        "abc_0123456789abcdef_" + "a" * 43,
+        "exa_0123456789abcdef_short",
+        "exa_!!_" + "a" * 43,
+    ],
 )
 def test_a_malformed_token_is_unauthenticated_with_the_common_message(token: str) -> None:
     with pytest.raises(Unauthenticated) as raised:
