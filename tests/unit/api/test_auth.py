@@ -11,8 +11,14 @@ from prometheus_client import CollectorRegistry
 from examlops.api.app import create_app
 from examlops.core.settings import Settings
 from examlops.identity import IdentityResolver, IdentityService, Role
-from tests.unit.api.test_ingress import FakePipeline, body, pipeline  # noqa: F401  (a fixture)
+from examlops.registry.catalog import load_catalog
+from tests.unit.api.test_ingress import FakePipeline, body
 from tests.unit.identity.fakes import InMemoryIdentityStore
+
+
+@pytest.fixture
+def pipeline(settings: Settings) -> FakePipeline:
+    return FakePipeline(load_catalog(settings.catalog_path))
 
 
 @pytest.fixture
