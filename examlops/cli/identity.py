@@ -62,7 +62,11 @@ def _audit(settings: Settings, type: str, name: str, data: dict[str, Any]) -> No
     from examlops.bootstrap import control_events, sql_engine
 
     try:
-        control_events(settings, sql_engine(settings))(type, name, data)
+        engine = sql_engine(settings)
+        try:
+            control_events(settings, engine)(type, name, data)
+        finally:
+            engine.dispose()
     except ExamlopsError as exc:
         err_console.print(f"[yellow]warning:[/] the change is done but its audit event was not written: {exc}")
 

@@ -124,7 +124,11 @@ def _audited(by: str, actor: str, settings: Settings) -> Callable[[AliasMove], N
     def on_moved(move: AliasMove) -> None:
         try:
             data = {**asdict(move), "by": by, "actor": actor}
-            control_events(settings, sql_engine(settings))("alias.moved", move.model, data)
+            engine = sql_engine(settings)
+            try:
+                control_events(settings, engine)("alias.moved", move.model, data)
+            finally:
+                engine.dispose()
         except ExamlopsError as exc:
             err_console.print(f"[yellow]warning:[/] the alias moved but its audit event was not written: {exc}")
 

@@ -112,7 +112,7 @@ ROUTES: list[tuple[str, str, Any]] = [
 
 def served_requests(server: ServingProcess) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r'^examlops_requests_total\{[^}]*\} (\S+)$', text, re.M))
+    return sum(float(v) for v in re.findall(r"^examlops_requests_total\{[^}]*\} (\S+)$", text, re.M))
 
 
 def call(server: ServingProcess, method: str, path: str, payload: Any, headers: dict[str, str]) -> httpx.Response:
@@ -241,4 +241,3 @@ def test_the_cli_refuses_a_command_its_token_may_not_take(platform: Platform) ->
         env={**platform.env, "EXAMLOPS_TOKEN": platform.tokens["robot"]},
     )  # fmt: skip
     assert predicted.exit_code != 0 and "call" in predicted.output
-
