@@ -17,6 +17,7 @@ from examlops.bootstrap import sql_engine, table_metadata, upgrade_database
 from examlops.core.errors import SchemaNotCurrent, StoreUnavailable
 from examlops.core.settings import Settings
 from examlops.db import create_sql_engine, head_revision, schema_diff, upgrade
+from examlops.db.state import FIRST_TABLES
 from examlops.serving.traffic_store import TrafficRule
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,8 @@ def test_the_migrated_schema_is_the_models_schema_and_a_second_upgrade_changes_n
 
 def test_a_database_made_by_create_all_before_migrations_is_adopted_with_its_rows(database_url: str) -> None:
     engine = create_sql_engine(database_url)
-    table_metadata().create_all(engine)  # what every process did before migrations
+    metadata = table_metadata()  # what every process did before migrations, with the tables of that time
+    metadata.create_all(engine, tables=[metadata.tables[name] for name in sorted(FIRST_TABLES)])
     with Session(engine) as session:
         session.add(TrafficRule(model="JPCP", alias="Canary", weight=10))
         session.commit()
