@@ -28,6 +28,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import SecretStr
 
 from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.bridge import bus_client, sync_bus_client
@@ -555,7 +556,8 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
     tmp_path: Path, redis_url: str, serving: Any
 ) -> None:
-    settings = bus_settings(tmp_path, redis_url, serving.port)
+    # The bridge presents the admin token of serving's state folder, as `exa up`'s bridge does.
+    settings = bus_settings(tmp_path, redis_url, serving.port).model_copy(update={"token": SecretStr(serving.token)})
     async with bus_client(settings, caller="t") as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
