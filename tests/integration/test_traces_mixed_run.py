@@ -27,10 +27,10 @@ from examlops.bootstrap import sql_engine
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.tracing import call_tracer, trace_reader
 from examlops.bus import wire
-from examlops.bus.credentials import bus_key_from_token
 from examlops.cli.main import app as exa
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import Settings, TracingSettings
+from examlops.identity import bus_key_from_token
 from examlops.registry.demo import seed_demo
 from examlops.tracing import TRACE_HEADER, TraceQuery, TraceStore, trace_id_for_job, valid_trace_id
 from tests.integration.servers import ServingProcess
