@@ -46,6 +46,7 @@ from examlops.api.schemas import (
     TrafficReply,
 )
 from examlops.api.tasks import Tasks, task_routes
+from examlops.api.v2 import v2_routes
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -81,6 +82,8 @@ class ServingPipeline(Protocol):
     async def close(self) -> None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResult: ...
+
+    async def route(self, model: str, alias: str | None = None) -> str: ...
 
     def hot_set(self) -> Sequence[Any]: ...
 
@@ -205,6 +208,7 @@ def create_app(
 
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
+    app.include_router(v2_routes(pipeline))
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
     async def models() -> list[HotSetEntry]:

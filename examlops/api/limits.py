@@ -1,7 +1,10 @@
 """What a request body must be before a route sees it, as pure ASGI middleware: JSON, and not too large.
 
 - A body that is not JSON (``Content-Type`` neither ``application/json`` nor ``*/*+json``) gets a 415
-  before a byte of it is read; a request without a body needs no content type.
+  before a byte of it is read; a request without a body needs no content type. The Open Inference
+  Protocol's infer routes (``/v2/models/{model}[/versions/{version}]/infer``) also take
+  ``application/octet-stream`` (its binary tensor data extension) and no content type at all (what
+  tritonclient sends: the protocol's body is JSON unless ``Inference-Header-Content-Length`` says otherwise).
 - A declared Content-Length over the limit is refused with a 413 before a byte is read; a chunked body is
   counted as it arrives and refused at the first chunk that crosses the limit. The application's own
   reply to a cut-off body is dropped.
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +42,19 @@ def is_json(content_type: bytes) -> bool:
     """``application/json`` or a ``+json`` type, any parameters (``; charset=utf-8``), any case."""
     media = content_type.split(b";", 1)[0].strip().lower()
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+_V2_INFER = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/infer")
+
+
+def accepts(path: str, content_type: bytes) -> bool:
+    """Whether a body of ``content_type`` may reach the route at ``path`` (rules in the module docstring)."""
+    if is_json(content_type):
+        return True
+    if _V2_INFER.fullmatch(path) is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media in (b"", b"application/octet-stream")
 
 
 def _has_body(headers: dict[bytes, bytes]) -> bool:
@@ -70,7 +87,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
-        if scope["method"] in _BODY_METHODS and _has_body(headers) and not is_json(headers.get(b"content-type", b"")):
+        content_type = headers.get(b"content-type", b"")
+        if scope["method"] in _BODY_METHODS and _has_body(headers) and not accepts(scope.get("path", ""), content_type):
             await _refuse(send, 415, "unsupported_media_type", "the body must be JSON (Content-Type: application/json)")
             return
         declared = headers.get(b"content-length")

@@ -48,7 +48,9 @@ class InferenceRequest:
     ``alias`` is None when the caller did not name one (the model's default
     alias applies, and with it the traffic split); ``version`` pins a raw
     version instead of an alias. ``deadline`` is an absolute UNIX time after
-    which nobody waits for the answer.
+    which nobody waits for the answer. ``routed`` says the alias was already
+    drawn from the traffic split for a call of several rows (``Pipeline.route``),
+    so every row of that call is answered by the same alias: it is taken as is.
     """
 
     model: str
@@ -60,6 +62,7 @@ class InferenceRequest:
     user_id: str | None = None
     deadline: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    routed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
