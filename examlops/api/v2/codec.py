@@ -69,6 +69,8 @@ class Output:
 def _describe(exc: ValidationError) -> InvalidInput:
     first = exc.errors(include_input=False)[0]
     parts = [p for p in first["loc"] if isinstance(p, int) or ("[" not in p and p not in ("int", "float"))]
+    if "data" in parts:
+        parts = parts[: parts.index("data") + 1]  # the element's position would say which value was bad
     field = ".".join(str(p) for p in parts) or "body"
     if "data" in parts:
         message = "must hold JSON numbers only (no strings, booleans, nulls, NaN or Infinity), nested at most once"

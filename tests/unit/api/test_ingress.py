@@ -38,6 +38,9 @@ class FakePipeline:
         spec = self.catalog.get(request.model)
         return InferenceResult(spec.name, request.alias or "Production", "1", "run-1", 0.5, request.job_id)
 
+    async def route(self, model: str, alias: str | None = None) -> str:
+        return alias or self.catalog.get(model).default_alias_canonical
+
     def hot_set(self) -> Sequence[Any]:
         return []
 
