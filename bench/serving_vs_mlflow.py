@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,13 +58,11 @@ def in_process_limit(settings: Settings) -> float:
         os.sched_setaffinity(0, before)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000, help="requests per run at c=8 and c=64")
-    parser.add_argument("--home", type=Path, default=Path(".examlops/bench"), help="state folder of the bench")
-    args = parser.parse_args()
-
-    home = args.home.resolve()
+def start_pair(
+    home: Path, ours_port: int, theirs_port: int, model_uri: str = "models:/JPCP/1"
+) -> tuple[Settings, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """A fresh ``home`` with the demo models, then `exa serve start` and `mlflow models serve` of ``model_uri``
+    (tensor signature) on ``SERVER_CORE``, both answering. The caller stops both (``procs.stop``)."""
     if home.exists():
         shutil.rmtree(home)
     settings = Settings(home=home)
@@ -73,7 +72,6 @@ def main() -> None:
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     # `mlflow models serve` runs `uvicorn` from PATH.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    ours_port, theirs_port = 18101, 18102
     ours = start(
         [str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log", core=SERVER_CORE
     )
@@ -83,7 +81,7 @@ def main() -> None:
             "models",
             "serve",
             "-m",
-            "models:/JPCP/1",
+            model_uri,
             "-h",
             "127.0.0.1",
             "-p",
@@ -98,7 +96,23 @@ def main() -> None:
     try:
         ours_start = wait_until(answers(f"http://127.0.0.1:{ours_port}/readyz"), "examlops", proc=ours)
         theirs_start = wait_until(answers(f"http://127.0.0.1:{theirs_port}/ping"), "mlflow models serve", proc=theirs)
-        print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
+    except BaseException:
+        stop(ours)
+        stop(theirs)
+        raise
+    print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
+    return settings, ours, theirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=3000, help="requests per run at c=8 and c=64")
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench"), help="state folder of the bench")
+    args = parser.parse_args()
+
+    ours_port, theirs_port = 18101, 18102
+    settings, ours, theirs = start_pair(args.home.resolve(), ours_port, theirs_port)
+    try:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
         rng = np.random.default_rng(1)
