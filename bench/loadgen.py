@@ -62,8 +62,7 @@ async def _connection(
             counter[0] += 1
             body = body_for(i)
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}"
-                f"Content-Length: {len(body)}\r\n\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             started = time.perf_counter()
             writer.write(head + body)

@@ -53,7 +53,12 @@ def v2_bodies(embedding: np.ndarray, counts: np.ndarray) -> tuple[bytes, bytes, 
                     "shape": [ROWS, 384],
                     "parameters": {"binary_data_size": embedding.nbytes},
                 },
-                {"name": "node_count", "datatype": "INT64", "shape": [ROWS], "parameters": {"binary_data_size": counts.nbytes}},
+                {
+                    "name": "node_count",
+                    "datatype": "INT64",
+                    "shape": [ROWS],
+                    "parameters": {"binary_data_size": counts.nbytes},
+                },
             ],
             "outputs": [{"name": "prediction", "parameters": {"binary_data": True}}],
         }
@@ -88,8 +93,20 @@ def main() -> None:
         clients = [
             ("V2 binary", v2_url, lambda i: as_binary, binary_headers, 1),
             ("V2 JSON", v2_url, lambda i: as_json, None, 1),
-            ("model route", f"http://127.0.0.1:{ours_port}/v1/models/JPCP/predict", lambda i: predict_bodies[i % ROWS], None, ROWS),
-            ("mlflow models serve", f"http://127.0.0.1:{theirs_port}/invocations", lambda i: mlflow_body.encode(), None, 1),
+            (
+                "model route",
+                f"http://127.0.0.1:{ours_port}/v1/models/JPCP/predict",
+                lambda i: predict_bodies[i % ROWS],
+                None,
+                ROWS,
+            ),
+            (
+                "mlflow models serve",
+                f"http://127.0.0.1:{theirs_port}/invocations",
+                lambda i: mlflow_body.encode(),
+                None,
+                1,
+            ),
         ]
         results: list[tuple[int, str, LoadResult, int]] = []
         for concurrency in args.concurrency:
@@ -97,7 +114,9 @@ def main() -> None:
                 warm = max(10, args.batches // 10) * fan
                 asyncio.run(run_load(url, body_for, total=warm, concurrency=concurrency * fan, headers=headers))
                 total = args.batches * fan
-                result = asyncio.run(run_load(url, body_for, total=total, concurrency=concurrency * fan, headers=headers))
+                result = asyncio.run(
+                    run_load(url, body_for, total=total, concurrency=concurrency * fan, headers=headers)
+                )
                 results.append((concurrency, name, result, fan))
             print(f"c={concurrency}: done", flush=True)
     finally:

@@ -155,17 +155,18 @@ def test_one_call_is_answered_by_one_version_under_a_traffic_split(server: Servi
             assert reply.status_code == 200, reply.text
             data = reply.json()
             versions.add((data["model_version"], data["parameters"]["alias"]))
-            pinned = model_route_alias(server, embedding, counts, data["parameters"]["alias"])
+            # The model route would split "Production" again: pin the version that answered instead.
+            pinned = model_route_version(server, embedding, counts, int(data["model_version"]))
             assert data["outputs"][0]["data"] == pinned
         assert versions == {("1", "Production"), ("2", "Canary")}
     finally:
         httpx.put(f"{server.url}/v1/traffic/JPCP", json={}).raise_for_status()
 
 
-def model_route_alias(server: ServingProcess, embedding: Any, counts: Any, alias: str) -> list[float]:
+def model_route_version(server: ServingProcess, embedding: Any, counts: Any, version: int) -> list[float]:
     return [
         httpx.post(
-            f"{server.url}/v1/models/JPCP/predict", json={"embedding": row, "node_count": count, "alias": alias}
+            f"{server.url}/v1/models/JPCP/predict", json={"embedding": row, "node_count": count, "version": version}
         ).json()["prediction"]
         for row, count in zip(embedding.tolist(), counts.tolist(), strict=True)
     ]
@@ -185,7 +186,8 @@ def test_a_model_failure_is_a_500_marked_for_the_retrain_trigger(triton: Any, se
     assert reply.status_code == 500, reply.text
     assert reply.json()["inference_failed"] is True and reply.json()["code"] == "inference_failed"
     metrics = httpx.get(f"{server.url}/metrics").text
-    assert 'examlops_requests_total{alias="Staging",model="JPCP",outcome="inference_failed"}' in metrics
+    failed = [line for line in metrics.splitlines() if line.startswith('examlops_requests_total{alias="Staging"')]
+    assert failed and 'outcome="failed"' in failed[0] and float(failed[0].split()[-1]) >= ROWS  # each row counted
 
 
 def v2_body(**changes: Any) -> dict[str, Any]:
