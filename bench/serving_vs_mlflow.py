@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import demo_state
 from loadgen import LoadResult, run_load
 from procs import answers, start, stop, wait_until
 
 from examlops.core.settings import Settings
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 BIN = Path(sys.executable).parent
 SERVER_CORE, CLIENT_CORE = 0, 1
@@ -65,11 +64,12 @@ def start_pair(
     (tensor signature) on ``SERVER_CORE``, both answering. The caller stops both (``procs.stop``)."""
     if home.exists():
         shutil.rmtree(home)
-    settings = Settings(home=home)
     print(f"seeding demo models in {home} ...", flush=True)
-    seed_demo(settings, load_catalog(settings.catalog_path))
+    settings, _ = demo_state(home)  # the demo models, and the SQL schema serving refuses to start without
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
+    # Serve this checkout's code, not whichever one the virtualenv's editable install points at.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
     # `mlflow models serve` runs `uvicorn` from PATH.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     ours = start(

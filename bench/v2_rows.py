@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's examlops, not the venv's install
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run_load
 from procs import stop
@@ -135,6 +136,9 @@ def main() -> None:
             f"{r.errors:>6} | {r.sent:>6}"
         )
     print("(model route latencies are per row; the others per batch of 32)")
+    for concurrency, name, r, _ in results:
+        if r.errors:
+            print(f"c={concurrency} {name}: replies by status {dict(sorted(r.statuses.items()))}")
 
 
 if __name__ == "__main__":
