@@ -110,7 +110,7 @@ async def timed_workers(count: int, concurrency: int, call: Callable[[int], Coro
 
 
 async def bus_load(settings: Settings, address: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
-    async with bus_client(settings, caller="bench") as client:
+    async with bus_client(settings) as client:
         for body in bodies[:50]:  # warm-up: connections, the script cache (and the bridge's start on round 1)
             await client.request(address, body, 60)
 

@@ -244,7 +244,7 @@ def run_phase(
         meter = CpuMeter(pids | {"serving": context["serving_pid"], "redis": context["redis_pid"]})
 
         async def load() -> None:
-            async with bus_client(context["settings"], caller="bench-recording") as bus:
+            async with bus_client(context["settings"]) as bus:
                 for round_no, order in enumerate(round_orders(args.rounds, args.seed + phase_no)):
                     for record in order:
                         model = recording_model if record else plain_model

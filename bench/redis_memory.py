@@ -92,7 +92,7 @@ async def steady_load(
     settings: Settings, address: str, bodies: list[dict[str, Any]], rate: float, deadline_s: float, load: Load
 ) -> None:
     """``rate`` bus jobs a second, each with a ``deadline_s`` deadline, until ``load.stop`` is set."""
-    async with bus_client(settings, caller="bench-memory") as client:
+    async with bus_client(settings) as client:
         pending: set[asyncio.Task[None]] = set()
 
         async def one(i: int) -> None:

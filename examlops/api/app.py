@@ -46,11 +46,14 @@ from examlops.api.schemas import (
     TrafficReply,
 )
 from examlops.api.tasks import Tasks, task_routes
+from examlops.api.traces import traces_router
+from examlops.api.tracing import TraceMiddleware, call_of, named_model
 from examlops.api.v2 import v2_routes
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
+from examlops.tracing import Tracer, TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +110,21 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def create_app(
-    settings: Settings, pipeline: ServingPipeline, metrics: CollectorRegistry, *, tasks: Tasks | None = None
+    settings: Settings,
+    pipeline: ServingPipeline,
+    metrics: CollectorRegistry,
+    *,
+    tasks: Tasks | None = None,
+    tracer: Tracer | None = None,
+    traces: TraceStore | None = None,
 ) -> FastAPI:
     """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
 
     With ``tasks`` (the composition root always passes the task resolver), `/v1/tasks/{task}/infer` too.
+    Every inference call gets a trace id (``X-Examlops-Trace``) and, with a ``tracer`` that has a queue,
+    one trace record (``api.tracing``).
     """
+    tracer = tracer or Tracer(None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,6 +134,7 @@ def create_app(
             # out of the collector's reach so full collections stay short under load.
             gc.freeze()
 
+        tracer.start()
         starting = asyncio.create_task(start(), name="pipeline-start")
         try:
             yield
@@ -130,6 +143,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
             await pipeline.close()
+            await asyncio.to_thread(tracer.close)
 
     app = FastAPI(
         title="examlops serving",
@@ -139,13 +153,18 @@ def create_app(
     )
     app.state.draining = False
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
+    app.add_middleware(TraceMiddleware, tracer=tracer)  # added last: outermost, so a 413 is traced too
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
     app.add_exception_handler(ExamlopsError, handle_examlops)
     app.add_exception_handler(ClientDisconnect, handle_disconnect)
     app.add_exception_handler(Exception, handle_unexpected)
 
-    async def serve(raw: bytes, kind: type[PredictBody], path_model: str | None) -> Response:
+    async def serve(request: Request, kind: type[PredictBody], path_model: str | None) -> Response:
+        raw = await request.body()
+        call = call_of(request)
+        if call is not None:
+            call.model = path_model
         # The hot routes parse the body with pydantic-core's JSON parser in one step rather than
         # FastAPI's json.loads followed by validation of Python objects: about a tenth of a
         # millisecond a request, where HTTP and JSON handling is the whole cost.
@@ -153,8 +172,13 @@ def create_app(
             body = kind.model_validate_json(raw)
         except ValidationError as exc:
             field, message = describe_validation(exc.errors(include_input=False))
+            if call is not None and call.model is None:
+                call.model = named_model(raw)
             return error_response(InvalidInput(message, field=field), model=path_model)
         model = body.model if isinstance(body, InferBody) else path_model or ""
+        facts = call.facts if call is not None else None
+        if call is not None:
+            call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
@@ -170,10 +194,13 @@ def create_app(
                     job_id=body.job_id,
                     user_id=body.user_id,
                     deadline=body.deadline,
+                    facts=facts,
                 )
             )
         except ExamlopsError as exc:
             return error_response(exc, model=model, job_id=body.job_id)
+        if call is not None:
+            call.model, call.alias, call.version = result.model, result.alias, result.version
         reply = InferReply(
             model=result.model,
             alias=result.alias,
@@ -193,7 +220,7 @@ def create_app(
     )
     async def infer(request: Request) -> Response:
         """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(await request.body(), InferBody, None)
+        return await serve(request, InferBody, None)
 
     @app.post(
         "/v1/models/{model}/predict",
@@ -204,7 +231,7 @@ def create_app(
     )
     async def predict(model: str, request: Request) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
-        return await serve(await request.body(), PredictBody, model)
+        return await serve(request, PredictBody, model)
 
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
@@ -234,6 +261,9 @@ def create_app(
         model = pipeline.catalog.get(body.model).name if body and body.model else None
         changes = await pipeline.reload(model)
         return ReloadReply(changes=[ReloadChangeReply(**asdict(change)) for change in changes])
+
+    if traces is not None:
+        app.include_router(traces_router(traces))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from examlops.api.errors import describe_validation, error_response
 from examlops.api.schemas import ErrorReply, InferReply, TaskInferBody
+from examlops.api.tracing import call_of
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 
@@ -79,6 +80,9 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
     )
     async def infer_task(task: str, request: Request) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
+        call = call_of(request)
+        if call is not None:
+            call.task = task[:128]
         try:
             body = TaskInferBody.model_validate_json(await request.body())
         except ValidationError as exc:
@@ -90,6 +94,8 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
             route = await tasks.resolve(task)
             model = route.model
+            if call is not None:
+                call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
             result = await pipeline.infer(
                 InferenceRequest(
                     model=route.model,
@@ -100,10 +106,13 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
                     user_id=body.user_id,
                     deadline=body.deadline,
                     metadata={"task": route.task},
+                    facts=call.facts if call is not None else None,
                 )
             )
         except ExamlopsError as exc:
             return error_response(exc, model=model, job_id=body.job_id)
+        if call is not None:
+            call.model, call.alias, call.version = result.model, result.alias, result.version
         reply = InferReply(
             task=route.task,
             model=result.model,

@@ -2,7 +2,8 @@
 
 ``BridgeProcess(settings, models=..., record=...)`` builds nothing until ``run()``; ``run()`` starts the
 recording child (``bootstrap.recording``), serves in the foreground until ``close()`` (from any thread) or
-SIGTERM/SIGINT, then finishes the jobs in flight, lets the child drain the records and closes every client.
+SIGTERM/SIGINT, then finishes the jobs in flight, lets the child drain the records, writes the traces of the
+jobs it refused (``bootstrap.tracing``) and closes every client.
 With ``record`` off the bridge writes no records and runs no child. It raises ``StoreUnavailable`` when
 Redis cannot be reached at start-up; later outages are waited out by the bridge.
 """
@@ -22,10 +23,13 @@ from typing import TYPE_CHECKING, Any
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.recording import bridge_recording
 from examlops.bootstrap.serving import catalog
+from examlops.bootstrap.sql import sql_engine
+from examlops.bootstrap.tracing import call_tracer
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
     from examlops.bus.client import BusClient, SyncBusClient
+    from examlops.bus.ports import BusKeys, TaskAddress, TaskAddresses
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +65,22 @@ class BridgeProcess:
         # One consumer name per bridge process: a recording child started again reads what the last one left.
         consumer = f"{socket.gethostname()}-{os.getpid()}"
         recording = bridge_recording(self.settings, consumer) if self.record else contextlib.nullcontext(None)
+        engine = sql_engine(self.settings)
+        tracer = call_tracer(self.settings, engine)
+        tracer.start()
         try:
             with recording:
                 async with hop_client(self.settings) as http:
-                    bridge = Bridge(self.settings, self.catalog, redis, http, record=self.record)
+                    keys, tasks = bus_keys(self.settings), task_addresses(self.settings)
+                    bridge = Bridge(
+                        self.settings, self.catalog, redis, http, keys, tasks=tasks, record=self.record, tracer=tracer
+                    )
                     tune_garbage_collection()
                     await bridge.run(self._stop)
         finally:
             await redis.aclose()
+            await asyncio.to_thread(tracer.close)
+            engine.dispose()
 
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -93,17 +105,72 @@ def tune_garbage_collection() -> None:
     gc.set_threshold(20_000, 10, 10)
 
 
-def bus_client(settings: Settings, *, caller: str, client_id: str | None = None) -> BusClient:
-    """A bus client on the settings' Redis (``clients.bus_redis``), signing with the settings' secret; it owns
-    (and closes) its Redis port."""
+def platform_token(settings: Settings) -> str | None:
+    """The token `exa` commands act with: EXAMLOPS_TOKEN, else the state folder's admin token, else None."""
+    if settings.token is not None and settings.token.get_secret_value():
+        return settings.token.get_secret_value()
+    try:
+        return settings.admin_token_path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def bus_keys(settings: Settings) -> BusKeys:
+    """The bridge's key ids to identities (``bus.ports.BusKeys``): for now the platform token's identity
+    only (``TokenKeyring``); the identity store's resolver, cached for ``traffic.rules_ttl_s``, replaces it."""
+    from examlops.bus.credentials import TokenKeyring
+
+    token = platform_token(settings)
+    if token is None:
+        log.warning("no platform token (EXAMLOPS_TOKEN or %s): every bus job is refused", settings.admin_token_path)
+    return TokenKeyring([("admin", token)] if token else [])
+
+
+def task_addresses(settings: Settings) -> TaskAddresses:
+    """The task map as a bridge reads it (``bus.ports.TaskAddresses``): SQL, on an engine that lives as long
+    as the bridge; the bridge keeps its own copy for ``traffic.rules_ttl_s``. ``SchemaNotCurrent`` when the
+    database is not at this release's schema."""
+    from examlops.tasks.sql import SqlTaskMap
+
+    return SqlTaskMap(sql_engine(settings))
+
+
+def task_route(settings: Settings, task: str) -> TaskAddress:
+    """``task``'s route in the task map (its bus address, model, alias). ``TaskNotFound`` for a task that is
+    not mapped, ``InvalidInput`` for a name that cannot be a task; both quote at most a short prefix."""
+    from examlops.core.errors import TaskNotFound
+    from examlops.tasks.routes import short, task_name
+    from examlops.tasks.sql import SqlTaskMap
+
+    engine = sql_engine(settings)
+    try:
+        route = SqlTaskMap(engine).get(task_name(task))
+    finally:
+        engine.dispose()
+    if route is None:
+        raise TaskNotFound(f"task {short(task)!r} is not in the task map (`exa task list` shows it)")
+    return route
+
+
+def bus_client(settings: Settings, *, token: str | None = None, client_id: str | None = None) -> BusClient:
+    """A bus client on the settings' Redis (``clients.bus_redis``) that signs with the bus key of ``token``
+    (default: ``platform_token``); it owns (and closes) its Redis port. ``Unauthenticated`` without a token
+    or with one that is not a token."""
     from examlops.bus.client import BusClient
+    from examlops.bus.credentials import bus_key_from_token
+    from examlops.core.errors import Unauthenticated
 
-    secret = settings.secret.get_secret_value().encode()
-    return BusClient(bus_redis(settings), secret, caller=caller, client_id=client_id)
+    token = token or platform_token(settings)
+    if token is None:
+        raise Unauthenticated(
+            f"no token: set EXAMLOPS_TOKEN, or start the platform (exa up) to create {settings.admin_token_path}"
+        )
+    key_id, key = bus_key_from_token(token)
+    return BusClient(bus_redis(settings), key_id, key, client_id=client_id)
 
 
-def sync_bus_client(settings: Settings, *, caller: str) -> SyncBusClient:
+def sync_bus_client(settings: Settings, *, token: str | None = None) -> SyncBusClient:
     """``bus_client`` for sync code (the CLI)."""
     from examlops.bus.client import SyncBusClient
 
-    return SyncBusClient(bus_client(settings, caller=caller))
+    return SyncBusClient(bus_client(settings, token=token))

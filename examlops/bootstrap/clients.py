@@ -6,7 +6,9 @@
   ``EXAMLOPS_BUS__HTTP_CLIENT``: ``aiohttp`` (httpx-aiohttp's,
   ``bus.aiohttp_transport``; the default) or ``library`` (httpx's own
   transport). Each keeps at most ``bus.concurrency`` connections, drops idle
-  ones after ``bus.keepalive_s`` and retries nothing.
+  ones after ``bus.keepalive_s`` and retries nothing. Its headers
+  (``hop_headers``) are the one place the bridge's own credential to serving
+  goes; the per-job ``X-Examlops-Identity`` is the hop's.
 
 Nothing connects until first used. ``bench/bus_vs_http.py --clients`` compares the HTTP paths; why the
 default is what it is: ``bench/RESULTS.md``.
@@ -44,7 +46,13 @@ def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     return httpx.AsyncHTTPTransport(limits=limits, retries=0)
 
 
+def hop_headers(settings: Settings) -> dict[str, str]:
+    """Headers on every post of the hop: the bridge's own credential, which serving requires before it trusts
+    a job's ``X-Examlops-Identity``. None yet: the bridge's identity is issued with the identity store."""
+    return {}
+
+
 def hop_client(settings: Settings) -> httpx.AsyncClient:
     from examlops.bus.hop import http_client
 
-    return http_client(settings.http, hop_transport(settings))
+    return http_client(settings.http, hop_transport(settings), hop_headers(settings))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from examlops.bootstrap.control import control_events
 from examlops.bootstrap.sql import sql_engine
 from examlops.bootstrap.tasks import seed_task_map
+from examlops.bootstrap.tracing import call_tracer, trace_reader
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
 
@@ -52,6 +53,7 @@ def serving_app(settings: Settings) -> FastAPI:
     models = catalog(settings)
     events = control_events(settings, engine)
     seed_task_map(engine, models, events)
+    tracer = call_tracer(settings, engine, metrics)
     pipeline = Pipeline(
         settings,
         models,
@@ -62,7 +64,7 @@ def serving_app(settings: Settings) -> FastAPI:
         on_event=events,
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
-    return create_app(settings, pipeline, metrics, tasks=tasks)
+    return create_app(settings, pipeline, metrics, tasks=tasks, tracer=tracer, traces=trace_reader(engine))
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

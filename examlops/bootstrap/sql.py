@@ -24,7 +24,8 @@ def table_metadata() -> MetaData:
     import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store
-    import examlops.tasks.sql  # noqa: F401
+    import examlops.tasks.sql
+    import examlops.tracing.sql_store  # noqa: F401
 
     return SQLModel.metadata
 

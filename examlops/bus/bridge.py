@@ -2,8 +2,13 @@
 
 Contract:
 
-- One handler per catalog model address, registered at start-up; jobs for an
+- One handler per catalog model address, registered at start-up, and one per
+  task address whose model is in the catalog, from the task map read again
+  every ``settings.traffic.rules_ttl_s`` (``addresses.Addresses``); jobs for an
   address no live bridge serves get a ``model_not_found`` reply.
+- Every job is verified with the bus key of the identity it names
+  (``ports.BusKeys``) and checked against that identity's permissions before
+  it is served (``jobs.JobRunner``).
 - At most ``settings.bus.concurrency`` jobs in flight; the bridge reads only as many
   jobs as it has room for, so a job never waits in a bridge while counting as
   idle (it would be reclaimed and served twice).
@@ -14,6 +19,8 @@ Contract:
 - A bridge that dies holding jobs loses none: every bridge's sweep XAUTOCLAIMs
   jobs idle for longer than its connect plus read timeout; a job delivered more
   than ``wire.MAX_DELIVERIES`` times is dead-lettered with an error reply.
+- Every job carries a trace id (derived from its job id once verified) to serving and in its reply's
+  ``trace`` field; serving traces the calls it answers, the ``tracer`` the jobs it never saw.
 - A lost Redis is logged once; the loops back off and carry on.
 """
 
@@ -33,13 +40,16 @@ import httpx
 
 from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
+from examlops.bus.addresses import Addresses
 from examlops.bus.hop import ModelHandler
 from examlops.bus.jobs import JobRunner
+from examlops.bus.ports import BusKeys, TaskAddresses
 from examlops.bus.store import BusStore, Entry
 from examlops.core.backoff import Outage
 from examlops.core.errors import ConfigError, StoreUnavailable
 from examlops.core.settings import Settings
-from examlops.registry.catalog import Catalog
+from examlops.registry.catalog import Catalog, ModelSpec
+from examlops.tracing import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +64,16 @@ class Bridge:
         catalog: Catalog,
         redis: RedisCommands,
         http_client: httpx.AsyncClient,
+        keys: BusKeys,
         *,
+        tasks: TaskAddresses | None = None,
         record: bool = True,
         serving_url: str | None = None,
         consumer: str | None = None,
         reclaim_idle_s: float | None = None,
         sweep_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        tracer: Tracer | None = None,
     ) -> None:
         http = settings.http
         self.reclaim_idle_s = reclaim_idle_s or http.connect_timeout_s + http.read_timeout_s + 2.0
@@ -74,18 +87,20 @@ class Bridge:
         self.sweep_s = sweep_s
         self.clock = clock
         url = serving_url or settings.serving.local_url
-        self.handlers = {
-            str(spec.seanerbus_uuid): ModelHandler(spec, http_client, url, http, clock) for spec in catalog
-        }
-        self.streams = [wire.jobs_stream(address) for address in self.handlers]
+
+        def handler(spec: ModelSpec, task: str | None) -> ModelHandler:
+            return ModelHandler(spec, http_client, url, http, clock, task=task)
+
+        self.addresses = Addresses(catalog, handler, tasks, ttl_s=settings.traffic.rules_ttl_s, clock=clock)
         self.jobs = JobRunner(
             self.store,
-            self.handlers,
-            settings.secret.get_secret_value().encode(),
+            self.addresses.handler_of,
+            keys,
             self.consumer,
             record=record,
             records_bound=settings.recording.bound,
             clock=clock,
+            tracer=tracer,
         )
         self._in_flight: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._room: asyncio.Event | None = None
@@ -102,14 +117,16 @@ class Bridge:
 
     async def _run(self, stop: asyncio.Event) -> None:
         await self._warn_without_persistence()
-        await self.store.ensure_groups(self.streams)
+        await self.addresses.refresh()
+        await self.store.ensure_groups(self.addresses.streams)
         await self.store.note_existing_streams()
-        await self.store.heartbeat(self.handlers, self.clock())
+        await self.store.heartbeat(self.addresses.addresses, self.clock())
         self._room = asyncio.Event()
         log.info(
-            "bridge %s ready: %d handlers, reclaim after %.1f s idle",
+            "bridge %s ready: %d models, %d tasks, reclaim after %.1f s idle",
             self.consumer,
-            len(self.handlers),
+            len(self.addresses.models),
+            len(self.addresses.tasks),
             self.reclaim_idle_s,
         )
         reader = asyncio.create_task(self._read_loop(stop), name="bridge-read")
@@ -152,7 +169,7 @@ class Bridge:
                 await _first(self._room.wait(), stop.wait())
                 continue
             try:
-                entries = await self.store.read(self.consumer, self.streams, room, self.block_ms)
+                entries = await self.store.read(self.consumer, self.addresses.streams, room, self.block_ms)
             except StoreUnavailable as exc:
                 await _pause(outage.lost(exc), stop)
                 continue
@@ -167,7 +184,9 @@ class Bridge:
         sweeps = 0
         while not stop.is_set():
             try:
-                await self.store.heartbeat(self.handlers, self.clock())
+                if self.addresses.due():
+                    await self.store.ensure_groups(await self.addresses.refresh())
+                await self.store.heartbeat(self.addresses.addresses, self.clock())
                 await self._reclaim()
                 if sweeps % ORPHAN_SWEEP_EVERY == 0:
                     await self._answer_orphans()
@@ -178,7 +197,7 @@ class Bridge:
                 await _pause(outage.lost(exc), stop)
 
     async def _reclaim(self) -> None:
-        for stream in self.streams:
+        for stream in self.addresses.streams:
             room = max(1, self.max_concurrency - len(self._in_flight))
             for entry in await self.store.autoclaim(stream, self.consumer, int(self.reclaim_idle_s * 1000), room):
                 if (entry[0], entry[1]) in self._in_flight:
@@ -189,7 +208,8 @@ class Bridge:
 
     async def _answer_orphans(self) -> None:
         """Jobs on streams of addresses that no live bridge serves get a model_not_found reply, not silence."""
-        served = await self.store.served_elsewhere(self.clock(), self.settings.bus.handler_ttl_s) | set(self.handlers)
+        served = await self.store.served_elsewhere(self.clock(), self.settings.bus.handler_ttl_s)
+        served |= set(self.addresses.addresses)
         orphans = [
             stream
             for stream in await self.store.job_streams()

@@ -3,9 +3,11 @@
 
 Contract of ``request``:
 
-- signs the job with the settings' secret and puts it on the model's stream;
-  the deadline it carries is ``now + timeout``, and bridges and serving refuse
-  work past it;
+- signs the job with the bus key of the client's identity (its key id and
+  key, from its token: ``credentials.bus_key_from_token``) and puts it on the
+  address's stream (a model's or a task's); the deadline it carries is
+  ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``), and bridges and serving
+  refuse work past it;
 - returns the reply body: a prediction (``error`` is None) or an error body
   (``error``, ``prediction`` 0.0, ``code``); an error reply is not raised;
 - raises ``DeadlineExceeded`` when no reply came within ``timeout``, and
@@ -14,7 +16,11 @@ Contract of ``request``:
 
 One reader task per client reads the client's reply stream with XREAD BLOCK
 and resolves the waiting request by job id; replies nobody waits for (late or
-duplicate) are dropped. The reader survives a Redis restart: it logs the
+duplicate) are dropped. A reply that does not carry the bridge's signature with
+this identity's bus key (forged by anything that can write to Redis, altered,
+or unsigned) is ignored and counted in ``unverified_replies`` (logged at
+WARNING at most once per ``UNVERIFIED_LOG_EVERY_S``): the request keeps
+waiting for the real one. The reader survives a Redis restart: it logs the
 outage once, backs off and resumes after the last reply it read. If it dies
 of anything else, every waiting request fails instead of hanging.
 
@@ -39,7 +45,7 @@ from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
-from examlops.core.errors import DeadlineExceeded, ModelNotFound, StoreUnavailable
+from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +53,29 @@ Reply = dict[str, Any]
 T = TypeVar("T")
 BLOCK_MS = 500
 """How long one XREAD waits; replies wake it at once, so this only bounds how long ``close()`` takes."""
+UNVERIFIED_LOG_EVERY_S = 10.0
+"""At most one warning per this many seconds about replies that failed verification (they are all counted)."""
 
 
 class BusClient:
     def __init__(
         self,
         redis: RedisCommands,
-        secret: bytes,
+        key_id: str,
+        key: bytes,
         *,
-        caller: str,
         client_id: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``key_id`` and ``key``: the identity's key id and bus key (``credentials.bus_key_from_token``)."""
         self.client_id = client_id or secrets.token_hex(12)
         self.reply_stream = wire.replies_stream(self.client_id)
-        self.caller = caller
+        self.key_id = key_id
         self.store = BusStore(redis)
-        self._secret = secret
+        self.unverified_replies = 0
+        self._key = key
         self._clock = clock
+        self._warned_at = -UNVERIFIED_LOG_EVERY_S
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
@@ -86,17 +97,19 @@ class BusClient:
         try:
             address = str(uuid.UUID(str(address)))
         except ValueError as exc:
-            raise ModelNotFound(f"{str(address)[:64]!r} is not a model address (a UUID)") from exc
+            raise ModelNotFound(f"{str(address)[:64]!r} is not a bus address (a UUID)") from exc
+        if not 0 < timeout <= wire.MAX_JOB_TTL_S:
+            raise InvalidInput(f"the timeout must lie in (0, {wire.MAX_JOB_TTL_S:.0f}] seconds", field="timeout")
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
         job_id = job_id or uuid.uuid4().hex
         deadline = self._clock() + timeout
         fields = wire.encode_job(
-            self._secret,
+            self.key_id,
+            self._key,
             address=address,
             job_id=job_id,
             reply_to=self.reply_stream,
-            caller=self.caller,
             deadline=deadline,
             payload=payload,
         )
@@ -123,14 +136,30 @@ class BusClient:
                 outage.back()
                 for entry_id, fields in entries:
                     after = entry_id
-                    job_id, body = wire.read_reply(fields)
-                    waiter = self._waiting.get(job_id)
+                    verified = wire.verify_reply(self.key_id, self._key, fields)
+                    if verified is None:
+                        self._unverified(fields)
+                        continue
+                    waiter = self._waiting.get(verified[0])
                     if waiter is not None and not waiter.done():
-                        waiter.set_result(body)
+                        waiter.set_result(verified[1])
         except Exception as exc:
             log.exception("bus client %s: the reply reader died", self.client_id)
             self._fail_waiting(StoreUnavailable(f"the reply reader died: {exc}"))
             raise
+
+    def _unverified(self, fields: Mapping[str, str]) -> None:
+        self.unverified_replies += 1
+        now = time.monotonic()
+        if now - self._warned_at >= UNVERIFIED_LOG_EVERY_S:
+            self._warned_at = now
+            log.warning(
+                "bus client %s ignored a reply it could not verify (for job %.64r; %d so far): a forged or "
+                "altered reply, or one signed for another identity",
+                self.client_id,
+                str(fields.get("job_id", "")),
+                self.unverified_replies,
+            )
 
     def _fail_waiting(self, error: Exception) -> None:
         for waiter in self._waiting.values():
@@ -157,6 +186,11 @@ class SyncBusClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="bus-client", daemon=True)
         self._thread.start()
         self._client = client
+
+    @property
+    def unverified_replies(self) -> int:
+        """Replies ignored because they did not verify (``BusClient.unverified_replies``)."""
+        return self._client.unverified_replies
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()

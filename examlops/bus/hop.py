@@ -1,4 +1,9 @@
-"""One handler per model address: the features from the catalog schema, one POST to the pipeline, the reply.
+"""One handler per bus address: the features from the catalog schema, one POST to serving, the reply.
+
+A model's address posts to ``/infer-pipeline/infer`` with the model's name; a task's address posts to
+``/v1/tasks/{task}/infer`` with the same body less ``model`` and ``alias`` (serving resolves the task), and
+its reply names the task. Every post carries the job's identity in ``X-Examlops-Identity``; whatever
+proves the bridge's own credential to serving is the shared client's (``bootstrap.clients.hop_client``).
 
 Contract of ``ModelHandler.handle``: it never raises for a job (every outcome is
 a reply body with ``prediction`` and ``error``), posts at most once (no retry
@@ -18,6 +23,7 @@ client's (figures: ``bench/RESULTS.md``).
 from __future__ import annotations
 
 import math
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,18 +37,29 @@ from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
+from examlops.tracing.record import CHANNEL_HEADER, TRACE_HEADER
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported
 
 INFER_PATH = "/infer-pipeline/infer"
+TASK_INFER_PATH = "/v1/tasks/{task}/infer"
+IDENTITY_HEADER = "X-Examlops-Identity"
 JSON_HEADERS = {"content-type": "application/json"}
 _NUMBERS = frozenset((int, float))
 _READ = httpx.ByteStream(b"")
 
 
-def http_client(http: HttpSettings, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
-    """The one shared client of a bridge over ``transport``: ``http``'s timeouts (5 s connect, 10 s read).
+def task_path(task: str) -> str:
+    """Serving's infer route of one task (the name quoted, though task names need no quoting today)."""
+    return TASK_INFER_PATH.format(task=urllib.parse.quote(task, safe=""))
+
+
+def http_client(
+    http: HttpSettings, transport: httpx.AsyncBaseTransport, headers: dict[str, str] | None = None
+) -> httpx.AsyncClient:
+    """The one shared client of a bridge over ``transport``: ``http``'s timeouts (5 s connect, 10 s read),
+    ``headers`` on every request (the bridge's own credential to serving, when it has one).
 
     No retry: the transport is given one (its pool, keep-alive and retries are the builder's; bootstrap keeps
     idle connections below serving's keep-alive and retries none). ``trust_env=False``: no proxy or netrc
@@ -51,21 +68,28 @@ def http_client(http: HttpSettings, transport: httpx.AsyncBaseTransport) -> http
     return httpx.AsyncClient(
         timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
         transport=transport,
+        headers=headers,
         trust_env=False,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it."""
+    """What a handler did: the reply body, serving's HTTP status (0 when it gave none) and whether to record it.
+
+    ``verdict``: the body is the bridge's own answer, not serving's reply passed on (serving gave none, or
+    one the bridge turned into an error: late, unreadable, empty); the job's trace must then say so.
+    """
 
     body: dict[str, Any]
     status: int
     recorded: bool
+    verdict: bool = False
 
 
 class ModelHandler:
-    """Serves the jobs of one catalog model. The model is fixed by the address, never read from the job."""
+    """Serves the jobs of one catalog model, or of one task (``task``) that ``spec``'s model answers now.
+    The model or task is fixed by the address, never read from the job."""
 
     def __init__(
         self,
@@ -74,20 +98,24 @@ class ModelHandler:
         serving_url: str,
         timeouts: HttpSettings,
         clock: Callable[[], float],
+        *,
+        task: str | None = None,
     ) -> None:
         self.spec = spec
+        self.task = task
         self.http = http
-        self.url = serving_url.rstrip("/") + INFER_PATH
+        self.url = serving_url.rstrip("/") + (INFER_PATH if task is None else task_path(task))
         self._url = httpx.URL(self.url)  # parsed once, not on every post
         self.timeouts = timeouts
         self.clock = clock
         self._slowest = max(timeouts.read_timeout_s, timeouts.connect_timeout_s)
 
-    def features(self, job: Job) -> dict[str, Any]:
+    def features(self, job: Job, identity: str = "") -> dict[str, Any]:
         """The request body, from the fields the model's input schema names; ``InvalidInput`` when they don't fit.
 
         Without an alias in the job none is sent, so serving applies the model's default alias (Production)
-        with its traffic split, as seed 000 step 6 says bus jobs get; a named alias pins that alias.
+        with its traffic split, as seed 000 step 6 says bus jobs get; a named alias pins that alias. A task's
+        body has neither model nor alias: the task map names them.
         """
         payload = job.payload
         schema = self.spec.input_schema
@@ -103,14 +131,16 @@ class ModelHandler:
                 f"node_count: must be an integer of at least {self.spec.min_node_count}", field="node_count"
             )
         body: dict[str, Any] = {
-            "model": self.spec.name,
             "embedding": embedding,
             "node_count": nodes,
             "job_id": job.job_id,
             "deadline": job.deadline,
         }
-        if job.caller:
-            body["user_id"] = job.caller[:128]
+        if identity:
+            body["user_id"] = identity[:128]
+        if self.task is not None:
+            return body
+        body["model"] = self.spec.name
         alias = payload.get("alias")
         if alias is not None:
             if not isinstance(alias, str) or not alias.strip():
@@ -118,9 +148,9 @@ class ModelHandler:
             body["alias"] = canonical_alias(alias)
         return body
 
-    def encoded(self, job: Job) -> bytes:
+    def encoded(self, job: Job, identity: str = "") -> bytes:
         """The request body as bytes; ``InvalidInput`` when the job's fields don't fit or a number is not finite."""
-        body = self.features(job)
+        body = self.features(job, identity)
         try:
             return dumps(body)
         except ValueError as exc:  # inf or nan (a payload's 1e309 parses as inf)
@@ -134,17 +164,27 @@ class ModelHandler:
             connect=max(0.001, min(self.timeouts.connect_timeout_s, remaining)),
         )
 
-    def _error(self, error: ExamlopsError, job: Job, status: int = 0, *, recorded: bool = True) -> Outcome:
-        return Outcome(error_body(error, model=self.spec.name, job_id=job.job_id), status, recorded)
+    def error_body(self, error: ExamlopsError, job_id: str) -> dict[str, Any]:
+        """An error reply of this address: it names the model, and the task of a task's address."""
+        body = error_body(error, model=self.spec.name, job_id=job_id)
+        if self.task is not None:
+            body["task"] = self.task
+        return body
 
-    async def handle(self, job: Job) -> Outcome:
+    def _error(self, error: ExamlopsError, job: Job, status: int = 0, *, recorded: bool = True) -> Outcome:
+        return Outcome(self.error_body(error, job.job_id), status, recorded, verdict=True)
+
+    async def handle(self, job: Job, identity: str = "", trace_id: str = "") -> Outcome:
+        """Serve ``job`` on behalf of ``identity``; both it and ``trace_id`` travel to serving in the hop's
+        headers (``trace_headers``), and serving traces the call under that id."""
         try:
-            content = self.encoded(job)
+            content = self.encoded(job, identity)
         except InvalidInput as exc:
             return self._error(exc, job)
         timeout = self._timeout(job.deadline - self.clock())
+        headers = trace_headers(trace_id, identity)
         try:
-            response = await self.http.post(self._url, content=content, headers=JSON_HEADERS, timeout=timeout)
+            response = await self.http.post(self._url, content=content, headers=headers, timeout=timeout)
         except (httpx.TransportError, TimeoutError) as exc:
             return self._transport_error(exc, job)
         # httpx binds a response's stream back to the response, a reference cycle of ~15 objects that only
@@ -179,19 +219,42 @@ class ModelHandler:
             prediction: Any = data.get("prediction")
             if type(prediction) not in (int, float) or not math.isfinite(prediction):
                 return self._error(InferenceFailed("serving returned an empty prediction"), job, status)
-            return Outcome({**data, "error": None}, status, True)
+            return Outcome(self._named({**data, "error": None}), status, True)
         message = data.get("error")
         return Outcome(
-            {
-                **data,
-                "error": message if isinstance(message, str) and message else f"serving answered HTTP {status}",
-                "prediction": 0.0,
-                "code": data.get("code") or f"http_{status}",
-                "inference_failed": data.get("inference_failed") is True,
-            },
+            self._named(
+                {
+                    **data,
+                    "error": message if isinstance(message, str) and message else f"serving answered HTTP {status}",
+                    "prediction": 0.0,
+                    "code": data.get("code") or f"http_{status}",
+                    "inference_failed": data.get("inference_failed") is True,
+                }
+            ),
             status,
             True,
         )
+
+    def _named(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A task's reply names the task, whatever serving's own body says."""
+        if self.task is not None:
+            body["task"] = self.task
+        return body
+
+
+def trace_headers(trace_id: str, identity: str = "") -> dict[str, str]:
+    """The hop's headers for a bus job: its trace id (serving traces the call as a bus call under it) and the
+    identity the bridge verified.
+
+    The one place the bridge says things about a call to serving; serving reads them in
+    ``api.tracing.from_bridge`` only.
+    """
+    headers = {**JSON_HEADERS, CHANNEL_HEADER: "bus"}
+    if trace_id:
+        headers[TRACE_HEADER] = trace_id
+    if identity:
+        headers[IDENTITY_HEADER] = identity
+    return headers
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -2,16 +2,23 @@
 
 Contract (``JobRunner.process``, run by the bridge once per delivered entry):
 
-- A job that cannot be read or verified gets an error reply (when its reply address can be trusted) and a
-  dead letter; a copy older than its deadline plus ``wire.DONE_MARGIN_S`` is dead-lettered without a reply
-  (its done key may be gone, so its job id never gets a second one); a job delivered more than
-  ``wire.MAX_DELIVERIES`` times gets an error reply and a dead letter.
+- A job that cannot be read or verified (``wire.MalformedJob``: malformed, an unknown key id, a bad
+  signature, which also covers a job copied onto another address's stream), and a verified copy older than
+  its deadline plus ``wire.DONE_MARGIN_S``, is dead-lettered with the reason and never answered: neither
+  the reply stream nor the done key it claims is written, so a tampered copy of a real job cannot take
+  the real job's reply. A job delivered more than ``wire.MAX_DELIVERIES`` times gets an error reply and a
+  dead letter.
 - A job whose done key exists (answered before) is acked without asking serving again.
-- Otherwise its handler answers, and the reply, the job's record (``core.records.ServedInference``, with
-  the embedding's statistics, when ``record`` is on and the handler asks for it), the done key, XACK and
-  XDEL are one script (``scripts.REPLY_SCRIPT``): a job is answered and recorded together, once.
+- A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
+  call the address's model (or task) a ``forbidden`` reply; neither reaches serving nor is recorded, so
+  neither counts in the failure windows.
+- Otherwise the address's handler answers, and the reply (signed with the job's bus key), the job's record
+  (``core.records.ServedInference``, with the embedding's statistics, when ``record`` is on and the
+  handler asks for it), the done key, XACK and XDEL are one script (``scripts.REPLY_SCRIPT``): a job is
+  answered and recorded together, once.
 - A lost Redis is retried with backoff until the job's deadline (at least 30 s); then the job stays
-  pending and is reclaimed. Any other error leaves it pending too (logged).
+  pending and is reclaimed. Any other error (the key port's ``StoreUnavailable`` too) leaves it pending
+  (logged).
 """
 
 from __future__ import annotations
@@ -25,35 +32,40 @@ from typing import Any
 
 from examlops.bus import wire
 from examlops.bus.hop import ModelHandler, Outcome
+from examlops.bus.ports import BusCaller, BusKeys
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
-from examlops.core.errors import ModelNotFound, StoreUnavailable
+from examlops.core.errors import DeadlineExceeded, ExamlopsError, ModelNotFound, StoreUnavailable, Unauthenticated
 from examlops.core.records import ServedInference, embedding_stats
+from examlops.tracing import CallTrace, Tracer, trace_id_for_job
 
 log = logging.getLogger(__name__)
 
 
 class JobRunner:
-    """Serves and finishes single jobs for one bridge (``consumer``)."""
+    """Serves and finishes single jobs for one bridge (``consumer``). ``handler_of`` gives the handler of an
+    address (a model's or a task's) as it is when the job starts, or None for an address nobody serves."""
 
     def __init__(
         self,
         store: BusStore,
-        handlers: Mapping[str, ModelHandler],
-        secret: bytes,
+        handler_of: Callable[[str], ModelHandler | None],
+        keys: BusKeys,
         consumer: str,
         *,
         record: bool,
         records_bound: int,
         clock: Callable[[], float],
+        tracer: Tracer | None = None,
     ) -> None:
+        self.tracer = tracer or Tracer(None)
         self.store = store
-        self.handlers = handlers
+        self.handler_of = handler_of
+        self.keys = keys
         self.consumer = consumer
         self.record = record
         self.records_bound = records_bound
         self.clock = clock
-        self._secret = secret
         # Finish tokens: this instance's own prefix (a consumer name may be given, and reused after a
         # restart) and a counter.
         self._token_prefix = f"{consumer}:{secrets.token_hex(4)}:"
@@ -78,54 +90,95 @@ class JobRunner:
         self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int, done: asyncio.Task[set[str]] | None
     ) -> None:
         address = wire.address_of(stream)
-        by_entry = f"entry:{stream}:{entry_id}"
         try:
-            job = wire.decode_job(self._secret, address, fields, self.clock())
+            caller, key, job = self._verified(address, fields)
         except wire.MalformedJob as exc:
-            log.warning("refused entry %s on %s: %s", entry_id, stream, exc)
-            refused: dict[str, Any] = {"stream": stream, "reason": exc.code, "message": exc.message}
-            refused["fields"] = dict(fields)
-            # Keyed by entry, not by the unverified job id, so a forged job cannot use up a real job's reply.
-            body = wire.error_body(exc, job_id=exc.job_id)
-            await self.finish(stream, entry_id, by_entry, exc.reply_to, body, dead=refused)
+            log.warning("dead-lettered entry %s on %s: %s", entry_id, stream, exc)
+            self._traced(self.tracer.begin("bus"), wire.error_body(exc), None)
+            await self._dead_letter(stream, entry_id, fields, exc.code, exc.message)
             return
+        trace = self.tracer.begin("bus", trace_id_for_job(job.job_id))
+        trace.identity = caller.name
         if self.clock() > job.deadline + wire.DONE_MARGIN_S:
             log.warning(
                 "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, wire.DONE_MARGIN_S
             )
-            stale = {"stream": stream, "reason": "stale", "fields": dict(fields)}
-            await self.finish(stream, entry_id, by_entry, None, {}, dead=stale)
+            self._traced(trace, wire.error_body(DeadlineExceeded("the job expired long ago"), job_id=job.job_id), job)
+            await self._dead_letter(stream, entry_id, fields, "stale", "the job expired before it was read")
             return
-        handler = self.handlers.get(address)
-        model = handler.spec.name if handler else None
+        handler = self.handler_of(address)
+        if handler is not None:
+            trace.model, trace.task = handler.spec.name, handler.task
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"
             )
             dead: dict[str, Any] = {"stream": stream, "reason": error.code, "delivered": delivered}
             dead["fields"] = dict(fields)
-            body = wire.error_body(error, model=model, job_id=job.job_id)
-            await self.finish(stream, entry_id, job.job_id, job.reply_to, body, dead=dead, job=job)
+            body = handler.error_body(error, job.job_id) if handler else wire.error_body(error, job_id=job.job_id)
+            await self.finish(stream, entry_id, job, key, self._traced(trace, body, job), dead=dead)
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
         if job.job_id in answered:
-            await self.finish(stream, entry_id, job.job_id, job.reply_to, {}, job=job)
+            await self.finish(stream, entry_id, job, key, {})
             return
-        outcome: Outcome
-        expired = job.expired(self.clock())
-        if handler is None:
-            missing = ModelNotFound(f"no model has the bus address {address[:64]}")
-            outcome = Outcome(wire.error_body(missing, job_id=job.job_id), 0, False)
-        elif expired is not None:
-            outcome = Outcome(wire.error_body(expired, model=model, job_id=job.job_id), 0, False)
-        else:
-            outcome = await handler.handle(job)
-        record = self._record(job, handler, outcome) if handler is not None and outcome.recorded else ""
-        await self.finish(
-            stream, entry_id, job.job_id, job.reply_to, outcome.body, status=outcome.status, job=job, record=record
-        )
+        outcome = await self._answer(job, caller, handler, trace.trace_id)
+        if outcome.status == 0 or outcome.verdict:
+            body = self._traced(trace, outcome.body, job, status=outcome.status)
+        else:  # serving's reply passed on: serving traced the call under this id
+            body = {**outcome.body, "trace": trace.trace_id}
+        outcome = Outcome(body, outcome.status, outcome.recorded, outcome.verdict)
+        record = self._record(job, caller, handler, outcome) if handler is not None and outcome.recorded else ""
+        await self.finish(stream, entry_id, job, key, outcome.body, status=outcome.status, record=record)
 
-    def _record(self, job: wire.Job, handler: ModelHandler, outcome: Outcome) -> str:
+    def _verified(self, address: str, fields: Mapping[str, str]) -> tuple[BusCaller, bytes, wire.Job]:
+        """The job, its identity and bus key; ``wire.MalformedJob`` (``UnknownKey``, ``BadSignature``) else."""
+        key_id = wire.job_key_id(fields)
+        found = self.keys.bus_key(key_id)
+        if found is None:
+            raise wire.UnknownKey(f"no identity has the key id {key_id[:64]!r}")
+        caller, key = found
+        return caller, key, wire.decode_job(key, address, fields, self.clock())
+
+    async def _answer(self, job: wire.Job, caller: BusCaller, handler: ModelHandler | None, trace_id: str) -> Outcome:
+        """Serve the job, or the refusal it gets (never recorded, never sent to serving)."""
+        if caller.revoked:
+            return Outcome(wire.error_body(Unauthenticated(), job_id=job.job_id), 0, False)
+        if handler is None:
+            missing = ModelNotFound(f"no model or task has the bus address {job.address[:64]}")
+            return Outcome(wire.error_body(missing, job_id=job.job_id), 0, False)
+        try:
+            if handler.task is not None:
+                caller.may_call(task=handler.task)
+            else:
+                caller.may_call(model=handler.spec.name)
+        except ExamlopsError as refused:
+            return Outcome(handler.error_body(refused, job.job_id), 0, False)
+        expired = job.expired(self.clock())
+        if expired is not None:
+            return Outcome(handler.error_body(expired, job.job_id), 0, False)
+        return await handler.handle(job, caller.name, trace_id)
+
+    def _traced(
+        self, trace: CallTrace, body: dict[str, Any], job: wire.Job | None, *, status: int = 0
+    ) -> dict[str, Any]:
+        """``body`` with its trace id, traced here as the call's verdict: the caller gets ``body`` whatever
+        serving saw (nothing, or a reply the bridge turned into this error: a late answer, a hop that timed
+        out after serving answered), so the store keeps this outcome over serving's record of the call."""
+        trace.job_id = job.job_id if job is not None else None
+        code = None if body.get("error") is None else str(body.get("code") or "error")
+        self.tracer.finish(trace, error_code=code, status=status, verdict=True)
+        return {**body, "trace": trace.trace_id}
+
+    async def _dead_letter(
+        self, stream: str, entry_id: str, fields: Mapping[str, str], reason: str, message: str
+    ) -> None:
+        """Ack the entry into the dead letters with the reason; no reply, and no done key but the entry's own."""
+        dead = {"stream": stream, "reason": reason, "message": message, "fields": dict(fields)}
+        by_entry = f"entry:{stream}:{entry_id}"  # never the job id it claims: that belongs to the real job
+        await self.finish(stream, entry_id, None, b"", {}, dead=dead, done_id=by_entry)
+
+    def _record(self, job: wire.Job, caller: BusCaller, handler: ModelHandler, outcome: Outcome) -> str:
         """The job's record (``ServedInference.packed``), or '' when recording is off."""
         if not self.record:
             return ""
@@ -139,7 +192,7 @@ class JobRunner:
             job_id=job.job_id,
             address=job.address,
             model=handler.spec.name,
-            caller=job.caller,
+            caller=caller.name,
             node_count=nodes if valid and type(nodes) is int else 0,
             reply=outcome.body,
             status=outcome.status,
@@ -154,20 +207,28 @@ class JobRunner:
         self,
         stream: str,
         entry_id: str,
-        done_id: str,
-        reply_to: str | None,
+        job: wire.Job | None,
+        key: bytes,
         body: Mapping[str, Any],
         *,
         status: int = 0,
         dead: Mapping[str, Any] | None = None,
-        job: wire.Job | None = None,
         record: str = "",
+        done_id: str = "",
     ) -> bool:
-        """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s)."""
+        """Run the reply script, retrying a lost Redis until the job's deadline (at least 30 s).
+
+        With a ``job``, the reply (signed with ``key``) goes to its reply stream once per job id; without
+        one (a dead letter), nothing is replied and ``done_id`` names the entry's own done key.
+        """
         give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
         token = f"{self._token_prefix}{next(self._finishes)}"  # this finish's, kept across its retries
         outage: Outage | None = None  # built on the first failure only: this runs once per job
-        fields = wire.reply_fields(done_id if job else str(body.get("job_id") or ""), body, status)
+        if job is not None:
+            done_id, reply_to = job.job_id, job.reply_to
+            fields = wire.reply_fields(job.key_id, key, job.job_id, body, status)
+        else:
+            reply_to, fields = None, {}
         while True:
             try:
                 first = await self.store.finish(

@@ -7,7 +7,7 @@ Streams and keys::
     examlops:bus:jobs:{uuid}          jobs for one model, by its catalog ``seanerbus_uuid``; group ``bridges``
     examlops:bus:replies:{client_id}  one per client; capped (MAXLEN ~) and expiring, so abandoned ones vanish
     examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id
-    examlops:bus:dead                 dead letters: malformed, refused and over-delivered jobs, with the reason
+    examlops:bus:dead                 dead letters: unverifiable, stale and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
     examlops:bus:addresses            set of the uuids with a job stream: bridges find orphans without a SCAN
 
@@ -16,17 +16,23 @@ A producer puts a job on its model's stream and adds the address to
 every job stream it finds with one SCAN when it starts).
 
 A job entry's fields: ``v`` (format version), ``job_id``, ``reply_to`` (a reply
-stream key), ``caller``, ``deadline`` (absolute UNIX seconds, also the
-signature's expiry), ``payload`` (canonical JSON) and ``sig``: hex
-HMAC-SHA256 with ``settings.secret`` over the canonical JSON array of the
-format tag, job id, model address, reply stream, caller, deadline and
-payload, exactly as they travel. The address is not a field: it is the stream
-the job was read from, so a job copied onto another model's stream is refused.
+stream key), ``key`` (the key id of the identity that sends it), ``deadline``
+(absolute UNIX seconds, also the signature's expiry), ``payload`` (canonical
+JSON) and ``sig``: hex HMAC-SHA256 with that identity's bus key over the
+canonical JSON array of the format tag, job id, address, reply stream, key id,
+deadline and payload, exactly as they travel. The address is not a field: it
+is the stream the job was read from, so a job copied onto another address's
+stream fails its signature. The bridge looks the key id up (``ports.BusKeys``)
+before it believes anything else in the job.
 
 A reply entry's fields: ``job_id``, ``status`` (the HTTP status from serving,
-0 when serving was not asked) and ``body``: the HTTP reply's JSON (model,
-alias, version, run_id, prediction, error, job_id) or an error body (error,
-prediction 0.0, code, field, inference_failed, model, job_id).
+0 when serving was not asked), ``body`` (the HTTP reply's JSON: model, alias,
+version, run_id, prediction, error, job_id, and task for a task's address; or
+an error body: error, prediction 0.0, code, field, inference_failed, model,
+job_id), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
+bus key over the canonical JSON array of the reply format tag, job id, status,
+body and key id. Only the bridge that verified the job (it holds the key) and
+the job's sender can make it; the client ignores a reply it cannot verify.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from examlops.core import keys
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
 from examlops.core.jsoncodec import ascii_array, canonical
 
-FORMAT = "1"
+FORMAT = "2"
 PREFIX = "examlops:bus"
 GROUP = "bridges"
 DEAD_STREAM = f"{PREFIX}:dead"
@@ -70,22 +76,27 @@ DEAD_STREAM_MAXLEN = 10_000
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-_FIELDS = ("v", "job_id", "reply_to", "caller", "deadline", "payload", "sig")
+_KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_FIELDS = ("v", "job_id", "reply_to", "key", "deadline", "payload", "sig")
+_JOB_TAG = "examlops.bus.v" + FORMAT
+_REPLY_TAG = "examlops.bus.reply.v" + FORMAT
 
 
 class MalformedJob(InvalidInput):
-    """A job that cannot be read. ``reply_to`` and ``job_id`` are set when they could be read safely."""
+    """A job that cannot be read: dead-lettered with this reason, never answered."""
 
     code = "malformed_job"
 
-    def __init__(self, message: str, *, reply_to: str | None = None, job_id: str | None = None) -> None:
-        super().__init__(message)
-        self.reply_to = reply_to
-        self.job_id = job_id
+
+class UnknownKey(MalformedJob):
+    """The job names a key id no identity has: dead-lettered, never answered."""
+
+    code = "unknown_key"
 
 
 class BadSignature(MalformedJob):
-    """Unsigned, signed with another secret, or altered after signing: never served."""
+    """Unsigned, signed with another key, altered after signing, or copied onto another address's stream:
+    dead-lettered, never answered (an answer would reach the real job's caller)."""
 
     code = "bad_signature"
 
@@ -131,12 +142,13 @@ def is_reply_stream(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One verified job. ``payload`` holds ``embedding``, ``node_count`` and optionally ``alias``."""
+    """One verified job. ``payload`` holds ``embedding``, ``node_count`` and optionally ``alias``;
+    ``key_id`` names the identity whose key signed it."""
 
     job_id: str
     address: str
     reply_to: str
-    caller: str
+    key_id: str
     deadline: float
     payload: Mapping[str, Any]
 
@@ -147,19 +159,29 @@ class Job:
         return DeadlineExceeded(f"the job's deadline passed {now - self.deadline:.3f} s ago; it was not served")
 
 
-def _signature(secret: bytes, address: str, fields: Mapping[str, str]) -> str:
-    """HMAC-SHA256 over the ASCII JSON array of the signed fields (``jsoncodec.ascii_array``)."""
-    f = fields
-    message = ascii_array(
-        ["examlops.bus.v" + FORMAT, f["job_id"], address, f["reply_to"], f["caller"], f["deadline"], f["payload"]]
-    )
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+def _sign(key: bytes, items: list[str | int]) -> str:
+    """HMAC-SHA256 over the ASCII JSON array of ``items`` (``jsoncodec.ascii_array``), in hex."""
+    return hmac.new(key, ascii_array(items), hashlib.sha256).hexdigest()
+
+
+def _job_signature(key: bytes, address: str, f: Mapping[str, str]) -> str:
+    return _sign(key, [_JOB_TAG, f["job_id"], address, f["reply_to"], f["key"], f["deadline"], f["payload"]])
 
 
 def encode_job(
-    secret: bytes, *, address: str, job_id: str, reply_to: str, caller: str, deadline: float, payload: Mapping[str, Any]
+    key_id: str,
+    key: bytes,
+    *,
+    address: str,
+    job_id: str,
+    reply_to: str,
+    deadline: float,
+    payload: Mapping[str, Any],
 ) -> dict[str, str]:
-    """The stream fields of a signed job. ``InvalidInput`` for a payload that is not plain finite JSON."""
+    """The stream fields of a job signed with ``key`` (the bus key of ``key_id``'s identity).
+
+    ``InvalidInput`` for a payload that is not plain finite JSON.
+    """
     try:
         body = canonical(payload)
     except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
@@ -168,47 +190,51 @@ def encode_job(
         "v": FORMAT,
         "job_id": job_id,
         "reply_to": reply_to,
-        "caller": caller,
+        "key": key_id,
         "deadline": repr(float(deadline)),
         "payload": body,
     }
-    fields["sig"] = _signature(secret, address, fields)
+    fields["sig"] = _job_signature(key, address, fields)
     return fields
 
 
-def decode_job(secret: bytes, address: str, raw: Mapping[str, str], now: float) -> Job:
-    """Verify and read one job: ``MalformedJob`` or ``BadSignature``; an expired job is read (see ``Job.expired``).
-
-    The signature is checked before anything is believed, so a refused job
-    tells nothing about the payload. The reply address is given back on the
-    error only when it lies in the reply namespace.
-    """
-    fields = {str(k): str(v) for k, v in raw.items()}
-    job_id = fields.get("job_id", "")
-    reply_to = fields.get("reply_to", "")
-    seen = dict(
-        reply_to=reply_to if is_reply_stream(reply_to) else None, job_id=job_id if _JOB_ID.match(job_id) else None
-    )
-    missing = [name for name in _FIELDS if name not in fields]
+def job_key_id(raw: Mapping[str, str]) -> str:
+    """The key id a job claims (not yet believed): ``MalformedJob`` when the job lacks a field, has another
+    format, or its key id, job id or reply address cannot be one."""
+    missing = [name for name in _FIELDS if name not in raw]
     if missing:
         kind = BadSignature if missing == ["sig"] else MalformedJob
-        raise kind(f"the job lacks {', '.join(missing)}", **seen)
-    if fields["v"] != FORMAT:
-        raise MalformedJob(f"unknown job format {fields['v'][:16]!r}", **seen)
-    if seen["job_id"] is None or seen["reply_to"] is None:
-        raise MalformedJob("the job id or reply address is not valid", **seen)
-    if not hmac.compare_digest(_signature(secret, address, fields), fields["sig"]):
-        raise BadSignature("the job's signature does not match: unsigned, another secret, or altered", **seen)
+        raise kind(f"the job lacks {', '.join(missing)}")
+    if raw["v"] != FORMAT:
+        raise MalformedJob(f"unknown job format {str(raw['v'])[:16]!r}")
+    if not _JOB_ID.match(raw["job_id"]) or not is_reply_stream(raw["reply_to"]):
+        raise MalformedJob("the job id or reply address is not valid")
+    key_id = raw["key"]
+    if not _KEY_ID.match(key_id):
+        raise MalformedJob("the key id is not valid")
+    return key_id
+
+
+def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> Job:
+    """Verify and read one job with the bus key of its key id: ``MalformedJob`` or ``BadSignature``.
+
+    The signature is checked before anything else is believed, so a refused job tells nothing about the
+    payload. An expired job is read (see ``Job.expired``); a deadline more than ``MAX_JOB_TTL_S`` ahead is
+    refused (a done key must outlive every valid job).
+    """
+    key_id = job_key_id(raw)
+    if not hmac.compare_digest(_job_signature(key, address, raw), raw["sig"]):
+        raise BadSignature("the job's signature does not match: unsigned, another key, altered, or moved")
     try:
-        deadline = float(fields["deadline"])
-        payload = orjson.loads(fields["payload"])  # strict: NaN, Infinity and 1e309 are refused
+        deadline = float(raw["deadline"])
+        payload = orjson.loads(raw["payload"])  # strict: NaN, Infinity and 1e309 are refused
     except ValueError as exc:
-        raise MalformedJob(f"the deadline or payload cannot be read ({exc})", **seen) from exc
+        raise MalformedJob(f"the deadline or payload cannot be read ({exc})") from exc
     if not math.isfinite(deadline) or not isinstance(payload, dict):
-        raise MalformedJob("the deadline must be a finite number and the payload an object", **seen)
+        raise MalformedJob("the deadline must be a finite number and the payload an object")
     if deadline - now > MAX_JOB_TTL_S:
-        raise MalformedJob(f"the deadline lies more than {MAX_JOB_TTL_S:.0f} s ahead", **seen)
-    return Job(job_id, address, reply_to, fields["caller"], deadline, payload)
+        raise MalformedJob(f"the deadline lies more than {MAX_JOB_TTL_S:.0f} s ahead")
+    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload)
 
 
 def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> dict[str, Any]:
@@ -224,16 +250,26 @@ def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | 
     }
 
 
-def reply_fields(job_id: str, body: Mapping[str, Any], status: int = 0) -> dict[str, str]:
-    return {"job_id": job_id, "status": str(status), "body": orjson.dumps(body).decode()}
+def reply_fields(key_id: str, key: bytes, job_id: str, body: Mapping[str, Any], status: int = 0) -> dict[str, str]:
+    """A reply entry signed with the job's bus key (``key_id``'s), which only its sender and a bridge hold."""
+    fields = {"job_id": job_id, "status": str(status), "body": orjson.dumps(body).decode(), "key": key_id}
+    fields["sig"] = _sign(key, [_REPLY_TAG, job_id, fields["status"], fields["body"], key_id])
+    return fields
 
 
-def read_reply(raw: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
-    """(job id, body) of one reply entry; a body that is not an object becomes an error body."""
+def verify_reply(key_id: str, key: bytes, raw: Mapping[str, str]) -> tuple[str, dict[str, Any]] | None:
+    """(job id, body) of a reply signed with ``key`` for ``key_id``; None when it is not (forged, altered,
+    another identity's, or unsigned). A signed body that is not an object becomes an error body."""
     try:
-        body = orjson.loads(raw.get("body", ""))
+        job_id, status, text, claimed, sig = raw["job_id"], raw["status"], raw["body"], raw["key"], raw["sig"]
+    except KeyError:
+        return None
+    if claimed != key_id or not hmac.compare_digest(_sign(key, [_REPLY_TAG, job_id, status, text, key_id]), sig):
+        return None
+    try:
+        body = orjson.loads(text)
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
-        body = error_body(MalformedJob("the bridge sent an unreadable reply"))
-    return raw.get("job_id", ""), body
+        body = error_body(ExamlopsError("the bridge sent an unreadable reply"))
+    return job_id, body

@@ -7,7 +7,6 @@ from ``output.py``: an error reply exits with the code of the error its ``code``
 
 from __future__ import annotations
 
-import getpass
 import logging
 import socket
 import uuid
@@ -43,14 +42,6 @@ def _bridge() -> None:
     """The bus bridge: consumes jobs, calls serving, replies exactly once."""
 
 
-def _caller() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"cli:{user}@{socket.gethostname()}"
-
-
 def _error_of(body: dict[str, Any]) -> errors.ExamlopsError:
     """The error class an error reply's ``code`` names (``ExamlopsError`` when none does)."""
     return errors.error_of(body.get("code"), str(body.get("error")))
@@ -58,7 +49,13 @@ def _error_of(body: dict[str, Any]) -> errors.ExamlopsError:
 
 @bus_app.command("send")
 def send(
-    model: Annotated[str, typer.Argument(help="A catalog model name (any case) or its bus UUID.")],
+    model: Annotated[
+        str | None, typer.Argument(help="A catalog model name (any case) or its bus UUID; or give --task.")
+    ] = None,
+    *,
+    task: Annotated[
+        str | None, typer.Option("--task", help="Send to the task's bus address (the site maps it to a model).")
+    ] = None,
     node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
     embedding_file: Annotated[
         Path | None, typer.Option("--embedding-file", help="JSON list (or plain numbers) of the embedding.")
@@ -68,33 +65,45 @@ def send(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply (the job's deadline).", min=0.1)] = 30.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Send one job to a model's bus address and print the reply; exits non-zero on an error reply."""
+    """Send one job to a model's or a task's bus address and print the reply; exits non-zero on an error reply.
+
+    Signs with the bus key of EXAMLOPS_TOKEN, or of the admin token `exa up` keeps in the state folder.
+    """
     from examlops.bootstrap import catalog
-    from examlops.bootstrap.bridge import sync_bus_client
+    from examlops.bootstrap.bridge import sync_bus_client, task_route
     from examlops.cli.serve import _random_embedding, read_embedding
 
     if (embedding_file is None) == (not random):
         fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
+    if (model is None) == (task is None):
+        fail("give exactly one of a MODEL and --task T", BAD_INPUT)
+    if task is not None and alias:
+        fail("--alias is for a model; the task map names a task's alias", BAD_INPUT)
     settings = Settings()
     with errors_as_exit():
         models = catalog(settings)
-        try:
-            spec = models.by_uuid(uuid.UUID(model))
-        except ValueError:
-            spec = models.get(model)
+        if task is not None:
+            route = task_route(settings, task)
+            address, spec = route.address, models.get(route.model)
+        else:
+            try:
+                spec = models.by_uuid(uuid.UUID(str(model)))
+            except ValueError:
+                spec = models.get(str(model))
+            address = spec.seanerbus_uuid
         embedding = read_embedding(embedding_file) if embedding_file else _random_embedding(spec.embedding_dim)
         payload: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
         if alias:
             payload["alias"] = alias
-        with sync_bus_client(settings, caller=_caller()) as client:
-            reply = client.request(spec.seanerbus_uuid, payload, timeout)
+        with sync_bus_client(settings) as client:
+            reply = client.request(address, payload, timeout)
     if as_json:
         print_json(reply)
     elif reply.get("error") is None:
         print_table(
-            f"bus reply from {spec.seanerbus_uuid}",
-            ["model", "alias", "version", "run id", "prediction", "job id"],
-            [[reply.get(k) for k in ("model", "alias", "version", "run_id", "prediction", "job_id")]],
+            f"bus reply from {address}",
+            ["task", "model", "alias", "version", "run id", "prediction", "job id"],
+            [[reply.get(k) for k in ("task", "model", "alias", "version", "run_id", "prediction", "job_id")]],
         )
     if reply.get("error") is not None:
         error = _error_of(reply)

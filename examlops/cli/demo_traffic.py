@@ -134,7 +134,7 @@ async def _send_traffic(
     pinned = set(random.sample(range(jobs), round(jobs * fail_rate)))
     tally = _TrafficTally(pinned_to_staging=len(pinned))
     gate = asyncio.Semaphore(concurrency)
-    async with bus_client(settings, caller="exa-demo-traffic") as client:
+    async with bus_client(settings) as client:
 
         async def one(i: int) -> None:
             spec = specs[i % len(specs)]

@@ -19,6 +19,7 @@ from examlops.cli.output import JsonOption, console, errors_as_exit, load_settin
 from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
 from examlops.cli.tasks import task_app
+from examlops.cli.trace import trace_app
 from examlops.core.setting_sources import setting_description, setting_sources
 
 app = typer.Typer(
@@ -43,6 +44,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(task_app, name="task")
 app.add_typer(drift_app, name="drift")
 app.add_typer(flows_app, name="flows")
+app.add_typer(trace_app, name="trace")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)

@@ -23,6 +23,8 @@ error *means* lives here, as class attributes:
     │   ├── AliasNotFound               the model has no such alias
     │   ├── VersionNotFound             the model has no such version
     │   └── TaskNotFound                no task of that name is in the task map
+    ├── Unauthenticated                 no credential, or one that is unknown, revoked or malformed (401)
+    ├── Forbidden                       a known identity lacks the permission it names (403)
     ├── Conflict                        a change that contradicts the current state
     ├── NotReady                        the hot set is not loaded yet (503)
     ├── DeadlineExceeded                the caller's deadline passed before the work ran
@@ -109,6 +111,26 @@ class TaskNotFound(NotFound):
     """The task map has no such task: the caller named a task the site does not serve."""
 
     code = "unknown_task"
+
+
+class Unauthenticated(ExamlopsError):
+    """No usable credential. The message is the same whether the token was missing, unknown, revoked
+    or malformed: a caller probing tokens learns nothing from the refusal. Never a model failure."""
+
+    code = "unauthenticated"
+
+    def __init__(self, message: str = "a valid bearer token is required") -> None:
+        super().__init__(message)
+
+
+class Forbidden(ExamlopsError):
+    """A known identity asked for something its role or lists do not allow; ``permission`` names what it lacks."""
+
+    code = "forbidden"
+
+    def __init__(self, message: str, *, permission: str) -> None:
+        super().__init__(message)
+        self.permission = permission
 
 
 class Conflict(ExamlopsError):

@@ -41,6 +41,26 @@ class ModelRef:
     source: str
 
 
+@dataclass(slots=True)
+class ServingFacts:
+    """Where one request went inside serving, filled in by the pipeline as it goes; read for its trace.
+
+    Owned by one request (its ``InferenceRequest.facts``), written only on the event loop. A field stays
+    None when the request never got that far: ``queue_wait_ms`` once its micro-batch is handled;
+    ``batch_id``, ``batch_size``, ``version`` and ``predict_ms`` once a predict call of one loaded version
+    took it (the batch is that call: every request predicted together, whatever they were queued with).
+    """
+
+    queued_at: float = 0.0
+    """Monotonic seconds when the request was handed to the micro-batcher."""
+    queue_wait_ms: float | None = None
+    batch_id: str | None = None
+    batch_size: int | None = None
+    predict_ms: float | None = None
+    alias: str | None = None
+    version: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
     """One request for one prediction, after the ingress parsed it.
@@ -62,6 +82,8 @@ class InferenceRequest:
     user_id: str | None = None
     deadline: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    facts: ServingFacts | None = field(default=None, compare=False, repr=False)
+    """Filled in by the pipeline when given (the trace reads it); None: nothing is noted."""
     routed: bool = False
 
 

@@ -114,6 +114,37 @@ class RecordingSettings(_Section):
     """Drift snapshots older than this are trimmed by the retention flow, whether the drift flow read them or not."""
 
 
+class TracingSettings(_Section):
+    """The trace of every call (issue 16): one SQL row per HTTP or bus call, written off the request path."""
+
+    enabled: bool = True
+    """Write a trace row for every call; off, replies still carry a trace id but nothing is stored."""
+    payload: Literal["none", "hash", "full"] = "none"
+    """What a trace keeps of the input and output: `none`, `hash` (SHA-256 of their canonical JSON, to match a
+    known input without keeping it) or `full` (the canonical JSON itself)."""
+    payload_retention_s: float = Field(7 * 86400.0, gt=0)
+    """Seconds a trace keeps its stored input and output (hash or full); past it they are cleared."""
+    retention_s: float = Field(30 * 86400.0, gt=0)
+    """Seconds a trace row is kept at all; past it the row is deleted. At least ``payload_retention_s``."""
+    bound: int = Field(10_000, ge=1)
+    """Traces waiting to be written at most; past it a trace is dropped and counted
+    (`examlops_traces_dropped_total`), never the request slowed."""
+    batch: int = Field(256, ge=1)
+    """Traces written at most in one SQL transaction."""
+    linger_s: float = Field(0.2, ge=0)
+    """How long the writer waits for more traces when fewer than ``batch`` are waiting."""
+    prune_every_s: float = Field(300.0, gt=0)
+    """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
+    node: str = ""
+    """The name this serving instance or bridge writes as the trace's node; empty: `hostname:pid`."""
+
+    @model_validator(mode="after")
+    def _payload_within_rows(self) -> TracingSettings:
+        if self.payload_retention_s > self.retention_s:
+            raise ValueError("payload_retention_s must not exceed retention_s (stored values go with their row)")
+        return self
+
+
 class BusSettings(_Section):
     """The Redis bus and its bridges (seed 000, steps 1-3 and 8)."""
 
@@ -228,6 +259,9 @@ class Settings(BaseSettings):
     """development or production; production refuses the development secret."""
     secret: SecretStr = SecretStr(DEV_SECRET)
     """Key for job signatures and audit checkpoints."""
+    token: SecretStr | None = None
+    """The bearer token `exa` commands send to the platform (EXAMLOPS_TOKEN); unset, the state folder's
+    admin.token that `exa up` wrote."""
     embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
     """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 
@@ -240,6 +274,7 @@ class Settings(BaseSettings):
     audit: AuditSettings = AuditSettings()
     recording: RecordingSettings = RecordingSettings()
     bus: BusSettings = BusSettings()
+    tracing: TracingSettings = TracingSettings()
     serving: ServingSettings = ServingSettings()
     logs: LogSettings = LogSettings()
     redis: RedisSettings = RedisSettings()
@@ -302,6 +337,11 @@ class Settings(BaseSettings):
     @property
     def redis_owned(self) -> bool:
         return self.redis.url is None
+
+    @property
+    def admin_token_path(self) -> Path:
+        """Where `exa up` keeps the first admin identity's token (mode 0600)."""
+        return self.state_dir / "admin.token"
 
     @property
     def prefect_home(self) -> Path:

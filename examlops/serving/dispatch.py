@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,21 @@ from examlops.serving.residency import Entry
 from examlops.serving.router import Router
 
 log = logging.getLogger(__name__)
+
+
+def _note_batch(members: Sequence[tuple[_Job, Entry]], began: float) -> None:
+    """Note on each request's facts the predict call it joined: one batch id for the call, its size, its time.
+
+    A group re-routed after a transport error is noted again by its next call: the last call is the one kept.
+    """
+    batch_id, size, predict_ms = "", len(members), (time.perf_counter() - began) * 1000
+    for job, entry in members:
+        facts = job.request.facts
+        if facts is None:
+            continue
+        batch_id = batch_id or uuid.uuid4().hex[:16]
+        facts.batch_id, facts.batch_size, facts.predict_ms = batch_id, size, predict_ms
+        facts.alias, facts.version = job.alias, entry.ref.version
 
 
 def check_deadline(req: InferenceRequest, now: float) -> None:
@@ -145,12 +162,15 @@ class Dispatcher:
             if not live:
                 return []
             rows = np.stack([job.features.row for job, _ in live])
+            began = time.perf_counter()
             try:
                 predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
                 if predictions.shape[0] != len(live):
                     raise InferenceFailed(f"{key} returned {predictions.shape[0]} predictions for {len(live)} rows")
             except Exception as exc:
+                _note_batch(live, began)
                 return self._settle([job for job, _ in live], exc, replies, last=last)
+            _note_batch(live, began)
             for (job, entry), value in zip(live, predictions, strict=True):
                 replies[job.index] = self._result(job, entry, float(value))
             return []

@@ -197,6 +197,8 @@ class Pipeline:
             check_deadline(req, self._wall())
             if not self._started or self._closed:
                 raise NotReady("the pipeline is not started")
+            if req.facts is not None:
+                req.facts.queued_at = self._clock()
             reply = await self._batcher.submit(req)
             alias = self._label(model, reply.alias) if reply.alias else alias
             if reply.error is not None:
@@ -219,6 +221,10 @@ class Pipeline:
 
     async def _handle_batch(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         self._metrics.batch_size.observe(len(batch))
+        now = self._clock()
+        for req in batch:
+            if req.facts is not None:
+                req.facts.queue_wait_ms = (now - req.facts.queued_at) * 1000
         return await self._dispatcher.handle(batch)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,23 +24,27 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import SecretStr
 
 from examlops.bootstrap import upgrade_database
-from examlops.bootstrap.bridge import bus_client, sync_bus_client
+from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
+from examlops.bus.credentials import bus_key_from_token
 from examlops.bus.store import BusStore
 from examlops.core import records
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
+from examlops.tracing import trace_id_for_job
 from tests.integration.servers import examlops_env, free_port, upgraded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -50,13 +55,20 @@ ADDRESS = str(JPCP.seanerbus_uuid)
 PAYLOAD = {"embedding": [0.01] * 384, "node_count": 12}
 FAST_HTTP = HttpSettings(connect_timeout_s=1.0, read_timeout_s=2.0)
 """Reclaim after 1 + 2 + 2 = 5 s idle instead of 17 s."""
+TOKEN = f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+"""The platform token of these tests (EXAMLOPS_TOKEN): clients sign with its bus key, bridges know it."""
 
 
 class StandIn:
-    """A stand-in for serving: answers like `/infer-pipeline/infer`, refuses passed deadlines, logs job ids."""
+    """A stand-in for serving: answers like `/infer-pipeline/infer` and `/v1/tasks/{task}/infer` (a task is
+    answered by ``task_models[task]``), refuses passed deadlines, logs job ids, the identity header of each
+    call and the tasks called."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.identities: list[str | None] = []
+        self.tasks: list[str] = []
+        self.task_models: dict[str, str] = {}
         self.delay = 0.0
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -69,9 +81,29 @@ class StandIn:
                 error = {"error": "deadline passed", "prediction": 0.0, "code": "deadline_exceeded"}
                 return JSONResponse(error, status_code=504)
             self.seen.append(body["job_id"])
+            self.identities.append(request.headers.get("x-examlops-identity"))
             await asyncio.sleep(self.delay)
             reply = {"model": body["model"], "alias": body.get("alias") or "Production", "version": "1"}
             reply |= {"run_id": "run-1", "prediction": 0.5, "error": None, "job_id": body["job_id"]}
+            return JSONResponse(reply)
+
+        @app.post("/v1/tasks/{task}/infer")
+        async def infer_task(task: str, request: Request) -> JSONResponse:
+            body = await request.json()
+            assert "model" not in body and "alias" not in body
+            self.seen.append(body["job_id"])
+            self.identities.append(request.headers.get("x-examlops-identity"))
+            self.tasks.append(task)
+            model = self.task_models[task]
+            await asyncio.sleep(self.delay)
+            reply: dict[str, Any] = {
+                "task": task,
+                "model": model,
+                "alias": "Production",
+                "version": "1",
+                "run_id": "run-1",
+            }
+            reply |= {"prediction": 0.5, "error": None, "job_id": body["job_id"]}
             return JSONResponse(reply)
 
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -118,6 +150,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
         serving=ServingSettings(port=serving_port),
         http=FAST_HTTP,
         bus=BusSettings(http_client=http_client),
+        token=SecretStr(TOKEN),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
     return settings
@@ -125,9 +158,11 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
 
 @contextlib.asynccontextmanager
 async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
+    """A bridge in this loop; ``keys`` (a ``BusKeys``) defaults to bootstrap's, which knows the settings' token."""
     redis_client = bus_redis(settings)
+    keys = options.pop("keys", None) or bus_keys(settings)
     async with hop_client(settings) as http:
-        bridge = Bridge(settings, catalog, redis_client, http, **options)
+        bridge = Bridge(settings, catalog, redis_client, http, keys, **options)
         stop = asyncio.Event()
         task = asyncio.create_task(bridge.run(stop))
         try:
@@ -141,13 +176,15 @@ async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **optio
 def signed_job(
     settings: Settings, job_id: str, reply_to: str, *, deadline_in: float, address: str = ADDRESS
 ) -> dict[str, str]:
-    """The stream fields of a job signed with the settings' secret, as a client would send it."""
+    """The stream fields of a job signed with the bus key of the settings' token, as a client would send it."""
+    assert settings.token is not None
+    key_id, key = bus_key_from_token(settings.token.get_secret_value())
     return wire.encode_job(
-        settings.secret.get_secret_value().encode(),
+        key_id,
+        key,
         address=address,
         job_id=job_id,
         reply_to=reply_to,
-        caller="t",
         deadline=time.time() + deadline_in,
         payload=PAYLOAD,
     )
@@ -170,7 +207,7 @@ async def test_a_job_is_answered_with_the_models_reply(
     tmp_path: Path, redis_url: str, standin: StandIn, http_client: str
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port, http_client)
-    async with running_bridge(settings), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings) as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
     assert reply == {
         "model": "JPCP",
@@ -180,10 +217,11 @@ async def test_a_job_is_answered_with_the_models_reply(
         "prediction": 0.5,
         "error": None,
         "job_id": "job-one",
+        "trace": trace_id_for_job("job-one"),
     }
-    assert standin.seen == ["job-one"]
+    assert standin.seen == ["job-one"] and standin.identities == ["admin"]  # the token's identity, by name
     [record] = recorded(redis_url)  # written with the reply, in the same step
-    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "t", 12)
+    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "admin", 12)
     assert record.reply == reply and record.status == 200 and record.address == ADDRESS
     assert (record.norm, record.mean, record.std) == pytest.approx((0.01 * 384**0.5, 0.01, 0.0), abs=1e-9)
     with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin
@@ -192,7 +230,7 @@ async def test_a_job_is_answered_with_the_models_reply(
 
 async def test_a_job_for_an_unknown_uuid_gets_an_error_reply(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    async with running_bridge(settings, sweep_s=0.2), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings, sweep_s=0.2), bus_client(settings) as client:
         reply = await client.request(uuid.uuid4(), PAYLOAD, 10)
     assert reply["code"] == "model_not_found"
     assert reply["prediction"] == 0.0 and reply["error"]
@@ -207,7 +245,7 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
     async with (
         running_bridge(settings, CATALOG.only(["JPCP"]), sweep_s=0.2),
         running_bridge(settings, CATALOG.only(["crcp"]), sweep_s=0.2),
-        bus_client(settings, caller="t") as client,
+        bus_client(settings) as client,
     ):
         replies = await asyncio.gather(
             *(client.request(ADDRESS, PAYLOAD, 10, job_id=f"j-{i}") for i in range(5)),
@@ -222,7 +260,7 @@ async def test_bridges_for_disjoint_models_each_serve_their_own_and_an_unserved_
 
 async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    async with bus_client(settings, caller="t") as client:
+    async with bus_client(settings) as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="too-late")  # no bridge runs yet
         async with running_bridge(settings):
@@ -232,21 +270,24 @@ async def test_a_job_past_its_deadline_is_not_served(tmp_path: Path, redis_url: 
     assert [s.job_id for s in recorded(redis_url)] == ["in-time"]
 
 
-async def test_an_altered_job_is_refused_and_dead_lettered(tmp_path: Path, redis_url: str, standin: StandIn) -> None:
+async def test_an_altered_job_is_dead_lettered_with_its_reason_and_never_answered(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     reply_to = wire.replies_stream("tamper-test")
     fields = signed_job(settings, "altered", reply_to, deadline_in=10)
     fields["payload"] = fields["payload"].replace('"node_count":12', '"node_count":13')
     unsigned = {k: v for k, v in fields.items() if k != "sig"} | {"job_id": "unsigned"}
+    stranger = fields | {"job_id": "stranger", "key": "nobodyskey0"}
     with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-        sync_redis.xadd(wire.jobs_stream(ADDRESS), fields)
-        sync_redis.xadd(wire.jobs_stream(ADDRESS), unsigned)
+        for job in (fields, unsigned, stranger):
+            sync_redis.xadd(wire.jobs_stream(ADDRESS), job)
         async with running_bridge(settings):
-            await until(lambda: sync_redis.xlen(reply_to) == 2)
-        replies = [wire.read_reply(f)[1] for _id, f in sync_redis.xrange(reply_to)]
-        dead = sync_redis.xrange(wire.DEAD_STREAM)
-    assert [(r["code"], r["prediction"]) for r in replies] == [("bad_signature", 0.0)] * 2
-    assert len(dead) == 2
+            await until(lambda: sync_redis.xlen(wire.DEAD_STREAM) == 3)
+        dead = [orjson.loads(f["job"]) for _id, f in sync_redis.xrange(wire.DEAD_STREAM)]
+        assert sync_redis.xlen(reply_to) == 0
+        assert not any(sync_redis.exists(wire.done_key(j)) for j in ("altered", "unsigned", "stranger"))
+    assert Counter(d["reason"] for d in dead) == Counter({"bad_signature": 2, "unknown_key": 1})  # jobs run at once
     assert standin.seen == []
 
 
@@ -255,7 +296,7 @@ async def test_a_job_delivered_more_than_three_times_is_dead_lettered_with_an_er
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     stream = wire.jobs_stream(ADDRESS)
-    async with bus_client(settings, caller="t") as client:
+    async with bus_client(settings) as client:
         with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
             sync_redis.xgroup_create(stream, wire.GROUP, id="0", mkstream=True)
             waiting = asyncio.create_task(client.request(ADDRESS, PAYLOAD, 20, job_id="cursed"))
@@ -276,7 +317,7 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     stream = wire.jobs_stream(ADDRESS)
-    async with bus_client(settings, caller="t") as client:
+    async with bus_client(settings) as client:
         async with running_bridge(settings):
             assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="twice"))["error"] is None
         # The same signed job, taken by a bridge that died before acking it: pending and idle for a minute.
@@ -295,7 +336,7 @@ async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    async with running_bridge(settings), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings) as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
         # A copy (a client's retry, or a replay by anyone who can write to Redis) is acked without serving it.
         with pytest.raises(DeadlineExceeded):
@@ -337,7 +378,7 @@ async def test_a_reply_whose_answer_was_lost_is_retried_and_the_job_still_record
         return first
 
     monkeypatch.setattr(BusStore, "finish", losing_the_first_answer)
-    async with running_bridge(settings), bus_client(settings, caller="t") as client:
+    async with running_bridge(settings), bus_client(settings) as client:
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="fine"))["error"] is None
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="lossy"))["error"] is None
     assert lost and standin.seen == ["fine", "lossy"]
@@ -371,7 +412,8 @@ async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_
         async with running_bridge(settings, sweep_s=0.2):
             await until(lambda: sync_redis.xlen(reply_stream) == 1)
             [(_id, fields)] = sync_redis.xrange(reply_stream)
-            assert wire.read_reply(fields)[1]["code"] == "model_not_found"
+            verified = wire.verify_reply(*bus_key_from_token(TOKEN), fields)
+            assert verified is not None and verified[1]["code"] == "model_not_found"
             # Answered, its stream is empty: the next sweeps forget the address.
             await until(lambda: not sync_redis.sismember(wire.ADDRESSES_KEY, unknown))
     assert standin.seen == []
@@ -404,6 +446,7 @@ def start_bridge_process(
         home,
         **(extra or {}),
         EXAMLOPS_REDIS__URL=redis_url,
+        EXAMLOPS_TOKEN=TOKEN,
         EXAMLOPS_SERVING__PORT=str(port),
         EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
         EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
@@ -435,7 +478,7 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
         survivor, survivor_log = None, None
         try:
             await wait_logged(doomed, doomed_log, "ready")
-            async with bus_client(settings, caller="t") as client:
+            async with bus_client(settings) as client:
                 jobs = [f"job-{i}" for i in range(12)]
                 waits = [asyncio.create_task(client.request(ADDRESS, PAYLOAD, 40, job_id=j)) for j in jobs[:4]]
                 await until(lambda: len(slow.seen) >= 1)
@@ -469,7 +512,7 @@ async def test_jobs_survive_a_redis_restart_and_both_sides_reconnect(
     server.start()
     try:
         settings = bus_settings(tmp_path, server.url, standin.port, http_client)
-        async with bus_client(settings, caller="t") as client:
+        async with bus_client(settings) as client:
             async with running_bridge(settings):
                 assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None
                 standin.delay = 1.0
@@ -519,7 +562,7 @@ def test_the_sync_client_gets_a_reply(tmp_path: Path, redis_url: str, standin: S
 
     thread = threading.Thread(target=asyncio.run, args=(serve_one(),))
     thread.start()
-    with sync_bus_client(settings, caller="sync") as client:
+    with sync_bus_client(settings) as client:
         reply = client.request(JPCP.seanerbus_uuid, PAYLOAD, 10)
     thread.join(30)
     assert reply["error"] is None and reply["model"] == "JPCP"
@@ -555,7 +598,7 @@ async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
     tmp_path: Path, redis_url: str, serving: Any
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, serving.port)
-    async with bus_client(settings, caller="t") as client:
+    async with bus_client(settings) as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
         before = requests_total(serving.url)

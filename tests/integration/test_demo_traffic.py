@@ -30,6 +30,7 @@ from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from tests.integration.conftest import free_port
 from tests.integration.servers import ServingProcess, examlops_env
+from tests.integration.test_bus_bridge import TOKEN
 
 pytestmark = [
     pytest.mark.integration,
@@ -64,6 +65,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         "EXAMLOPS_HOME": str(home),
         "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
         "EXAMLOPS_REDIS__URL": url,
+        # The platform token the bridge knows and `exa demo traffic` signs with (`exa up` would write one).
+        "EXAMLOPS_TOKEN": TOKEN,
         # Nothing listens there: the retrain request waits in the outbox.
         "EXAMLOPS_PREFECT__API_URL": f"http://127.0.0.1:{free_port()}/api",
     }

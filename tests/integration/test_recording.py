@@ -9,6 +9,7 @@ read, a Redis restart in the middle, and the real bridge writing the records.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -101,7 +102,7 @@ async def test_the_bridge_writes_one_record_per_served_job_and_a_recorder_makes_
     tmp_path: Path, redis_server: str, client: redis.Redis, standin: StandIn
 ) -> None:
     settings: Settings = bus_settings(tmp_path, redis_server, standin.port)
-    async with make_bus_client(settings, caller="t") as bus_client, running_bridge(settings):
+    async with make_bus_client(settings) as bus_client, running_bridge(settings):
         good = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(60)]
         bad = [
             bus_client.request(ADDRESS, {"embedding": [1.0], "node_count": 3}, 10, job_id=f"bad-{i}") for i in range(5)
@@ -161,7 +162,8 @@ def test_two_recorders_draining_at_once_write_each_record_once_and_leave_nothing
 
 
 def test_a_snapshot_and_its_event_carry_the_reply_and_the_embedding_statistics(client: redis.Redis) -> None:
-    add_records(client, [served(1, model="CRCP", prediction=0.875, caller="alice")])
+    record = served(1, model="CRCP", prediction=0.875, caller="alice")
+    add_records(client, [dataclasses.replace(record, reply={**record.reply, "trace": "ab" * 16})])
     drain(recorder_on(client, "me"))
     [snapshot] = SnapshotStream(client).read("crcp")
     norm, mean, std = embedding_stats(EMBEDDING)
@@ -174,7 +176,7 @@ def test_a_snapshot_and_its_event_carry_the_reply_and_the_embedding_statistics(c
     [event] = served_events(client)
     assert event == {
         "job_id": "job-1", "user_id": "alice", "alias": "Production", "version": "3", "run_id": "run-abc",
-        "prediction": 0.875, "status": 200, "code": "",
+        "prediction": 0.875, "status": 200, "code": "", "trace": "ab" * 16,
     }  # fmt: skip
 
 

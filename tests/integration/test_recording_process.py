@@ -26,7 +26,15 @@ from examlops.core.records import RECORDS_STREAM
 from examlops.core.settings import Settings
 from examlops.monitoring.audit import verify
 from examlops.monitoring.snapshots import SnapshotStream
-from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, replies_per_job, start_bridge_process, until
+from tests.integration.test_bus_bridge import (
+    ADDRESS,
+    PAYLOAD,
+    TOKEN,
+    StandIn,
+    replies_per_job,
+    start_bridge_process,
+    until,
+)
 from tests.integration.test_recording import add_records, served, served_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -109,7 +117,7 @@ async def test_a_bridge_killed_between_reply_and_record_leaves_every_served_job_
     tmp_path: Path, redis_server: str, client: redis.Redis
 ) -> None:
     env = {"EXAMLOPS_SECRET": SECRET, "EXAMLOPS_RECORDING__RECLAIM_IDLE_S": "2"}
-    settings = Settings(home=tmp_path, redis={"url": redis_server}, secret=SECRET)  # type: ignore[arg-type]  # pydantic coerces
+    settings = Settings(home=tmp_path, redis={"url": redis_server}, secret=SECRET, token=TOKEN)  # type: ignore[arg-type]  # pydantic coerces
     upgrade_database(settings)
     with StandIn() as serving:
         doomed, doomed_log = start_bridge_process(tmp_path, redis_server, serving.port, 64, env)
@@ -120,7 +128,7 @@ async def test_a_bridge_killed_between_reply_and_record_leaves_every_served_job_
             await until(lambda: priorities(child) == {19}, 30)
             os.kill(child, signal.SIGSTOP)  # the doomed bridge answers, its records are not written
             jobs = [f"job-{i}" for i in range(40)]
-            async with bus_client(settings, caller="t") as bus:
+            async with bus_client(settings) as bus:
                 replies = await asyncio.gather(*(bus.request(ADDRESS, PAYLOAD, 20, job_id=j) for j in jobs))
             assert [r["error"] for r in replies] == [None] * len(jobs)
             assert SnapshotStream(client).read("JPCP") == [] and served_events(client) == []

@@ -9,7 +9,9 @@
   hot set, metrics), answered together. Without a version the alias is drawn ONCE from the traffic
   split (or taken from ``parameters.alias``) and every row is sent to it, so one version answers the
   call; a version in the path pins it. A failed row fails the call: the model failure first
-  (``inference_failed: true``, counted by the retrain trigger), else the first row's error.
+  (``inference_failed: true``, counted by the retrain trigger), else the first row's error. The call is
+  one trace (``api.tracing`` traces every path ending in ``/infer``): model, alias, version, the request
+  ``id`` as its job id, and the batch facts its rows noted.
 
 Every error is ``{"error": ..., "code": ..., "inference_failed": ...}`` with the status of
 ``api.errors.STATUS``; malformed requests are 4xx, never a 5xx nor a prediction. Each route takes the
@@ -30,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 
 from examlops import __version__
 from examlops.api.errors import MAX_MESSAGE, shown, status_of
+from examlops.api.tracing import call_of
 from examlops.api.v2.codec import HEADER_LENGTH, decode_request, encode_response, model_rows, wanted_outputs
 from examlops.api.v2.schemas import (
     InferenceRequestBody,
@@ -181,6 +184,9 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
     async def infer(model: str, request: Request) -> Response:
         """Inference on `n` rows: JSON, or binary tensor data (`application/octet-stream` with
         `Inference-Header-Content-Length`); inputs `embedding` and `node_count`, output `prediction`."""
+        trace = call_of(request)
+        if trace is not None:
+            trace.model = model[:128]
         try:
             spec = pipeline.catalog.get(model)
             version = _version(request.path_params.get("version"))
@@ -196,6 +202,12 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
             if version is None:
                 alias = await pipeline.route(spec.name, alias)
+            if trace is not None:
+                trace.model, trace.alias, trace.job_id = (
+                    spec.name,
+                    alias,
+                    None if call.body.id is None else call.body.id[:128],
+                )
             outcomes = await asyncio.gather(
                 *(
                     pipeline.infer(
@@ -206,6 +218,7 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
                             alias=alias,
                             version=version,
                             routed=version is None,
+                            facts=None if trace is None else trace.facts,  # every row notes its batch: the last wins
                         )
                     )
                     for row, count in zip(embeddings.tolist(), counts, strict=True)
@@ -218,6 +231,8 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
         except ExamlopsError as exc:
             return v2_error(exc)
         results = [o for o in outcomes if isinstance(o, InferenceResult)]
+        if trace is not None:
+            trace.model, trace.alias, trace.version = results[0].model, results[0].alias, results[0].version
         header = {
             "model_name": results[0].model,
             "model_version": results[0].version,

@@ -103,6 +103,7 @@ def row_of(record: ServedInference) -> Row:
         "prediction": prediction,
         "status": status,
         "code": code,
+        "trace": str(reply.get("trace") or ""),
     }
     return (written_key(record.entry_id), stream_of(model), (packed(row),), MODELS, model.lower(), format_ts(ts),
             INFERENCE_SERVED, model, canonical(data))  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +34,7 @@ def job(spec: ModelSpec, *, deadline_in: float = 30.0, embedding: list[float] | 
         job_id="j-1",
         address=str(spec.seanerbus_uuid),
         reply_to=wire.replies_stream("c"),
-        caller="svc:test",
+        key_id="keyida01",
         deadline=time.time() + deadline_in,
         payload={"embedding": embedding or [0.01] * spec.embedding_dim, "node_count": 12},
     )
@@ -175,3 +176,69 @@ async def test_the_switch_builds_the_transport_it_names() -> None:
         assert isinstance(transport, transport_class)
         await transport.aclose()
     assert Settings().bus.http_client == "aiohttp"
+
+
+async def test_an_answer_arriving_after_the_deadline_is_the_bridges_verdict_not_servings_reply(
+    spec: ModelSpec, handler: Hop
+) -> None:
+    late = job(spec, deadline_in=30.0)
+    calls = iter([time.time()])  # the first reading sets the hop's timeout; the reply is read past the deadline
+    async with serving(REPLY) as (url, _, _):
+        one = handler(spec, url, HttpSettings())
+        one.clock = lambda: next(calls, late.deadline + 1.0)
+        async with one.http:
+            outcome = await one.handle(late, trace_id="ab" * 16)
+            passed_on = await ModelHandler(spec, one.http, url, HttpSettings(), time.time).handle(job(spec))
+    assert (outcome.body["code"], outcome.status, outcome.recorded, outcome.verdict) == (
+        "deadline_exceeded",
+        200,
+        False,
+        True,
+    )
+    assert passed_on.status == 200 and passed_on.body["error"] is None and not passed_on.verdict
+
+
+def captured(answer: dict[str, Any]) -> tuple[httpx.AsyncClient, list[httpx.Request]]:
+    """A client over httpx's mock transport (the network's seam): every request kept, ``answer`` to each."""
+    requests: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, json=answer)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(respond)), requests
+
+
+async def test_a_model_job_names_its_identity_in_a_header_and_as_the_user(spec: ModelSpec) -> None:
+    http, requests = captured({"model": "JPCP", "prediction": 0.25, "job_id": "j-1"})
+    async with http:
+        one = ModelHandler(spec, http, "http://serving", HttpSettings(), time.time)
+        outcome = await one.handle(job(spec), "robot-7")
+    [request] = requests
+    assert request.url.path == "/infer-pipeline/infer"
+    assert request.headers["X-Examlops-Identity"] == "robot-7"
+    body = json.loads(request.content)
+    assert (body["model"], body["user_id"], body["node_count"]) == ("JPCP", "robot-7", 12)
+    assert outcome.body["prediction"] == 0.25 and "task" not in outcome.body
+
+
+async def test_a_task_job_goes_to_the_tasks_route_without_model_or_alias_and_its_reply_names_the_task(
+    spec: ModelSpec,
+) -> None:
+    http, requests = captured({"model": "JPCP", "alias": "Production", "prediction": 0.25, "job_id": "j-1"})
+    task_job = job(spec)
+    task_job = wire.Job(
+        **{f: getattr(task_job, f) for f in wire.Job.__slots__} | {"payload": {**task_job.payload, "alias": "Canary"}}
+    )
+    async with http:
+        one = ModelHandler(spec, http, "http://serving/", HttpSettings(), time.time, task="pavement.distress.jpcp")
+        outcome = await one.handle(task_job, "robot-7")
+        refused = await one.handle(job(spec, embedding=[1.0]), "robot-7")
+    [request] = requests
+    assert request.url.path == "/v1/tasks/pavement.distress.jpcp/infer"
+    assert request.headers["X-Examlops-Identity"] == "robot-7"
+    body = json.loads(request.content)
+    assert "model" not in body and "alias" not in body
+    assert (body["embedding"], body["node_count"], body["job_id"]) == ([0.01] * spec.embedding_dim, 12, "j-1")
+    assert outcome.body["task"] == "pavement.distress.jpcp" and outcome.body["prediction"] == 0.25
+    assert refused.body["task"] == "pavement.distress.jpcp" and refused.body["code"] == "invalid_input"

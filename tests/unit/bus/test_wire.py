@@ -1,4 +1,4 @@
-"""The bus's wire format: canonical encoding, signatures, refusals of malformed jobs."""
+"""The bus's wire format: canonical encoding, job and reply signatures, refusals of malformed jobs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from examlops.bus import wire
 
-SECRET = b"unit-test-secret"
+SECRET = b"unit-test-bus-key-of-identity-a"
+KEY_ID = "keyida01"
 ADDRESS = "57dcdb81-15d8-5512-8e93-3f86bc59ad53"
 OTHER = "732f7c08-7925-5e14-a8ae-39c2ae757fe8"
 NOW = 1_700_000_000.0
@@ -21,12 +22,12 @@ def signed(**overrides: Any) -> dict[str, str]:
         "address": ADDRESS,
         "job_id": "job-1",
         "reply_to": REPLY_TO,
-        "caller": "svc:a",
         "deadline": NOW + 5,
         "payload": {"node_count": 3, "embedding": [0.1, -2.5e-7, 3.0], "alias": "canary"},
     }
     args.update(overrides)
-    return wire.encode_job(SECRET, **args)
+    key_id = args.pop("key_id", KEY_ID)
+    return wire.encode_job(key_id, args.pop("key", SECRET), **args)
 
 
 def test_a_signed_job_round_trips_exactly() -> None:
@@ -35,7 +36,7 @@ def test_a_signed_job_round_trips_exactly() -> None:
         job_id="job-1",
         address=ADDRESS,
         reply_to=REPLY_TO,
-        caller="svc:a",
+        key_id=KEY_ID,
         deadline=NOW + 5,
         payload={"node_count": 3, "embedding": [0.1, -2.5e-7, 3.0], "alias": "canary"},
     )
@@ -52,7 +53,7 @@ def test_the_payload_encoding_is_canonical_whatever_the_key_order() -> None:
     ("field", "value"),
     [
         ("payload", json.dumps({"node_count": 4, "embedding": [0.1, -2.5e-7, 3.0], "alias": "canary"})),
-        ("caller", "svc:b"),
+        ("key", "keyidb02"),
         ("deadline", repr(NOW + 500)),
         ("job_id", "job-2"),
         ("reply_to", wire.replies_stream("client-2")),
@@ -71,17 +72,31 @@ def test_a_job_moved_to_another_models_stream_is_refused() -> None:
         wire.decode_job(SECRET, OTHER, signed(), NOW)
 
 
-def test_a_job_signed_with_another_secret_is_refused() -> None:
+def test_a_job_signed_with_another_identitys_key_is_refused() -> None:
     with pytest.raises(wire.BadSignature):
         wire.decode_job(b"another", ADDRESS, signed(), NOW)
 
 
-def test_an_unsigned_job_is_refused_and_its_reply_address_kept() -> None:
+def test_a_job_that_claims_another_key_id_than_the_one_it_was_signed_for_is_refused() -> None:
+    """Signed by identity B with its own key but naming A's key id: verified with A's key, it fails."""
+    forged = signed(key_id=KEY_ID, key=b"the bus key of identity b")
+    with pytest.raises(wire.BadSignature):
+        wire.decode_job(SECRET, ADDRESS, forged, NOW)
+
+
+def test_an_unsigned_job_is_refused() -> None:
     fields = signed()
     del fields["sig"]
-    with pytest.raises(wire.BadSignature) as refused:
+    with pytest.raises(wire.BadSignature):
         wire.decode_job(SECRET, ADDRESS, fields, NOW)
-    assert (refused.value.reply_to, refused.value.job_id) == (REPLY_TO, "job-1")
+
+
+def test_the_key_id_a_job_claims_is_read_before_its_signature_is_checked() -> None:
+    assert wire.job_key_id(signed()) == KEY_ID
+    fields = signed()
+    fields["key"] = "a key id with spaces"
+    with pytest.raises(wire.MalformedJob, match="key id"):
+        wire.job_key_id(fields)
 
 
 def test_an_expired_job_is_read_but_reports_its_deadline_passed() -> None:
@@ -104,28 +119,32 @@ def test_a_done_key_lives_to_its_jobs_deadline_plus_the_margin() -> None:
     assert wire.done_ttl(NOW + wire.MAX_JOB_TTL_S, NOW) == wire.DONE_TTL_S
 
 
-@pytest.mark.parametrize("missing", ["job_id", "reply_to", "payload", "deadline", "v", "caller"])
+@pytest.mark.parametrize("missing", ["job_id", "reply_to", "payload", "deadline", "v", "key"])
 def test_a_job_missing_a_field_is_malformed(missing: str) -> None:
     fields = signed()
     del fields[missing]
     with pytest.raises(wire.MalformedJob) as refused:
         wire.decode_job(SECRET, ADDRESS, fields, NOW)
     assert type(refused.value) is wire.MalformedJob
-    assert refused.value.reply_to == (None if missing == "reply_to" else REPLY_TO)
 
 
 @pytest.mark.parametrize("reply_to", ["examlops:audit", "examlops:bus:replies:", "examlops:bus:replies:a b", "x" * 10])
-def test_a_reply_address_outside_the_reply_namespace_is_never_given_back(reply_to: str) -> None:
-    fields = signed(reply_to=reply_to)
-    with pytest.raises(wire.MalformedJob) as refused:
-        wire.decode_job(SECRET, ADDRESS, fields, NOW)
-    assert refused.value.reply_to is None
+def test_a_reply_address_outside_the_reply_namespace_is_malformed_even_when_signed(reply_to: str) -> None:
+    with pytest.raises(wire.MalformedJob, match="reply address"):
+        wire.decode_job(SECRET, ADDRESS, signed(reply_to=reply_to), NOW)
+
+
+def test_a_job_of_the_previous_format_is_malformed() -> None:
+    fields = signed()
+    fields["v"] = "1"
+    with pytest.raises(wire.MalformedJob, match="format"):
+        wire.job_key_id(fields)
 
 
 def test_an_unreadable_payload_with_a_valid_signature_is_malformed() -> None:
     fields = signed()
     fields["payload"] = "[NaN"
-    fields["sig"] = wire._signature(SECRET, ADDRESS, fields)
+    fields["sig"] = wire._job_signature(SECRET, ADDRESS, fields)
     with pytest.raises(wire.MalformedJob, match="cannot be read"):
         wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
@@ -146,7 +165,7 @@ def test_a_real_null_and_the_text_null_still_encode() -> None:
 def test_a_signed_payload_with_a_number_that_is_not_finite_is_malformed(number: str) -> None:
     fields = signed()
     fields["payload"] = '{"embedding":[' + number + '],"node_count":1}'
-    fields["sig"] = wire._signature(SECRET, ADDRESS, fields)
+    fields["sig"] = wire._job_signature(SECRET, ADDRESS, fields)
     with pytest.raises(wire.MalformedJob, match="cannot be read"):
         wire.decode_job(SECRET, ADDRESS, fields, NOW)
 
@@ -159,18 +178,58 @@ def test_an_unknown_format_version_is_malformed() -> None:
 
 
 def test_error_bodies_have_the_http_error_shape() -> None:
-    body = wire.error_body(wire.BadSignature("altered"), model="JPCP", job_id="j")
+    body = wire.error_body(wire.Undeliverable("gone"), model="JPCP", job_id="j")
     assert body == {
-        "error": "altered",
+        "error": "gone",
         "prediction": 0.0,
-        "code": "bad_signature",
+        "code": "undeliverable",
         "field": None,
         "inference_failed": False,
         "model": "JPCP",
         "job_id": "j",
     }
-    assert wire.read_reply(wire.reply_fields("j", body, 0)) == ("j", body)
-    assert wire.read_reply({"job_id": "j", "body": "[1]"})[1]["prediction"] == 0.0
+
+
+REPLY = {"model": "JPCP", "prediction": 0.5, "error": None, "job_id": "job-1"}
+
+
+def test_a_signed_reply_verifies_with_the_jobs_key() -> None:
+    fields = wire.reply_fields(KEY_ID, SECRET, "job-1", REPLY, 200)
+    assert fields["key"] == KEY_ID and fields["status"] == "200"
+    assert wire.verify_reply(KEY_ID, SECRET, fields) == ("job-1", REPLY)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("body", '{"model":"JPCP","prediction":999.0,"error":null,"job_id":"job-1"}'),
+        ("job_id", "job-2"),
+        ("status", "500"),
+        ("key", "keyidb02"),
+        ("sig", "0" * 64),
+    ],
+)
+def test_an_altered_reply_does_not_verify(field: str, value: str) -> None:
+    fields = wire.reply_fields(KEY_ID, SECRET, "job-1", REPLY, 200)
+    fields[field] = value
+    assert wire.verify_reply(KEY_ID, SECRET, fields) is None
+
+
+def test_a_forged_reply_unsigned_or_signed_with_another_key_does_not_verify() -> None:
+    unsigned = {"job_id": "job-1", "status": "200", "body": '{"prediction":999.0,"error":null}'}
+    assert wire.verify_reply(KEY_ID, SECRET, unsigned) is None
+    other = wire.reply_fields(KEY_ID, b"a key the forger made up", "job-1", REPLY | {"prediction": 999.0}, 200)
+    assert wire.verify_reply(KEY_ID, SECRET, other) is None
+    theirs = wire.reply_fields("keyidb02", b"identity b's own key", "job-1", REPLY, 200)
+    assert wire.verify_reply(KEY_ID, SECRET, theirs) is None  # another identity's genuine reply is not ours
+
+
+def test_a_signed_reply_whose_body_is_not_an_object_becomes_an_error_body() -> None:
+    fields = wire.reply_fields(KEY_ID, SECRET, "job-1", REPLY)
+    fields["body"] = "[1]"
+    fields["sig"] = wire._sign(SECRET, [wire._REPLY_TAG, "job-1", "0", "[1]", KEY_ID])
+    verified = wire.verify_reply(KEY_ID, SECRET, fields)
+    assert verified is not None and verified[1]["prediction"] == 0.0 and verified[1]["error"]
 
 
 def test_client_ids_are_checked_before_they_name_a_stream() -> None:
@@ -185,7 +244,7 @@ def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
 
     fields = signed(payload={"node_count": 3, "embedding": [0.5], "alias": "canaré"})
     message = json.dumps(
-        ["examlops.bus.v" + wire.FORMAT, fields["job_id"], ADDRESS, fields["reply_to"], fields["caller"],
+        ["examlops.bus.v" + wire.FORMAT, fields["job_id"], ADDRESS, fields["reply_to"], fields["key"],
          fields["deadline"], fields["payload"]],
         separators=(",", ":"), ensure_ascii=True,
     )  # fmt: skip

@@ -108,7 +108,18 @@ def test_an_error_reply_is_marked_with_its_code() -> None:
 @pytest.mark.parametrize(
     ("reply", "status"),
     [
-        ({"model": "JPCP", "alias": "Canary", "version": "2", "run_id": "abc", "prediction": 0.75, "error": None}, 200),
+        (
+            {
+                "model": "JPCP",
+                "alias": "Canary",
+                "version": "2",
+                "run_id": "abc",
+                "prediction": 0.75,
+                "error": None,
+                "trace": "ab" * 16,
+            },
+            200,
+        ),
         ({"error": "embedding: bad", "prediction": 0.0, "code": "invalid_input", "model": "JPCP"}, 422),
         ({"error": "boom", "prediction": math.nan, "inference_failed": True, "model": "JPCP"}, 500),
         ({"alias": "Production", "version": 3, "prediction": 2}, 200),
@@ -129,7 +140,7 @@ def test_the_recorders_entry_holds_the_snapshot_and_the_event_of_a_reply(reply: 
     assert stored.alias == str(reply.get("alias") or "")
     data = {
         "job_id": "j1", "user_id": "u", "alias": stored.alias, "version": stored.version, "run_id": stored.run_id,
-        "prediction": stored.prediction, "status": status, "code": stored.code,
+        "prediction": stored.prediction, "status": status, "code": stored.code, "trace": reply.get("trace", ""),
     }  # fmt: skip
     assert json.loads(row[8]) == data
     # Exactly what the generic path (an Entry with the snapshot as its side write) hands the append script.

@@ -179,3 +179,28 @@ async def test_openapi_lists_the_v2_routes_with_their_error_bodies(client: httpx
     infer = spec["paths"]["/v2/models/{model}/versions/{version}/infer"]["post"]
     assert infer["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("V2ErrorReply")
     assert "application/octet-stream" in infer["requestBody"]["content"]
+
+
+async def test_a_v2_call_is_one_trace_naming_model_alias_version_and_id(
+    settings: Settings, pipeline: RowPipeline
+) -> None:
+    from examlops.tracing import Tracer
+    from tests.unit.api.test_tracing import Queue
+
+    queue = Queue()
+    app = create_app(settings, pipeline, CollectorRegistry(), tracer=Tracer(queue, node="n1"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        ok = await client.post("/v2/models/JPCP/infer", json=request([1, 2, 3], id="abc"))
+        pipeline.bad = {5: InferenceFailed("the model raised")}
+        failed = await client.post("/v2/models/JPCP/infer", json=request([5]))
+    assert (ok.status_code, failed.status_code) == (200, 500)
+    first, second = queue.records
+    assert (first.outcome, first.model, first.alias, first.version, first.job_id) == (
+        "answered",
+        "JPCP",
+        "Canary",
+        "2",
+        "abc",
+    )
+    assert {r.facts is not None for r in pipeline.seen} == {True}  # every row hands its facts to the trace
+    assert (second.outcome, second.error_code) == ("failed", "inference_failed")

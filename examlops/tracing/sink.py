@@ -1,0 +1,221 @@
+"""``TraceSink``: takes traces on the request path without waiting, writes them to the store in batches.
+
+Contract:
+
+- ``put(record)`` never blocks and never raises: the record joins a bounded in-memory queue, or, when
+  ``bound`` records are waiting already (the store is slow or down) or the sink is closed, it is dropped
+  and counted (``dropped``; ``examlops_traces_dropped_total`` on the registry given). A request is never
+  slowed or failed by tracing.
+- One writer thread takes up to ``batch`` records at a time (lingering ``linger_s`` for more when fewer
+  wait) and hands them to ``TraceStore.add`` in one transaction. While the store is unavailable it retries
+  the same batch with backoff (``core.backoff``), so nothing already taken is lost to an outage; the queue
+  fills behind it and further traces are dropped. A batch that fails otherwise is logged and counted
+  as dropped.
+- Every ``prune_every_s`` the writer applies the retention (``TraceStore.prune``): rows past
+  ``row_max_age_s`` deleted, input and output past ``payload_max_age_s`` cleared. Pruning at write time
+  keeps a serving instance that runs without the control plane within its retention too.
+- ``close(timeout_s)`` stops taking records, writes what is queued (at most ``timeout_s``) and joins the
+  thread; what is left then is counted as dropped.
+
+The queue and the writer are the recording machinery's shape (``monitoring.recording``: bounded, batched,
+linger, backoff while the store is down, counted drops) kept in process: serving answers HTTP without
+Redis, and its traces need not travel through Redis to reach SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from examlops.core.backoff import RECONNECT, Backoff, Outage
+from examlops.core.errors import StoreUnavailable
+from examlops.tracing.record import TraceRecord
+from examlops.tracing.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.5
+"""How long the writer waits for a first record before it looks at its stop flag and the prune clock."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStats:
+    queued: int
+    """Traces waiting to be written now."""
+    written: int
+    """Traces handed to the store and committed (a trace id already stored counts too)."""
+    dropped: int
+    """Traces never written: the queue was full, the sink closed, or a batch failed other than by an outage."""
+    retried: int
+    """Tries that found the store unavailable."""
+    pruned: int
+    """Rows the retention deleted."""
+
+
+class TraceSink:
+    """A bounded queue of traces and the thread that writes them (contract above)."""
+
+    def __init__(
+        self,
+        store: TraceStore,
+        *,
+        bound: int = 10_000,
+        batch: int = 256,
+        linger_s: float = 0.2,
+        payload_max_age_s: float = 7 * 86400.0,
+        row_max_age_s: float = 30 * 86400.0,
+        prune_every_s: float = 300.0,
+        registry: CollectorRegistry | None = None,
+        wall: Callable[[], float] = time.time,
+        backoff: Backoff = RECONNECT,
+    ) -> None:
+        self.store = store
+        self.batch = batch
+        self.linger_s = linger_s
+        self.payload_max_age_s = payload_max_age_s
+        self.row_max_age_s = row_max_age_s
+        self.prune_every_s = prune_every_s
+        self.wall = wall
+        self.written = self.dropped = self.retried = self.pruned = 0
+        self._queue: queue.Queue[TraceRecord] = queue.Queue(maxsize=bound)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._outage = Outage("trace writer", log, backoff=backoff, what="the trace store")
+        self._next_prune = 0.0
+        self._dropped_metric: Counter | None = None
+        self._written_metric: Counter | None = None
+        if registry is not None:
+            self._dropped_metric = Counter(
+                "examlops_traces_dropped",
+                "Traces not written: queue full, sink closed or write failed",
+                registry=registry,
+            )
+            self._written_metric = Counter("examlops_traces_written", "Traces written to the store", registry=registry)
+            queued = Gauge("examlops_traces_queued", "Traces waiting to be written", registry=registry)
+            queued.set_function(self._queue.qsize)
+
+    def start(self) -> None:
+        """Start the writer thread; idempotent."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="examlops-trace-writer", daemon=True)
+            self._thread.start()
+
+    def put(self, record: TraceRecord) -> bool:
+        """Queue one trace; False (and counted as dropped) when the queue is full or the sink closed."""
+        if self._closed:
+            self._drop(1)
+            return False
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self._drop(1)
+            return False
+        return True
+
+    def stats(self) -> SinkStats:
+        return SinkStats(self._queue.qsize(), self.written, self.dropped, self.retried, self.pruned)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every trace queued so far is written or dropped; False when ``timeout_s`` passed first."""
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.01)
+        return self._queue.unfinished_tasks == 0
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop taking traces, write what is queued for at most ``timeout_s``, stop the writer."""
+        self._closed = True
+        if self._thread is not None:
+            self.flush(timeout_s)
+            self._stop.set()
+            self._thread.join(timeout_s)
+        left = self._take_all()
+        if left:
+            self._drop(len(left))
+        log.info("trace writer: %d written, %d dropped, %d store retries", self.written, self.dropped, self.retried)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch = self._next_batch()
+            if batch:
+                self._write(batch)
+            if self.wall() >= self._next_prune:
+                self._prune()
+
+    def _next_batch(self) -> list[TraceRecord]:
+        try:
+            first = self._queue.get(timeout=_POLL_S)
+        except queue.Empty:
+            return []
+        batch = [first]
+        until = time.monotonic() + self.linger_s
+        while len(batch) < self.batch:
+            wait = until - time.monotonic()
+            try:
+                batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _write(self, batch: list[TraceRecord]) -> None:
+        try:
+            while True:
+                try:
+                    self.store.add(batch)
+                except StoreUnavailable as exc:
+                    self.retried += 1
+                    if self._stop.wait(self._outage.lost(exc)):
+                        self._drop(len(batch))
+                        return
+                    continue
+                self._outage.back()
+                self.written += len(batch)
+                if self._written_metric is not None:
+                    self._written_metric.inc(len(batch))
+                return
+        except Exception:
+            log.exception("a batch of %d traces could not be written; dropped", len(batch))
+            self._drop(len(batch))
+        finally:
+            for _ in batch:
+                self._queue.task_done()
+
+    def _prune(self) -> None:
+        self._next_prune = self.wall() + self.prune_every_s
+        try:
+            done = self.store.prune(
+                self.wall(), payload_max_age_s=self.payload_max_age_s, row_max_age_s=self.row_max_age_s
+            )
+        except StoreUnavailable:
+            return  # the next write meets the outage and waits it out; pruning comes round again
+        except Exception:
+            log.exception("pruning the traces failed")
+            return
+        self.pruned += done.deleted
+        if done.deleted or done.cleared:
+            log.info("trace retention: %d rows deleted, %d payloads cleared", done.deleted, done.cleared)
+
+    def _take_all(self) -> list[TraceRecord]:
+        left: list[TraceRecord] = []
+        while True:
+            try:
+                left.append(self._queue.get_nowait())
+            except queue.Empty:
+                return left
+            self._queue.task_done()
+
+    def _drop(self, n: int) -> None:
+        with self._lock:  # the request path and the writer both drop
+            self.dropped += n
+        if self._dropped_metric is not None:
+            self._dropped_metric.inc(n)

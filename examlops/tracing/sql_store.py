@@ -1,0 +1,183 @@
+"""Traces in SQL (SQLModel): the ``Trace`` table and ``SqlTraceStore``, the ``TraceStore`` adapter.
+
+One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters
+of `exa trace list` and ``GET /v1/traces``). ``add`` writes a batch in one transaction; a trace id already
+stored stays one row (``ON CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only
+fields it left empty (batch, queue wait, predict time, alias, version) are filled from the later one, except
+that a verdict (``TraceRecord.verdict``) sets outcome, error code and status. Database errors become
+``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Index, delete, func, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel.sql.expression import SelectOfScalar
+
+from examlops.core.errors import StoreUnavailable
+from examlops.tracing.record import Channel, Outcome, TraceRecord, trace_fields
+from examlops.tracing.store import MAX_PAGE, Pruned, TraceQuery
+
+S = TypeVar("S")
+
+
+class Trace(SQLModel, table=True):
+    __table_args__ = (
+        Index("ix_trace_at", "at"),
+        Index("ix_trace_identity", "identity"),
+        Index("ix_trace_task", "task"),
+        Index("ix_trace_model", "model"),
+        Index("ix_trace_outcome", "outcome"),
+    )
+
+    trace_id: str = Field(primary_key=True, max_length=32)
+    at: datetime
+    channel: str
+    outcome: str
+    error_code: str
+    model: str | None = None
+    alias: str | None = None
+    version: str | None = None
+    adapter: str | None = None
+    identity: str | None = None
+    task: str | None = None
+    budget_ms: float | None = None
+    used_ms: float
+    node: str
+    batch_id: str | None = None
+    batch_size: int | None = None
+    queue_wait_ms: float | None = None
+    predict_ms: float | None = None
+    status: int
+    job_id: str | None = None
+    input: str
+    output: str
+
+
+_FILLED = ("alias", "version", "batch_id", "batch_size", "queue_wait_ms", "predict_ms")
+"""Fields a later record of a call fills when the stored one left them empty (serving knows them, its bridge
+does not)."""
+_VERDICT = ("outcome", "error_code", "status")
+"""Fields a verdict sets: what the caller got."""
+
+
+def _row(record: TraceRecord) -> dict[str, Any]:
+    values = trace_fields(record)
+    values["at"] = datetime.fromtimestamp(record.at, UTC)
+    return values
+
+
+def _record(row: Trace) -> TraceRecord:
+    at = row.at if row.at.tzinfo else row.at.replace(tzinfo=UTC)  # SQLite hands datetimes back naive
+    values = row.model_dump()
+    values["at"] = at.timestamp()
+    values["channel"] = cast(Channel, row.channel)
+    values["outcome"] = cast(Outcome, row.outcome)
+    return TraceRecord(**values)
+
+
+class SqlTraceStore:
+    """``TraceStore`` on an engine whose schema is current (``bootstrap.sql_engine``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def add(self, records: Sequence[TraceRecord]) -> int:
+        if not records:
+            return 0
+        last: dict[str, TraceRecord] = {}
+        for record in records:  # one row per id in a statement (Postgres refuses to update a row twice)
+            kept = last.get(record.trace_id)
+            last[record.trace_id] = record if kept is None or (record.verdict and not kept.verdict) else kept
+        ids = list(last)
+        try:
+            with self._engine.begin() as connection:
+                known = set(connection.execute(select(Trace.trace_id).where(col(Trace.trace_id).in_(ids))).scalars())
+                for verdict in (False, True):
+                    rows = [_row(r) for r in last.values() if r.verdict is verdict]
+                    if rows:
+                        self._upsert(connection, rows, known, verdict=verdict)
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be written: {exc}") from exc
+        return len(ids) - len(known)
+
+    def _upsert(self, connection: Connection, rows: list[dict[str, Any]], known: set[str], *, verdict: bool) -> None:
+        dialect = self._engine.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            module: Any = sqlite if dialect == "sqlite" else postgresql
+            statement = module.insert(Trace)
+            table, new = Trace.__table__.c, statement.excluded  # type: ignore[attr-defined]  # SQLModel's table
+            changes = {name: func.coalesce(table[name], new[name]) for name in _FILLED}
+            if verdict:
+                changes |= {name: new[name] for name in _VERDICT}
+            connection.execute(statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes), rows)
+            return
+        fresh = [row for row in rows if row["trace_id"] not in known]
+        if fresh:
+            connection.execute(Trace.__table__.insert(), fresh)  # type: ignore[attr-defined]  # SQLModel's table
+        if verdict:
+            for row in rows:
+                if row["trace_id"] in known:
+                    changes = {name: row[name] for name in _VERDICT}
+                    connection.execute(update(Trace).where(col(Trace.trace_id) == row["trace_id"]).values(**changes))
+
+    def get(self, trace_id: str) -> TraceRecord | None:
+        try:
+            with Session(self._engine) as session:
+                row = session.get(Trace, trace_id)
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
+        return None if row is None else _record(row)
+
+    def find(self, query: TraceQuery) -> list[TraceRecord]:
+        statement = _filtered(select(Trace), query).order_by(col(Trace.at).desc(), col(Trace.trace_id))
+        statement = statement.offset(max(0, query.offset)).limit(max(0, min(query.limit, MAX_PAGE)))
+        try:
+            with Session(self._engine) as session:
+                return [_record(row) for row in session.exec(statement).all()]
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
+
+    def count(self, query: TraceQuery) -> int:
+        statement = _filtered(select(func.count()).select_from(Trace), query)
+        try:
+            with Session(self._engine) as session:
+                return int(session.exec(statement).one())
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
+
+    def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
+        rows_before = datetime.fromtimestamp(now - row_max_age_s, UTC)
+        payload_before = datetime.fromtimestamp(now - payload_max_age_s, UTC)
+        try:
+            with self._engine.begin() as connection:
+                deleted = connection.execute(delete(Trace).where(col(Trace.at) < rows_before)).rowcount
+                kept = (col(Trace.input) != "") | (col(Trace.output) != "")
+                clear = update(Trace).where(col(Trace.at) < payload_before, kept).values(input="", output="")
+                cleared = connection.execute(clear).rowcount
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be pruned: {exc}") from exc
+        return Pruned(int(deleted or 0), int(cleared or 0))
+
+
+def _filtered(statement: SelectOfScalar[S], query: TraceQuery) -> SelectOfScalar[S]:
+    if query.identity is not None:
+        statement = statement.where(col(Trace.identity) == query.identity)
+    if query.task is not None:
+        statement = statement.where(col(Trace.task) == query.task)
+    if query.model is not None:
+        statement = statement.where(col(Trace.model) == query.model)
+    if query.outcome is not None:
+        statement = statement.where(col(Trace.outcome) == query.outcome)
+    if query.channel is not None:
+        statement = statement.where(col(Trace.channel) == query.channel)
+    if query.since is not None:
+        statement = statement.where(col(Trace.at) >= datetime.fromtimestamp(query.since, UTC))
+    return statement

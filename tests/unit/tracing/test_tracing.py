@@ -1,0 +1,134 @@
+"""The trace record, the payload policy, the tracer and the sink, with an in-memory store."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+
+from examlops.core.backoff import Backoff
+from examlops.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, PipelineUnavailable, StoreUnavailable
+from examlops.tracing import PayloadPolicy, Pruned, TraceQuery, Tracer, TraceRecord, TraceSink, outcome_of
+from examlops.tracing.record import trace_id_for_job, valid_trace_id
+
+
+class InMemoryTraceStore:
+    def __init__(self, *, down: int = 0, gate: threading.Event | None = None) -> None:
+        self.rows: dict[str, TraceRecord] = {}
+        self.batches: list[int] = []
+        self.down = down
+        self.gate = gate
+
+    def add(self, records: Sequence[TraceRecord]) -> int:
+        if self.gate is not None:
+            self.gate.wait(5)
+        if self.down:
+            self.down -= 1
+            raise StoreUnavailable("down")
+        self.batches.append(len(records))
+        fresh = [r for r in records if r.trace_id not in self.rows]
+        self.rows.update((r.trace_id, r) for r in fresh)
+        return len(fresh)
+
+    def get(self, trace_id: str) -> TraceRecord | None:
+        return self.rows.get(trace_id)
+
+    def find(self, query: TraceQuery) -> list[TraceRecord]:
+        return list(self.rows.values())
+
+    def count(self, query: TraceQuery) -> int:
+        return len(self.rows)
+
+    def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
+        return Pruned(0, 0)
+
+
+def test_outcome_is_a_property_of_the_error_not_of_a_status() -> None:
+    assert outcome_of(None) == "answered"
+    assert outcome_of(InvalidInput("x")) == "refused"
+    assert outcome_of(DeadlineExceeded("x")) == "refused"
+    assert outcome_of(InferenceFailed("x")) == "failed"
+    assert outcome_of(PipelineUnavailable("x")) == "failed"
+    assert outcome_of(RuntimeError("x")) == "failed"
+    assert [outcome_of(c) for c in ("model_not_found", "inference_failed", "http_502")] == [
+        "refused",
+        "failed",
+        "failed",
+    ]
+
+
+def test_a_bus_jobs_trace_id_is_the_same_everywhere_and_valid() -> None:
+    assert trace_id_for_job("job-1") == trace_id_for_job("job-1") != trace_id_for_job("job-2")
+    assert valid_trace_id(trace_id_for_job("job-1"))
+    assert not valid_trace_id("../etc") and not valid_trace_id(None)
+
+
+def test_payload_policy_keeps_nothing_a_hash_of_canonical_json_or_the_json() -> None:
+    assert PayloadPolicy("none").kept_body(b'{"b":1,"a":2}') == ""
+    expected = "sha256:" + hashlib.sha256(b'{"a":2,"b":1}').hexdigest()
+    assert PayloadPolicy("hash").kept_body(b'{"b": 1, "a": 2}') == expected
+    assert PayloadPolicy("full").kept_body(b'{"b": 1, "a": 2}') == '{"a":2,"b":1}'
+    assert PayloadPolicy("full").kept_body(b"not json") == '"not json"'
+
+
+def test_tracer_keeps_a_given_valid_id_and_records_each_call_once() -> None:
+    queued: list[TraceRecord] = []
+
+    class Queue:
+        def put(self, record: TraceRecord) -> bool:
+            queued.append(record)
+            return True
+
+        def start(self) -> None: ...
+
+        def close(self, timeout_s: float = 10.0) -> None: ...
+
+    tracer = Tracer(Queue(), PayloadPolicy("hash"), node="n1")
+    given = trace_id_for_job("j")
+    call = tracer.begin("bus", given)
+    assert call.trace_id == given
+    assert tracer.begin("http", "forged<>").trace_id != "forged<>"
+    call.model, call.facts.batch_id, call.facts.batch_size = "JPCP", "b1", 3
+    tracer.finish(call, error_code="inference_failed", status=500, input=b"{}")
+    tracer.finish(call, error_code=None)
+    assert len(queued) == 1
+    record = queued[0]
+    assert (record.channel, record.outcome, record.error_code, record.node) == (
+        "bus",
+        "failed",
+        "inference_failed",
+        "n1",
+    )
+    assert (record.batch_id, record.batch_size, record.identity, record.task) == ("b1", 3, None, None)
+    assert record.input.startswith("sha256:")
+
+
+def record(n: int) -> TraceRecord:
+    return TraceRecord(trace_id=f"{n:032x}", at=1.0, channel="http", outcome="answered")
+
+
+def test_sink_writes_in_batches_and_drops_and_counts_past_its_bound_without_blocking() -> None:
+    gate = threading.Event()
+    store = InMemoryTraceStore(gate=gate)
+    sink = TraceSink(store, bound=5, batch=100, linger_s=0.05)
+    sink.start()
+    accepted = [sink.put(record(i)) for i in range(20)]  # the writer is held at the gate: the queue fills
+    gate.set()
+    assert sink.flush(5)
+    sink.close()
+    stats = sink.stats()
+    assert accepted.count(False) == stats.dropped > 0
+    assert stats.written == len(store.rows) == accepted.count(True)
+    assert not sink.put(record(99))  # closed: dropped, counted
+    assert sink.stats().dropped == stats.dropped + 1
+
+
+def test_sink_retries_a_batch_while_the_store_is_down_and_loses_nothing_taken() -> None:
+    store = InMemoryTraceStore(down=2)
+    sink = TraceSink(store, bound=100, batch=10, linger_s=0.0, backoff=Backoff(0.001, 0.002))
+    sink.start()
+    for i in range(3):
+        sink.put(record(i))
+    assert sink.flush(5)
+    sink.close()
+    assert len(store.rows) == 3 and sink.stats().retried == 2 and sink.stats().dropped == 0
