@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import ValidationError
 
+from examlops.api.errors import shown
 from examlops.api.v2.schemas import InferenceRequestBody, InferenceResponseBody, RequestInput, ResponseOutput
 from examlops.core.errors import InvalidInput
 
@@ -71,7 +72,7 @@ def _describe(exc: ValidationError) -> InvalidInput:
     parts = [p for p in first["loc"] if isinstance(p, int) or ("[" not in p and p not in ("int", "float"))]
     if "data" in parts:
         parts = parts[: parts.index("data") + 1]  # the element's position would say which value was bad
-    field = ".".join(str(p) for p in parts) or "body"
+    field = shown(".".join(str(p) for p in parts) or "body")  # a key the caller made up shows as a prefix
     if "data" in parts:
         message = "must hold JSON numbers only (no strings, booleans, nulls, NaN or Infinity), nested at most once"
     elif first["type"] == "json_invalid":

@@ -204,3 +204,13 @@ async def test_a_v2_call_is_one_trace_naming_model_alias_version_and_id(
     )
     assert {r.facts is not None for r in pipeline.seen} == {True}  # every row hands its facts to the trace
     assert (second.outcome, second.error_code) == ("failed", "inference_failed")
+
+
+async def test_body_limit_and_media_type_refusals_on_v2_carry_the_v2_error_body(client: httpx.AsyncClient) -> None:
+    big = await client.post("/v2/models/JPCP/infer", content=b"x" * (2 * 1024 * 1024), headers={"content-type": ""})
+    plain = await client.post("/v2/models/JPCP/infer", content=b"{}", headers={"content-type": "text/plain"})
+    for reply, status in ((big, 413), (plain, 415)):
+        assert reply.status_code == status
+        assert set(reply.json()) == {"error", "code", "inference_failed"}
+    elsewhere = await client.post("/v1/models/JPCP/predict", content=b"{}", headers={"content-type": "text/plain"})
+    assert elsewhere.json()["prediction"] == 0.0  # the model routes keep seed 000's error body
