@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from examlops.api.auth import Authenticator, CurrentCaller
 from examlops.api.errors import (
     describe_validation,
     error_response,
@@ -52,6 +53,7 @@ from examlops.api.v2 import v2_routes
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
+from examlops.identity import Caller, Permission
 from examlops.registry.catalog import Catalog
 from examlops.tracing import Tracer, TraceStore
 
@@ -60,6 +62,8 @@ log = logging.getLogger(__name__)
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorReply, "description": text}
     for status, text in (
+        (401, "no bearer token, or one that is not valid (the reply never says which)"),
+        (403, "the identity lacks the permission the reply names"),
         (404, "unknown model, alias or version"),
         (408, "the request's headers or body came too slowly (the connection is closed)"),
         (413, "body over the size limit"),
@@ -92,9 +96,9 @@ class ServingPipeline(Protocol):
 
     def traffic(self, model: str) -> dict[str, int]: ...
 
-    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]: ...
+    def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = ...) -> dict[str, int]: ...
 
-    async def reload(self, model: str | None = None) -> Sequence[Any]: ...
+    async def reload(self, model: str | None = None, *, actor: str = ...) -> Sequence[Any]: ...
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -114,12 +118,14 @@ def create_app(
     pipeline: ServingPipeline,
     metrics: CollectorRegistry,
     *,
+    identities: Authenticator | None,
     tasks: Tasks | None = None,
     tracer: Tracer | None = None,
     traces: TraceStore | None = None,
 ) -> FastAPI:
     """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
 
+    ``identities`` resolves bearer tokens (``api.auth``); None turns authentication off (development only).
     With ``tasks`` (the composition root always passes the task resolver), `/v1/tasks/{task}/infer` too.
     Every inference call gets a trace id (``X-Examlops-Trace``) and, with a ``tracer`` that has a queue,
     one trace record (``api.tracing``).
@@ -152,6 +158,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.draining = False
+    app.state.identities = identities
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.serving.max_body_bytes)
     app.add_middleware(TraceMiddleware, tracer=tracer)  # added last: outermost, so a 413 is traced too
     app.add_exception_handler(RequestValidationError, handle_validation)
@@ -160,7 +167,7 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, handle_disconnect)
     app.add_exception_handler(Exception, handle_unexpected)
 
-    async def serve(request: Request, kind: type[PredictBody], path_model: str | None) -> Response:
+    async def serve(request: Request, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
         raw = await request.body()
         call = call_of(request)
         if call is not None:
@@ -180,6 +187,7 @@ def create_app(
         if call is not None:
             call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
+            caller.may_call(model=model)
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
             if body.alias is not None and body.version is not None:
@@ -218,9 +226,9 @@ def create_app(
         tags=["inference"],
         openapi_extra=json_body(InferBody),
     )
-    async def infer(request: Request) -> Response:
+    async def infer(request: Request, caller: CurrentCaller) -> Response:
         """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(request, InferBody, None)
+        return await serve(request, InferBody, None, caller)
 
     @app.post(
         "/v1/models/{model}/predict",
@@ -229,37 +237,40 @@ def create_app(
         tags=["inference"],
         openapi_extra=json_body(PredictBody),
     )
-    async def predict(model: str, request: Request) -> Response:
+    async def predict(model: str, request: Request, caller: CurrentCaller) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
-        return await serve(request, PredictBody, model)
+        caller.may_call(model=model)
+        return await serve(request, PredictBody, model, caller)
 
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
     app.include_router(v2_routes(pipeline))
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
-    async def models() -> list[HotSetEntry]:
+    async def models(caller: CurrentCaller) -> list[HotSetEntry]:
         """The hot set: every model and alias in memory, with its version and state."""
         return [HotSetEntry(**asdict(entry)) for entry in pipeline.hot_set()]
 
     @app.get("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
-    async def get_traffic(model: str) -> TrafficReply:
+    async def get_traffic(model: str, caller: CurrentCaller) -> TrafficReply:
         """The traffic split applied to requests addressed to the model's default alias."""
         spec = pipeline.catalog.get(model)
         return TrafficReply(model=spec.name, weights=await asyncio.to_thread(pipeline.traffic, spec.name))
 
     @app.put("/v1/traffic/{model}", response_model=TrafficReply, responses=ERRORS, tags=["traffic"])
-    async def put_traffic(model: str, weights: dict[str, int]) -> TrafficReply:
+    async def put_traffic(model: str, weights: dict[str, int], caller: CurrentCaller) -> TrafficReply:
         """Set the split, e.g. `{"Production": 90, "Canary": 10}`: weights sum to 100 and name existing aliases."""
+        caller.require(Permission.SET_TRAFFIC)
         spec = pipeline.catalog.get(model)
-        stored = await asyncio.to_thread(pipeline.set_traffic, spec.name, weights)
+        stored = await asyncio.to_thread(pipeline.set_traffic, spec.name, weights, caller.name)
         return TrafficReply(model=spec.name, weights=stored)
 
     @app.post("/admin/reload", response_model=ReloadReply, responses=ERRORS, tags=["models"])
-    async def reload(body: ReloadBody | None = None) -> ReloadReply:
+    async def reload(caller: CurrentCaller, body: ReloadBody | None = None) -> ReloadReply:
         """Ask MLflow now whether any alias in memory moved; load, swap, release. Answers with what changed."""
+        caller.require(Permission.RELOAD)
         model = pipeline.catalog.get(body.model).name if body and body.model else None
-        changes = await pipeline.reload(model)
+        changes = await pipeline.reload(model, actor=caller.name)
         return ReloadReply(changes=[ReloadChangeReply(**asdict(change)) for change in changes])
 
     if traces is not None:

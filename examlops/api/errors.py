@@ -33,6 +33,8 @@ STATUS: tuple[tuple[type[errors.ExamlopsError], int], ...] = (
     # Most specific first: the first match wins.
     (errors.PayloadTooLarge, 413),
     (errors.InvalidInput, 422),
+    (errors.Unauthenticated, 401),
+    (errors.Forbidden, 403),
     (errors.NotFound, 404),
     (errors.Conflict, 409),
     (errors.NotReady, 503),
@@ -72,8 +74,10 @@ def error_response(error: errors.ExamlopsError, *, model: str | None = None, job
         inference_failed=error.model_failure,
         model=None if model is None else shown(model),
         job_id=job_id,  # at most 128 characters (schemas.ShortText), and the caller's key to the reply
+        permission=error.permission if isinstance(error, errors.Forbidden) else None,
     )
-    return JSONResponse(body.model_dump(), status_code=status_of(error))
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
+    return JSONResponse(body.model_dump(), status_code=status_of(error), headers=headers)
 
 
 def describe_validation(details: Sequence[Any]) -> tuple[str, str]:

@@ -102,6 +102,8 @@ class ErrorReply(BaseModel):
     inference_failed: bool = False
     model: str | None = None
     job_id: str | None = None
+    permission: str | None = None
+    """On a 403: the permission the identity lacks."""
 
 
 class HotSetEntry(BaseModel):

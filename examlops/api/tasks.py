@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from examlops.api.auth import CurrentCaller
 from examlops.api.errors import describe_validation, error_response
 from examlops.api.schemas import ErrorReply, InferReply, TaskInferBody
 from examlops.api.tracing import call_of
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 TASK_ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorReply, "description": text}
     for status, text in (
+        (401, "no bearer token, or one that is not valid (the reply never says which)"),
+        (403, "the identity lacks the permission the reply names (call on this task or its model)"),
         (404, "the task is not mapped (code unknown_task), or the model it maps to has no such alias"),
         (408, "the request's headers or body came too slowly (the connection is closed)"),
         (413, "body over the size limit"),
@@ -57,9 +60,8 @@ class Tasks(Protocol):
 def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
     """The task routes over ``pipeline`` and ``tasks``.
 
-    Dependencies: this route takes exactly what `/infer-pipeline/infer` takes (the raw request, parsed by
-    hand for speed); a dependency added there (the caller's identity, say) is added to ``infer_task``'s
-    signature the same way, in this one place.
+    The route takes what `/infer-pipeline/infer` takes: the raw request (parsed by hand for speed) and the
+    caller, who must hold ``call`` on the task and on the model it maps to.
     """
     router = APIRouter(tags=["inference"])
 
@@ -78,7 +80,7 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             }
         },
     )
-    async def infer_task(task: str, request: Request) -> Response:
+    async def infer_task(task: str, request: Request, caller: CurrentCaller) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
         call = call_of(request)
         if call is not None:
@@ -94,6 +96,7 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
             route = await tasks.resolve(task)
             model = route.model
+            caller.may_call(task=route.task, model=route.model)
             if call is not None:
                 call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
             result = await pipeline.infer(

@@ -20,12 +20,13 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from examlops.tracing import CHANNEL_HEADER, TRACE_HEADER, CallTrace, Tracer
+from examlops.tracing import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER, CallTrace, Tracer
 from examlops.tracing.record import Channel
 
 _STATE_KEY = "examlops.trace"
 _TRACE_HEADER = TRACE_HEADER.lower().encode()
 _CHANNEL_HEADER = CHANNEL_HEADER.lower().encode()
+_IDENTITY_HEADER = IDENTITY_HEADER.lower().encode()
 
 
 def is_inference(scope: Scope) -> bool:
@@ -45,6 +46,15 @@ def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
     if headers.get(_CHANNEL_HEADER) != b"bus":
         return "http", None
     return "bus", headers.get(_TRACE_HEADER, b"").decode("latin-1")
+
+
+def relayed_identity(scope: Scope) -> str | None:
+    """The identity a bridge says a bus call is for (``bus.hop.trace_headers``: ``X-Examlops-Identity``), at
+    most 128 characters; the caller must hold ``relay`` for it to count (``api.auth.acting_identity``)."""
+    for name, value in scope.get("headers", ()):
+        if name == _IDENTITY_HEADER:
+            return value.decode("latin-1")[:128] or None
+    return None
 
 
 def call_of(request: Request) -> CallTrace | None:

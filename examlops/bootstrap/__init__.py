@@ -9,6 +9,8 @@ an ASGI server) call only these:
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
 - ``clients``: the bus's protocol clients by the settings' switches: ``bus_redis``, ``hop_client``.
 - ``recording``: ``RecordingProcess`` (the recorder, ``run()``/``close()``), a bridge's ``RecordingChild``.
+- ``identity``: ``identity_resolver`` (tokens to callers, TTL-cached), ``identity_service`` (`exa identity`),
+  ``provision_admin`` (`exa up`'s first admin), ``platform_token`` (what `exa` and the bridge present).
 - ``control``: ``ControlPlane`` (the flows' adapters), ``control_events`` and ``audit_trail``.
 - ``sql``: the SQL engine (it checks the schema and creates no table), ``upgrade_database``,
   ``database_state``, ``table_metadata`` (the one list of table modules), ``write_migration``.

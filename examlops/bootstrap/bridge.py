@@ -21,6 +21,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from examlops.bootstrap.clients import bus_redis, hop_client
+from examlops.bootstrap.identity import platform_token
 from examlops.bootstrap.recording import bridge_recording
 from examlops.bootstrap.serving import catalog
 from examlops.bootstrap.sql import sql_engine
@@ -105,25 +106,15 @@ def tune_garbage_collection() -> None:
     gc.set_threshold(20_000, 10, 10)
 
 
-def platform_token(settings: Settings) -> str | None:
-    """The token `exa` commands act with: EXAMLOPS_TOKEN, else the state folder's admin token, else None."""
-    if settings.token is not None and settings.token.get_secret_value():
-        return settings.token.get_secret_value()
-    try:
-        return settings.admin_token_path.read_text().strip() or None
-    except OSError:
-        return None
-
-
 def bus_keys(settings: Settings) -> BusKeys:
-    """The bridge's key ids to identities (``bus.ports.BusKeys``): for now the platform token's identity
-    only (``TokenKeyring``); the identity store's resolver, cached for ``traffic.rules_ttl_s``, replaces it."""
-    from examlops.bus.credentials import TokenKeyring
+    """The bridge's key ids to identities (``bus.ports.BusKeys``): the identity store's resolver, on an
+    engine that lives as long as the bridge; what it says of a key id is cached ``auth.cache_ttl_s``, so a
+    revocation stops an identity's jobs within that time. The bus verifies every job whatever
+    ``auth.enabled`` says (that switch is HTTP's). ``SchemaNotCurrent`` when the database is behind."""
+    from examlops.identity import IdentityResolver
+    from examlops.identity.sql import SqlIdentityStore
 
-    token = platform_token(settings)
-    if token is None:
-        log.warning("no platform token (EXAMLOPS_TOKEN or %s): every bus job is refused", settings.admin_token_path)
-    return TokenKeyring([("admin", token)] if token else [])
+    return IdentityResolver(SqlIdentityStore(sql_engine(settings)), settings.auth.cache_ttl_s)
 
 
 def task_addresses(settings: Settings) -> TaskAddresses:
@@ -157,8 +148,8 @@ def bus_client(settings: Settings, *, token: str | None = None, client_id: str |
     (default: ``platform_token``); it owns (and closes) its Redis port. ``Unauthenticated`` without a token
     or with one that is not a token."""
     from examlops.bus.client import BusClient
-    from examlops.bus.credentials import bus_key_from_token
     from examlops.core.errors import Unauthenticated
+    from examlops.identity import bus_key_from_token
 
     token = token or platform_token(settings)
     if token is None:

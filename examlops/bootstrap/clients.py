@@ -47,9 +47,12 @@ def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
 
 def hop_headers(settings: Settings) -> dict[str, str]:
-    """Headers on every post of the hop: the bridge's own credential, which serving requires before it trusts
-    a job's ``X-Examlops-Identity``. None yet: the bridge's identity is issued with the identity store."""
-    return {}
+    """Headers on every post of the hop: the bridge's credential to serving, the platform token
+    (``bootstrap.identity.platform_token``); none when there is no token (authentication off)."""
+    from examlops.bootstrap.identity import platform_token
+
+    token = platform_token(settings)
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
 
 
 def hop_client(settings: Settings) -> httpx.AsyncClient:

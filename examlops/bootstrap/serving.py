@@ -41,6 +41,7 @@ def serving_app(settings: Settings) -> FastAPI:
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
+    from examlops.bootstrap.identity import identity_resolver
     from examlops.registry.loader import load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
@@ -64,7 +65,15 @@ def serving_app(settings: Settings) -> FastAPI:
         on_event=events,
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
-    return create_app(settings, pipeline, metrics, tasks=tasks, tracer=tracer, traces=trace_reader(engine))
+    return create_app(
+        settings,
+        pipeline,
+        metrics,
+        tasks=tasks,
+        tracer=tracer,
+        traces=trace_reader(engine),
+        identities=identity_resolver(settings, engine),
+    )
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

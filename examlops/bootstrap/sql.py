@@ -21,6 +21,7 @@ def table_metadata() -> MetaData:
     """Every SQL table's model, loaded: a module that adds a table is imported here (and gets a migration)."""
     from sqlmodel import SQLModel
 
+    import examlops.identity.sql
     import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store

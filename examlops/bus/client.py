@@ -4,7 +4,7 @@
 Contract of ``request``:
 
 - signs the job with the bus key of the client's identity (its key id and
-  key, from its token: ``credentials.bus_key_from_token``) and puts it on the
+  key, from its token: ``examlops.identity.bus_key_from_token``) and puts it on the
   address's stream (a model's or a task's); the deadline it carries is
   ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``), and bridges and serving
   refuse work past it;
@@ -67,7 +67,7 @@ class BusClient:
         client_id: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``key_id`` and ``key``: the identity's key id and bus key (``credentials.bus_key_from_token``)."""
+        """``key_id`` and ``key``: the identity's key id and bus key (``examlops.identity.bus_key_from_token``)."""
         self.client_id = client_id or secrets.token_hex(12)
         self.reply_stream = wire.replies_stream(self.client_id)
         self.key_id = key_id

@@ -37,14 +37,13 @@ from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
-from examlops.tracing.record import CHANNEL_HEADER, TRACE_HEADER
+from examlops.tracing.record import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported
 
 INFER_PATH = "/infer-pipeline/infer"
 TASK_INFER_PATH = "/v1/tasks/{task}/infer"
-IDENTITY_HEADER = "X-Examlops-Identity"
 JSON_HEADERS = {"content-type": "application/json"}
 _NUMBERS = frozenset((int, float))
 _READ = httpx.ByteStream(b"")

@@ -13,6 +13,7 @@ import httpx
 from examlops.core import errors
 
 _BY_STATUS: dict[int, type[errors.ExamlopsError]] = {
+    401: errors.Unauthenticated,
     404: errors.NotFound,
     409: errors.Conflict,
     413: errors.PayloadTooLarge,
@@ -23,9 +24,13 @@ _BY_STATUS: dict[int, type[errors.ExamlopsError]] = {
 
 
 class ServingClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> None:
+        """``token`` is sent as ``Authorization: Bearer``; it is never printed, even in an error."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=5.0))
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers
+        )
 
     def __enter__(self) -> ServingClient:
         return self
@@ -45,8 +50,13 @@ class ServingClient:
         if response.status_code in ok:
             return body
         message = body.get("error") if isinstance(body, dict) else None
+        text = message or f"HTTP {response.status_code} from {path}"
+        if response.status_code == 401:
+            raise errors.Unauthenticated(f"{text} (set EXAMLOPS_TOKEN, or run `exa up` for the admin token)")
+        if response.status_code == 403:
+            raise errors.Forbidden(text, permission=str((body or {}).get("permission") or ""))
         kind = _BY_STATUS.get(response.status_code, errors.InferenceFailed)
-        raise kind(message or f"HTTP {response.status_code} from {path}", field=(body or {}).get("field"))
+        raise kind(text, field=(body or {}).get("field"))
 
     def get(self, path: str, *, ok: tuple[int, ...] = (200,)) -> Any:
         return self.request("GET", path, ok=ok)

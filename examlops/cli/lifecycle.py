@@ -29,6 +29,7 @@ from examlops.cli.output import (
     UNWELL,
     console,
     err_console,
+    errors_as_exit,
     fail,
     load_settings,
     print_json,
@@ -95,6 +96,8 @@ def up(
     if detach:
         _up_detached(settings, no_seed=no_seed, timeout=timeout, skip=sorted(skipped), as_json=as_json)
         return
+    with errors_as_exit():
+        _first_admin(settings)
     supervisor = Supervisor(
         settings,
         services=[name for name in SERVICE_NAMES if name not in skipped],
@@ -112,6 +115,21 @@ def up(
         _print_failure(str(exc), exc.log_tail)
         raise typer.Exit(UNAVAILABLE) from None
     raise typer.Exit(OK)
+
+
+def _first_admin(settings: Settings) -> None:
+    """On first start: the ``admin`` identity, its token in the state folder (0600), for `exa` to use."""
+    from examlops.bootstrap import upgrade_database
+    from examlops.bootstrap.identity import provision_admin
+
+    upgrade_database(settings)  # the supervisor upgrades too; the second call finds the work done
+    if provision_admin(settings):
+        console.print(f"created the admin identity; its token is in {settings.admin_token_path} (mode 0600)")
+    elif not settings.admin_token_path.exists() and settings.token is None:
+        console.print(
+            f"[yellow]the admin identity exists but {settings.admin_token_path} is gone:[/] "
+            "set EXAMLOPS_TOKEN, or `exa identity rotate admin` to get a new token"
+        )
 
 
 def _cli_module() -> str:

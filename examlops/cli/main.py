@@ -15,6 +15,7 @@ from examlops.cli.db import db_app
 from examlops.cli.demo_traffic import demo_traffic
 from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
+from examlops.cli.identity import identity_app
 from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
 from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
@@ -45,6 +46,7 @@ app.add_typer(task_app, name="task")
 app.add_typer(drift_app, name="drift")
 app.add_typer(flows_app, name="flows")
 app.add_typer(trace_app, name="trace")
+app.add_typer(identity_app, name="identity")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)
@@ -71,6 +73,12 @@ def config_show(as_json: JsonOption = False) -> None:
     if as_json:
         print_json({name: {"value": value, "source": source} for name, value, source in rows})
         return
+    if not settings.auth.enabled:
+        console.print(
+            "[bold red]AUTHENTICATION IS OFF[/] (EXAMLOPS_AUTH__ENABLED=false): every request acts as an admin, "
+            "with no token. Development only.",
+            highlight=False,
+        )
     table = Table(title="examlops settings (EXAMLOPS_<SECTION>__<NAME>)", title_justify="left")
     table.add_column("setting", overflow="fold")
     table.add_column("value", overflow="fold")  # a path or URL is shown whole, folded, never cut

@@ -61,12 +61,15 @@ def promote(
     """Move an alias in MLflow (the replaced version is kept for `exa rollback`), then reload every serving
     instance and wait until each serves the new version."""
     from examlops.bootstrap import model_registry
+    from examlops.bootstrap.identity import acting_identity, platform_token
+    from examlops.identity import Permission
     from examlops.promotion import service as promotion
 
     if (version is None) == (from_alias is None):
         fail("give exactly one of --version N and --from ALIAS", BAD_INPUT)
     settings = load_settings()
     with errors_as_exit():
+        actor = acting_identity(settings, Permission.PROMOTE)
         result = promotion.promote(
             settings,
             model_registry(settings),
@@ -76,7 +79,8 @@ def promote(
             from_alias=from_alias,
             instances=urls or None,
             timeout_s=timeout,
-            on_moved=_audited("exa promote", settings),
+            on_moved=_audited("exa promote", actor, settings),
+            token=platform_token(settings),
         )
     _report(result, as_json)
 
@@ -90,10 +94,13 @@ def rollback(
 ) -> None:
     """Move an alias back to the version its last promotion replaced, then reload every serving instance."""
     from examlops.bootstrap import model_registry
+    from examlops.bootstrap.identity import acting_identity, platform_token
+    from examlops.identity import Permission
     from examlops.promotion import service as promotion
 
     settings = load_settings()
     with errors_as_exit():
+        actor = acting_identity(settings, Permission.ROLLBACK)
         result = promotion.rollback(
             settings,
             model_registry(settings),
@@ -101,12 +108,13 @@ def rollback(
             alias,
             instances=urls or None,
             timeout_s=timeout,
-            on_moved=_audited("exa rollback", settings),
+            on_moved=_audited("exa rollback", actor, settings),
+            token=platform_token(settings),
         )
     _report(result, as_json)
 
 
-def _audited(by: str, settings: Settings) -> Callable[[AliasMove], None]:
+def _audited(by: str, actor: str, settings: Settings) -> Callable[[AliasMove], None]:
     """Appends ``alias.moved`` to the audit trail. When Redis is down the move still goes on to the
     instances (it is done in MLflow already); the missing audit event is reported, never silent."""
     from dataclasses import asdict
@@ -115,7 +123,12 @@ def _audited(by: str, settings: Settings) -> Callable[[AliasMove], None]:
 
     def on_moved(move: AliasMove) -> None:
         try:
-            control_events(settings, sql_engine(settings))("alias.moved", move.model, {**asdict(move), "by": by})
+            data = {**asdict(move), "by": by, "actor": actor}
+            engine = sql_engine(settings)
+            try:
+                control_events(settings, engine)("alias.moved", move.model, data)
+            finally:
+                engine.dispose()
         except ExamlopsError as exc:
             err_console.print(f"[yellow]warning:[/] the alias moved but its audit event was not written: {exc}")
 

@@ -27,9 +27,14 @@ def retrain(
     as_json: JsonOption = False,
 ) -> None:
     """Train a candidate on fresh data, compare it with Production, register it and point Canary at it."""
+    from examlops.bootstrap.identity import acting_identity
+    from examlops.identity import Permission
+
     settings = load_settings()
+    with errors_as_exit():
+        actor = acting_identity(settings, Permission.RETRAIN)
     if via_prefect:
-        _retrain_via_prefect(settings, model, alias, shift, seed, as_json)
+        _retrain_via_prefect(settings, model, alias, shift, seed, as_json, actor)
         return
     from dataclasses import asdict
 
@@ -40,7 +45,7 @@ def retrain(
     with errors_as_exit(), console.status(f"retraining {model}") as status:
         result = run_retrain(
             plane, model, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
-            audit=plane.audit, on_progress=status.update,
+            audit=plane.audit, on_progress=status.update, actor=actor,
         )  # fmt: skip
     if as_json:
         print_json({**asdict(result), "better": result.better})
@@ -57,7 +62,7 @@ def retrain(
 
 
 def _retrain_via_prefect(
-    settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool
+    settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool, actor: str
 ) -> None:
     from examlops.flows.wiring import prefect_environment
 
@@ -65,7 +70,7 @@ def _retrain_via_prefect(
     from prefect.deployments import run_deployment
 
     parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
-    parameters |= {"data_shift": shift, "seed": seed}
+    parameters |= {"data_shift": shift, "seed": seed, "actor": actor}
     try:
         run = run_deployment("retrain/retrain", parameters=parameters, timeout=0, as_subflow=False)
     except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there

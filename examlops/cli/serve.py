@@ -34,6 +34,13 @@ def _url(url: str | None) -> str:
     return url or load_settings().serving.local_url
 
 
+def _client(url: str | None, timeout_s: float = 30.0) -> ServingClient:
+    """A client of serving that presents the platform token (EXAMLOPS_TOKEN, else the state folder's)."""
+    from examlops.bootstrap.identity import platform_token
+
+    return ServingClient(_url(url), token=platform_token(load_settings()), timeout_s=timeout_s)
+
+
 @serve_app.command("start")
 def start(
     host: Annotated[str | None, typer.Option(help="Interface to bind; default 127.0.0.1.")] = None,
@@ -75,7 +82,7 @@ def _hot_set_rows(models: list[dict[str, Any]]) -> list[list[Any]]:
 @serve_app.command("check")
 def check(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Health of serving and the hot set it has loaded; exits 1 when not ready."""
-    with errors_as_exit(), ServingClient(_url(url), timeout_s=10) as client:
+    with errors_as_exit(), _client(url, timeout_s=10) as client:
         ready = client.get("/readyz", ok=(200, 503))
     if as_json:
         print_json(ready)
@@ -105,7 +112,7 @@ def infer_check(
         spec = catalog(settings).get(model) if model else next(iter(catalog(settings)))
         body = {"model": spec.name, "embedding": _random_embedding(spec.embedding_dim), "node_count": 12}
         body["job_id"] = f"infer-check-{int(time.time())}"
-        with ServingClient(_url(url)) as client:
+        with _client(url) as client:
             started = time.perf_counter()
             reply = client.request("POST", "/infer-pipeline/infer", json=body)
             latency_ms = (time.perf_counter() - started) * 1000
@@ -144,7 +151,7 @@ def traffic(
         for alias, value in (("Production", production), ("Canary", canary), ("Staging", staging))
         if value is not None
     }
-    with errors_as_exit(), ServingClient(_url(url)) as client:
+    with errors_as_exit(), _client(url) as client:
         if weights or clear:
             reply = client.request("PUT", f"/v1/traffic/{model}", json={} if clear else weights)
         else:
@@ -225,7 +232,7 @@ def predict(
             body["alias"] = alias
         if version is not None:
             body["version"] = version
-        with ServingClient(_url(url)) as client:
+        with _client(url) as client:
             if task is not None:
                 reply = client.request("POST", f"/v1/tasks/{quote(task, safe='')}/infer", json=body)
             else:
@@ -247,7 +254,7 @@ def reload(
     as_json: JsonOption = False,
 ) -> None:
     """Ask serving to check MLflow for moved aliases now and hot-reload them; prints what changed."""
-    with errors_as_exit(), ServingClient(_url(url), timeout_s=120) as client:
+    with errors_as_exit(), _client(url, timeout_s=120) as client:
         reply = client.request("POST", "/admin/reload", json={"model": model} if model else None)
     if as_json:
         print_json(reply)

@@ -165,6 +165,18 @@ class BusSettings(_Section):
     (httpx's own, ~0.27 of aiohttp's bus throughput at c=32: bench/RESULTS.md)."""
 
 
+class AuthSettings(_Section):
+    """Identities and their bearer tokens (issue 16): who may call which task and model, and take which action."""
+
+    enabled: bool = True
+    """Require a bearer token on every route but /healthz, /readyz and /metrics. Off is refused outside
+    environment=development, and `exa config show` then says so in a banner."""
+    cache_ttl_s: float = Field(30.0, ge=0)
+    """Seconds a resolved token is cached per serving process; a revocation takes effect within this."""
+    rotate_grace_s: float = Field(86400.0, ge=0)
+    """Seconds the old token stays valid after `exa identity rotate` when --grace is not given."""
+
+
 class ServingSettings(_Section):
     """The serving process (FastAPI on uvicorn)."""
 
@@ -275,6 +287,7 @@ class Settings(BaseSettings):
     recording: RecordingSettings = RecordingSettings()
     bus: BusSettings = BusSettings()
     tracing: TracingSettings = TracingSettings()
+    auth: AuthSettings = AuthSettings()
     serving: ServingSettings = ServingSettings()
     logs: LogSettings = LogSettings()
     redis: RedisSettings = RedisSettings()
@@ -292,6 +305,12 @@ class Settings(BaseSettings):
     def _no_dev_secret_in_production(self) -> Settings:
         if self.environment == "production" and self.secret.get_secret_value() == DEV_SECRET:
             raise ValueError("EXAMLOPS_SECRET must be set to a real secret when EXAMLOPS_ENVIRONMENT=production")
+        return self
+
+    @model_validator(mode="after")
+    def _auth_off_only_in_development(self) -> Settings:
+        if not self.auth.enabled and self.environment != "development":
+            raise ValueError("EXAMLOPS_AUTH__ENABLED=false is allowed only when EXAMLOPS_ENVIRONMENT=development")
         return self
 
     # Derived locations. All of them live under `home` unless a URL says otherwise.

@@ -22,9 +22,9 @@ from examlops.promotion.aliases import AliasMove
 from examlops.promotion.service import DEFAULT_TIMEOUT_S, promote
 
 
-def audit_moves(audit: AuditHook) -> Any:
+def audit_moves(audit: AuditHook, actor: str = "system:promote") -> Any:
     def on_moved(move: AliasMove) -> None:
-        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": "promote flow"})
+        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": "promote flow", "actor": actor})
 
     return on_moved
 
@@ -37,8 +37,12 @@ def promote_flow(
     from_alias: str | None = None,
     instances: list[str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    actor: str = "system:promote",
 ) -> dict[str, Any]:
-    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every serving instance serve it."""
+    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every serving instance serve it.
+    ``actor`` is the identity that triggered the run, named in the audit trail (``system:promote`` otherwise)."""
+    from examlops.bootstrap.identity import platform_token
+
     plane = ControlPlane(Settings())
     result = promote(
         plane.settings,
@@ -49,7 +53,8 @@ def promote_flow(
         from_alias=from_alias,
         instances=instances,
         timeout_s=timeout_s,
-        on_moved=audit_moves(plane.audit),
+        on_moved=audit_moves(plane.audit, actor),
+        token=platform_token(plane.settings),
     )
     get_run_logger().info(
         "%s@%s: %s -> %s, confirmed by %s",

@@ -29,6 +29,7 @@ def run_retrain(
     seed: int | None = None,
     audit: AuditHook | None = None,
     on_progress: Any = None,
+    actor: str = "system:retrain",
 ) -> RetrainResult:
     """Retrain ``model`` with the synthetic data source and append the audit event (the flow and the CLI)."""
     spec = plane.catalog.get(model)
@@ -43,7 +44,8 @@ def run_retrain(
         on_progress=on_progress,
     )
     if audit is not None:
-        audit(MODEL_RETRAINED, result.model, {**asdict(result), "better": result.better, "reason": reason})
+        data = {**asdict(result), "better": result.better, "reason": reason, "actor": actor}
+        audit(MODEL_RETRAINED, result.model, data)
     return result
 
 
@@ -54,13 +56,15 @@ def retrain_flow(
     candidate_alias: str = "Canary",
     data_shift: float = 0.0,
     seed: int | None = None,
+    actor: str = "system:retrain",
 ) -> dict[str, Any]:
-    """Train a candidate of ``model`` on fresh data, compare it with Production, register it, point Canary at it."""
+    """Train a candidate of ``model`` on fresh data, compare it with Production, register it, point Canary at it.
+    ``actor`` is the identity that triggered the run (``system:retrain`` for the failure trigger)."""
     plane = ControlPlane(Settings())
     logger = get_run_logger()
     result = run_retrain(
         plane, model, reason=reason, candidate_alias=candidate_alias, data_shift=data_shift, seed=seed,
-        audit=plane.audit, on_progress=logger.info,
+        audit=plane.audit, on_progress=logger.info, actor=actor,
     )  # fmt: skip
     summary = {**asdict(result), "better": result.better}
     create_table_artifact(

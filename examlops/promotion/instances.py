@@ -12,7 +12,8 @@ in the order given; it never raises for an instance. For each instance:
 One deadline, ``timeout_s`` after the call, bounds everything, requests included (connecting is
 bounded by ``connect_timeout_s`` too). httpx errors are translated here into a line of text in the
 report ("cannot be reached: ...", "did not answer within ..."). ``transport`` lets tests fake the
-network at httpx's seam.
+network at httpx's seam; ``token`` is sent as ``Authorization: Bearer`` (it needs the ``reload``
+permission).
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ def confirm_reload(
     timeout_s: float,
     connect_timeout_s: float = 5.0,
     transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
 ) -> list[InstanceReport]:
     """Reload ``model`` on every instance and wait until each serves ``version`` for ``alias`` (contract above)."""
     deadline = time.monotonic() + timeout_s
 
     def one(url: str) -> InstanceReport:
-        with httpx.Client(base_url=url.rstrip("/"), transport=transport) as client:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        with httpx.Client(base_url=url.rstrip("/"), transport=transport, headers=headers) as client:
             return _confirm(client, url, model, alias, version, deadline, timeout_s, connect_timeout_s)
 
     if not urls:

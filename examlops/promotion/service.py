@@ -53,10 +53,11 @@ def promote(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_moved: Callable[[AliasMove], None] | None = None,
     transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
 ) -> PromotionResult:
     """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every instance serve it."""
     move = move_alias(registry, model, alias, version=version, from_alias=from_alias)
-    return _follow(settings, move, instances, timeout_s, on_moved, transport)
+    return _follow(settings, move, instances, timeout_s, on_moved, transport, token)
 
 
 def rollback(
@@ -69,10 +70,11 @@ def rollback(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_moved: Callable[[AliasMove], None] | None = None,
     transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
 ) -> PromotionResult:
     """Move ``alias`` back to the version its last promotion replaced, and make every instance serve it."""
     move = rollback_alias(registry, model, alias)
-    return _follow(settings, move, instances, timeout_s, on_moved, transport)
+    return _follow(settings, move, instances, timeout_s, on_moved, transport, token)
 
 
 def _follow(
@@ -82,6 +84,7 @@ def _follow(
     timeout_s: float,
     on_moved: Callable[[AliasMove], None] | None,
     transport: httpx.BaseTransport | None,
+    token: str | None,
 ) -> PromotionResult:
     if on_moved is not None:
         on_moved(move)
@@ -94,6 +97,7 @@ def _follow(
         timeout_s=timeout_s,
         connect_timeout_s=settings.http.connect_timeout_s,
         transport=transport,
+        token=token,
     )
     confirmed = tuple(report.url for report in reports if report.confirmed)
     lagging = {report.url: report.detail for report in reports if not report.confirmed}

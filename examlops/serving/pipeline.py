@@ -126,19 +126,21 @@ class Pipeline:
         """The stored split of a model, read now (blocking: call it from a thread); ``StoreUnavailable``."""
         return dict(self._router.read(self.catalog.get(model).name))
 
-    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
-        """Validate against the aliases the model has now, store, drop the cache (blocking: from a thread)."""
+    def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = "system:serving") -> dict[str, int]:
+        """Validate against the aliases the model has now, store, drop the cache (blocking: from a thread).
+        ``actor`` (the identity that asked) is named in the ``traffic.changed`` event."""
         spec = self.catalog.get(model)
         split = validate_split(weights, self._hotset.available_aliases(spec.name))
         self._router.set_rules(spec.name, split)
-        self._emit("traffic.changed", spec.name, {"weights": split})
+        self._emit("traffic.changed", spec.name, {"weights": split, "actor": actor})
         return split
 
-    async def reload(self, model: str | None = None) -> list[ReloadChange]:
-        """Follow moved aliases now (load, swap, release); what changed, refused ones included."""
+    async def reload(self, model: str | None = None, *, actor: str = "system:reload-poll") -> list[ReloadChange]:
+        """Follow moved aliases now (load, swap, release); what changed, refused ones included. ``actor`` (the
+        identity that asked; the poll by default) is named in every event."""
         changes = await self._hotset.reload(model)
         self._ready = self._ready or not self._hotset.missing_defaults()
-        events = self._reload_events(changes)
+        events = [(type, subject, {**data, "actor": actor}) for type, subject, data in self._reload_events(changes)]
         if events and self._on_event is not None:
             await asyncio.to_thread(self._emit_all, events)
         return changes

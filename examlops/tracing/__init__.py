@@ -3,6 +3,7 @@
 from examlops.tracing.policy import PayloadPolicy
 from examlops.tracing.record import (
     CHANNEL_HEADER,
+    IDENTITY_HEADER,
     OUTCOMES,
     TRACE_HEADER,
     TraceRecord,
@@ -18,6 +19,7 @@ from examlops.tracing.tracer import CallTrace, Tracer
 
 __all__ = [
     "CHANNEL_HEADER",
+    "IDENTITY_HEADER",
     "OUTCOMES",
     "TRACE_HEADER",
     "CallTrace",

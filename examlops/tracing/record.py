@@ -27,6 +27,9 @@ TRACE_HEADER = "X-Examlops-Trace"
 """The reply header that carries the trace id; the bridge also sends it to serving with the bus job's id."""
 CHANNEL_HEADER = "X-Examlops-Channel"
 """Sent by the bridge to serving (`bus`): the call came over the bus, so its trace says so."""
+IDENTITY_HEADER = "X-Examlops-Identity"
+"""Sent by the bridge to serving: the identity whose signed bus job this call serves (trusted from a caller
+holding the ``relay`` permission only)."""
 
 _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 

@@ -83,6 +83,8 @@ def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: E
     assert up.returncode == 0, up.stdout + up.stderr
     for title in ("Redis", "MLflow UI", "Prefect UI", "Serving API", "OpenAPI docs", "Bus bridge"):
         assert title in up.stdout
+    token_file = Path(exa.env["EXAMLOPS_HOME"]) / "admin.token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
 
     by_http = exa("serve", "infer-check", "--json")
     assert by_http.returncode == 0, by_http.stdout + by_http.stderr
@@ -98,6 +100,10 @@ def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: E
     doc = json.loads(status.stdout)
     services = {s["name"]: s for s in doc["services"]}
     assert sorted(services) == sorted(EXPECTED)
+    serving = services["serving"]["url"]
+    assert httpx.get(serving + "/v1/models", timeout=5).status_code == 401
+    admin = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    assert httpx.get(serving + "/v1/models", headers=admin, timeout=5).status_code == 200
     assert all(services[name]["state"] == "running" for name in EXPECTED), doc
     client = redis.Redis.from_url(services["redis"]["url"])
     try:

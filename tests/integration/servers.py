@@ -21,13 +21,45 @@ def free_port() -> int:
         return port
 
 
-def upgraded(env: Mapping[str, str]) -> None:
-    """What `exa up` does first: bring the SQL schema of a child's environment to the newest revision."""
+def upgraded(env: Mapping[str, str]) -> str:
+    """What `exa up` does first: bring the SQL schema of a child's environment to the newest revision, and
+    create the admin identity (its token in the state folder) if there is none. The admin token."""
     from examlops.bootstrap import upgrade_database
+    from examlops.bootstrap.identity import platform_token, provision_admin
     from examlops.core.settings import Settings
 
     home, url = Path(env["EXAMLOPS_HOME"]), env.get("EXAMLOPS_DATABASE_URL")
-    upgrade_database(Settings(home=home) if url is None else Settings(home=home, database_url=url))
+    settings = Settings(home=home) if url is None else Settings(home=home, database_url=url)
+    upgrade_database(settings)
+    provision_admin(settings)
+    token = platform_token(settings)
+    assert token is not None, f"no admin token in {settings.admin_token_path}"
+    return token
+
+
+def known_token(settings: object, token: str, name: str = "tests") -> None:
+    """Make ``token`` an admin identity's key in the SQL of ``settings`` (an ``examlops`` ``Settings`` whose
+    schema is current), as `exa identity add` would with a token of its own; nothing when it is there."""
+    from datetime import UTC, datetime
+
+    from examlops.bootstrap.sql import sql_engine
+    from examlops.core.settings import Settings
+    from examlops.identity import Identity, Role
+    from examlops.identity.model import IdentityKey
+    from examlops.identity.sql import SqlIdentityStore
+    from examlops.identity.tokens import derive_bus_key, hash_secret, parse_token
+
+    assert isinstance(settings, Settings)
+    key_id, secret = parse_token(token)
+    engine = sql_engine(settings)
+    try:
+        store = SqlIdentityStore(engine)
+        if store.key(key_id) is None:
+            now = datetime.now(UTC)
+            key = IdentityKey(key_id, name, hash_secret(secret), derive_bus_key(secret), now)
+            store.add(Identity(name=name, role=Role.ADMIN, created=now), key)
+    finally:
+        engine.dispose()
 
 
 def examlops_env(home: Path, **extra: str) -> dict[str, str]:
@@ -47,7 +79,9 @@ class ServingProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"serving-{self.port}.log"
         full_env = examlops_env(home, **dict(env or {}))
-        upgraded(full_env)
+        self.token = upgraded(full_env)
+        self.auth = {"Authorization": f"Bearer {self.token}"}
+        """Headers that authenticate as the admin identity `exa up` would create."""
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(self.port)],

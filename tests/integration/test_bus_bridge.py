@@ -37,15 +37,15 @@ from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
-from examlops.bus.credentials import bus_key_from_token
 from examlops.bus.store import BusStore
 from examlops.core import records
 from examlops.core.errors import DeadlineExceeded, StoreUnavailable
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, ServingSettings, Settings
+from examlops.identity import bus_key_from_token
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
 from examlops.tracing import trace_id_for_job
-from tests.integration.servers import examlops_env, free_port, upgraded
+from tests.integration.servers import examlops_env, free_port, known_token, upgraded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -56,7 +56,8 @@ PAYLOAD = {"embedding": [0.01] * 384, "node_count": 12}
 FAST_HTTP = HttpSettings(connect_timeout_s=1.0, read_timeout_s=2.0)
 """Reclaim after 1 + 2 + 2 = 5 s idle instead of 17 s."""
 TOKEN = f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
-"""The platform token of these tests (EXAMLOPS_TOKEN): clients sign with its bus key, bridges know it."""
+"""The platform token of these tests (EXAMLOPS_TOKEN): clients sign with its bus key; ``bus_settings`` makes it
+an identity's key in the test's SQL, so bridges know it."""
 
 
 class StandIn:
@@ -153,6 +154,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
         token=SecretStr(TOKEN),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
+    known_token(settings, TOKEN)  # the identity whose key the clients sign with and the bridges verify
     return settings
 
 
@@ -597,7 +599,8 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
     tmp_path: Path, redis_url: str, serving: Any
 ) -> None:
-    settings = bus_settings(tmp_path, redis_url, serving.port)
+    # The bridge presents the admin token of serving's state folder, as `exa up`'s bridge does.
+    settings = bus_settings(tmp_path, redis_url, serving.port).model_copy(update={"token": SecretStr(serving.token)})
     async with bus_client(settings) as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")

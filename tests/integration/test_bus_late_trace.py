@@ -71,7 +71,7 @@ async def test_a_late_answer_is_traced_as_the_refusal_the_caller_got(
     tracer = call_tracer(settings, engine)
     tracer.start()
     try:
-        async with running_bridge(settings, tracer=tracer), bus_client(settings, caller="t") as client:
+        async with running_bridge(settings, tracer=tracer), bus_client(settings) as client:
             with pytest.raises(DeadlineExceeded):
                 await client.request(ADDRESS, PAYLOAD, 0.5, job_id="late")
             await until(lambda: standin.seen == ["late"])

@@ -24,12 +24,13 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from examlops.bootstrap import upgrade_database
 from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from tests.integration.conftest import free_port
-from tests.integration.servers import ServingProcess, examlops_env
+from tests.integration.servers import ServingProcess, examlops_env, known_token
 from tests.integration.test_bus_bridge import TOKEN
 
 pytestmark = [
@@ -61,6 +62,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     client.close()
     settings = Settings(home=home, catalog_dir=catalog_dir)
     seed_demo(settings, load_catalog(settings.catalog_path))
+    upgrade_database(settings)
+    known_token(settings, TOKEN)
     env = {
         "EXAMLOPS_HOME": str(home),
         "EXAMLOPS_CATALOG_DIR": str(catalog_dir),

@@ -68,16 +68,33 @@ def audit_types(client: redis.Redis) -> list[str]:
 def test_direct_predictions_write_no_snapshot_and_no_served_event(serving: ServingProcess, client: redis.Redis) -> None:
     answered = 0
     for i, model in enumerate(("JPCP", "crcp", "AC")):
-        direct = httpx.post(f"{serving.url}/v1/models/{model}/predict", json=body(i), timeout=30)
-        piped = httpx.post(f"{serving.url}/infer-pipeline/infer", json=body(i, model=model, job_id=f"j{i}"), timeout=30)
-        canary = httpx.post(f"{serving.url}/v1/models/{model}/predict", json=body(i, alias="Canary"), timeout=30)
+        direct = httpx.post(f"{serving.url}/v1/models/{model}/predict", json=body(i), timeout=30, headers=serving.auth)
+        piped = httpx.post(
+            f"{serving.url}/infer-pipeline/infer",
+            json=body(i, model=model, job_id=f"j{i}"),
+            timeout=30,
+            headers=serving.auth,
+        )
+        canary = httpx.post(
+            f"{serving.url}/v1/models/{model}/predict", json=body(i, alias="Canary"), timeout=30, headers=serving.auth
+        )
         answered += sum(reply.status_code == 200 for reply in (direct, piped, canary))
     # The demo's Staging version fails on purpose: a failure the bridge would record too.
-    failed = httpx.post(f"{serving.url}/infer-pipeline/infer", json=body(9, model="JPCP", alias="Staging"), timeout=30)
+    failed = httpx.post(
+        f"{serving.url}/infer-pipeline/infer",
+        json=body(9, model="JPCP", alias="Staging"),
+        timeout=30,
+        headers=serving.auth,
+    )
     assert (answered, failed.status_code) == (9, 500), failed.text
 
     # Serving does write to this Redis: its control actions go to the audit trail there.
-    assert httpx.put(f"{serving.url}/v1/traffic/JPCP", json={"Production": 100}, timeout=30).status_code == 200
+    assert (
+        httpx.put(
+            f"{serving.url}/v1/traffic/JPCP", json={"Production": 100}, timeout=30, headers=serving.auth
+        ).status_code
+        == 200
+    )
     assert TRAFFIC_CHANGED in audit_types(client)
 
     assert INFERENCE_SERVED not in audit_types(client)

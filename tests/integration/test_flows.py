@@ -7,6 +7,7 @@ private state folder and the session's redis-server.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections.abc import Iterator
@@ -177,6 +178,7 @@ def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_en
     assert "production_holdout_rmse" in run.data.metrics and run.data.params["data_source"] == "synthetic"
     [event] = [e for e in tail(flow_env.redis, 20) if e.type == "model.retrained"]
     assert event.subject == "CRCP"
+    assert json.loads(event.data)["actor"] == "system:retrain"
 
 
 def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Plane) -> None:
@@ -192,7 +194,7 @@ def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Pla
         result = promote_flow(model="ac", alias="Production", version=2, instances=[server.url], timeout_s=60)
         assert (result["old_version"], result["new_version"]) == ("1", "2")
         assert result["instances"] == (server.url,) or result["instances"] == [server.url]
-        rows = httpx.get(f"{server.url}/v1/models", timeout=5).json()
+        rows = httpx.get(f"{server.url}/v1/models", timeout=5, headers=server.auth).json()
         assert {(r["model"], r["alias"], r["version"]) for r in rows} >= {("AC", "Production", "2")}
         assert flow_env.registry.resolve("AC", "Production").version == "2"
     finally:
@@ -201,6 +203,7 @@ def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Pla
 
     moved = [e for e in tail(flow_env.redis, 20) if e.type == "alias.moved"]
     assert moved and moved[-1].subject == "AC"
+    assert json.loads(moved[-1].data)["actor"] == "system:promote"  # nobody named: the flow's own name
 
 
 def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:

@@ -26,6 +26,7 @@ from examlops.core.records import RECORDS_STREAM
 from examlops.core.settings import Settings
 from examlops.monitoring.audit import verify
 from examlops.monitoring.snapshots import SnapshotStream
+from tests.integration.servers import known_token
 from tests.integration.test_bus_bridge import (
     ADDRESS,
     PAYLOAD,
@@ -119,6 +120,7 @@ async def test_a_bridge_killed_between_reply_and_record_leaves_every_served_job_
     env = {"EXAMLOPS_SECRET": SECRET, "EXAMLOPS_RECORDING__RECLAIM_IDLE_S": "2"}
     settings = Settings(home=tmp_path, redis={"url": redis_server}, secret=SECRET, token=TOKEN)  # type: ignore[arg-type]  # pydantic coerces
     upgrade_database(settings)
+    known_token(settings, TOKEN)
     with StandIn() as serving:
         doomed, doomed_log = start_bridge_process(tmp_path, redis_server, serving.port, 64, env)
         survivor = None

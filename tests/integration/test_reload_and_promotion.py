@@ -172,16 +172,16 @@ def body(model: str, seed: int = 0) -> dict[str, Any]:
 
 
 def infer(server: ServingProcess, model: str) -> httpx.Response:
-    return httpx.post(f"{server.url}/infer-pipeline/infer", json=body(model), timeout=30)
+    return httpx.post(f"{server.url}/infer-pipeline/infer", json=body(model), timeout=30, headers=server.auth)
 
 
 def row(server: ServingProcess, model: str, alias: str = "Production") -> dict[str, Any]:
-    rows = httpx.get(f"{server.url}/v1/models", timeout=10).json()
+    rows = httpx.get(f"{server.url}/v1/models", timeout=10, headers=server.auth).json()
     return next(r for r in rows if r["model"] == model and r["alias"] == alias)
 
 
 def reload(server: ServingProcess, model: str) -> list[dict[str, Any]]:
-    reply = httpx.post(f"{server.url}/admin/reload", json={"model": model}, timeout=60)
+    reply = httpx.post(f"{server.url}/admin/reload", json={"model": model}, timeout=60, headers=server.auth)
     assert reply.status_code == 200, reply.text
     changes: list[dict[str, Any]] = reply.json()["changes"]
     return changes
@@ -203,7 +203,7 @@ async def _load_while_flipping(store: Store, server: ServingProcess, flips: int)
     replies: list[tuple[float, float, int, str | None]] = []
     timeline: list[tuple[str, float, float]] = [("1", 0.0, 0.0)]  # version, moved in MLflow, reload answered
     stop = asyncio.Event()
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=server.auth) as client:
 
         async def clientloop(i: int) -> None:
             while not stop.is_set():
@@ -357,13 +357,15 @@ def test_promotion_reaches_two_servers_and_rollback_moves_it_back(
     store: Store, still: ServingProcess, polling: ServingProcess
 ) -> None:
     urls = [still.url, polling.url]
-    result = promote(store.settings, store.registry, "ac", "production", version=2, instances=urls, timeout_s=60)
+    result = promote(
+        store.settings, store.registry, "ac", "production", version=2, instances=urls, timeout_s=60, token=still.token
+    )
     assert (result.model, result.alias, result.old_version, result.new_version) == ("AC", "Production", "1", "2")
     assert result.instances == tuple(urls)
     assert [row(s, "AC")["version"] for s in (still, polling)] == ["2", "2"]
     assert store.registry.model_tags("AC")[previous_tag("Production")] == "1"
 
-    back = rollback(store.settings, store.registry, "AC", instances=urls, timeout_s=60)
+    back = rollback(store.settings, store.registry, "AC", instances=urls, timeout_s=60, token=still.token)
     assert (back.old_version, back.new_version, back.instances) == ("2", "1", tuple(urls))
     assert [row(s, "AC")["version"] for s in (still, polling)] == ["1", "1"]
     assert [infer(s, "AC").json()["version"] for s in (still, polling)] == ["1", "1"]
@@ -386,7 +388,15 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
         assert [row(s, "AC")["version"] for s in (still, polling)] == ["2", "2"]  # the live ones followed
 
         with pytest.raises(PromotionIncomplete) as raised:
-            promote(store.settings, store.registry, "AC", "Production", version=2, instances=[still.url, dead])
+            promote(
+                store.settings,
+                store.registry,
+                "AC",
+                "Production",
+                version=2,
+                instances=[still.url, dead],
+                token=still.token,
+            )
         assert list(raised.value.lagging) == [dead] and raised.value.confirmed == (still.url,)
     finally:
         back = runner.invoke(cli, ["rollback", "ac", *urls, "--json"])
@@ -405,7 +415,9 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
 
 
 async def _drain(server: ServingProcess, count: int) -> tuple[list[int], list[int]]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=100)) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=100), headers=server.auth
+    ) as client:
         sent = [asyncio.create_task(client.post("/infer-pipeline/infer", json=body("SLEEPY", i))) for i in range(count)]
 
         async def in_flight() -> float:

@@ -96,7 +96,7 @@ def embedding(seed: int = 0) -> list[float]:
 def infer(server: ServingProcess, **body: Any) -> httpx.Response:
     payload: dict[str, Any] = {"model": "JPCP", "embedding": embedding(), "node_count": 12}
     payload.update(body)
-    return httpx.post(f"{server.url}/infer-pipeline/infer", json=payload, timeout=30)
+    return httpx.post(f"{server.url}/infer-pipeline/infer", json=payload, timeout=30, headers=server.auth)
 
 
 def test_a_reply_names_the_model_alias_version_and_run(server: ServingProcess) -> None:
@@ -109,7 +109,7 @@ def test_a_reply_names_the_model_alias_version_and_run(server: ServingProcess) -
 
 
 def test_the_hot_set_lists_every_alias_that_exists(server: ServingProcess) -> None:
-    models = httpx.get(f"{server.url}/v1/models").json()
+    models = httpx.get(f"{server.url}/v1/models", headers=server.auth).json()
     loaded = {(m["model"], m["alias"]): m["version"] for m in models if m["state"] == "ready"}
     for name in ("JPCP", "CRCP", "AC"):
         assert loaded[(name, "Production")] == "1"
@@ -118,7 +118,9 @@ def test_the_hot_set_lists_every_alias_that_exists(server: ServingProcess) -> No
 
 @pytest.mark.parametrize(("field", "raw"), RAW_REFUSALS)
 def test_bad_payloads_are_refused_with_422_over_real_http(server: ServingProcess, field: str, raw: str) -> None:
-    reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": "application/json"})
+    reply = httpx.post(
+        f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": "application/json", **server.auth}
+    )
     assert reply.status_code == 422, reply.text
     assert reply.json()["prediction"] == 0.0
 
@@ -135,7 +137,7 @@ def test_a_body_over_one_mebibyte_is_a_413(server: ServingProcess) -> None:
     reply = httpx.post(
         f"{server.url}/infer-pipeline/infer",
         content=b"[" + b"0.5," * 400_000 + b"0.5]",
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **server.auth},
     )
     assert reply.status_code == 413
 
@@ -238,15 +240,23 @@ def test_a_pinned_version_is_served_by_that_version(server: ServingProcess) -> N
 
 
 def test_a_split_naming_a_missing_alias_or_not_summing_to_100_is_refused(server: ServingProcess) -> None:
-    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Nightly": 50}).status_code == 422
-    assert httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Canary": 40}).status_code == 422
-    assert httpx.get(f"{server.url}/v1/traffic/AC").json()["weights"] == {}
+    assert (
+        httpx.put(
+            f"{server.url}/v1/traffic/AC", json={"Production": 50, "Nightly": 50}, headers=server.auth
+        ).status_code
+        == 422
+    )
+    assert (
+        httpx.put(f"{server.url}/v1/traffic/AC", json={"Production": 50, "Canary": 40}, headers=server.auth).status_code
+        == 422
+    )
+    assert httpx.get(f"{server.url}/v1/traffic/AC", headers=server.auth).json()["weights"] == {}
 
 
-async def _send_many(url: str, count: int, concurrency: int) -> Counter[str]:
+async def _send_many(url: str, count: int, concurrency: int, auth: dict[str, str]) -> Counter[str]:
     seen: Counter[str] = Counter()
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, headers=auth) as client:
 
         async def one(i: int) -> None:
             async with limit:
@@ -261,28 +271,33 @@ async def _send_many(url: str, count: int, concurrency: int) -> Counter[str]:
 
 
 def test_a_split_sends_its_share_within_binomial_bounds(server: ServingProcess) -> None:
-    put = httpx.put(f"{server.url}/v1/traffic/ac", json={"production": 70, "canary": 30})
+    put = httpx.put(f"{server.url}/v1/traffic/ac", json={"production": 70, "canary": 30}, headers=server.auth)
     assert put.status_code == 200, put.text
     assert put.json()["weights"] == {"Production": 70, "Canary": 30}
     try:
         n = 2000
-        seen = asyncio.run(_send_many(server.url, n, 32))
+        seen = asyncio.run(_send_many(server.url, n, 32, server.auth))
     finally:
-        httpx.put(f"{server.url}/v1/traffic/AC", json={})
+        httpx.put(f"{server.url}/v1/traffic/AC", json={}, headers=server.auth)
     assert set(seen) == {"Production", "Canary"}, seen
     bound = 4.5 * math.sqrt(n * 0.3 * 0.7)
     assert abs(seen["Canary"] - 0.3 * n) < bound, seen
 
 
 def test_the_split_applies_to_the_default_alias_and_other_aliases_are_pinned(server: ServingProcess) -> None:
-    assert httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 100, "Canary": 0}).status_code == 200
+    assert (
+        httpx.put(
+            f"{server.url}/v1/traffic/JPCP", json={"Production": 100, "Canary": 0}, headers=server.auth
+        ).status_code
+        == 200
+    )
     try:
         assert infer(server, alias="Canary").json()["alias"] == "Canary"
         assert infer(server, alias="canary").json()["alias"] == "Canary"
         assert infer(server).json()["alias"] == "Production"
         assert infer(server, alias="production").json()["alias"] == "Production"
     finally:
-        httpx.put(f"{server.url}/v1/traffic/JPCP", json={})
+        httpx.put(f"{server.url}/v1/traffic/JPCP", json={}, headers=server.auth)
 
 
 def test_a_model_slower_than_the_limit_gets_504_and_the_next_request_is_served(server: ServingProcess) -> None:
@@ -317,22 +332,24 @@ def test_reload_on_request_follows_a_moved_alias_and_reports_it(server: ServingP
     client = mlflow.MlflowClient(Settings(home=server.home).mlflow_tracking_uri)
     client.set_registered_model_alias("CRCP", "Production", "2")
     try:
-        reply = httpx.post(f"{server.url}/admin/reload", json={"model": "crcp"}, timeout=60)
+        reply = httpx.post(f"{server.url}/admin/reload", json={"model": "crcp"}, timeout=60, headers=server.auth)
         assert reply.status_code == 200, reply.text
         changes = reply.json()["changes"]
         assert [(c["alias"], c["old_version"], c["new_version"], c["outcome"]) for c in changes] == [
             ("Production", "1", "2", "swapped")
         ]
         assert infer(server, model="CRCP").json()["version"] == "2"
-        assert httpx.post(f"{server.url}/admin/reload", json={}, timeout=60).json()["changes"] == []
+        assert (
+            httpx.post(f"{server.url}/admin/reload", json={}, timeout=60, headers=server.auth).json()["changes"] == []
+        )
     finally:
         client.set_registered_model_alias("CRCP", "Production", "1")
-        httpx.post(f"{server.url}/admin/reload", json={"model": "CRCP"}, timeout=60)
+        httpx.post(f"{server.url}/admin/reload", json={"model": "CRCP"}, timeout=60, headers=server.auth)
     assert infer(server, model="CRCP").json()["version"] == "1"
 
 
 def test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server(server: ServingProcess, tmp_path: Path) -> None:
-    runner = CliRunner()
+    runner = CliRunner(env={"EXAMLOPS_TOKEN": server.token})
     check = runner.invoke(exa, ["serve", "check", "--url", server.url, "--json"])
     assert check.exit_code == 0, check.output
     assert json.loads(check.stdout)["ready"] is True

@@ -30,10 +30,19 @@ from examlops.bus import wire
 from examlops.cli.main import app as exa
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import Settings, TracingSettings
+from examlops.identity import bus_key_from_token
 from examlops.registry.demo import seed_demo
 from examlops.tracing import TRACE_HEADER, TraceQuery, TraceStore, trace_id_for_job, valid_trace_id
 from tests.integration.servers import ServingProcess
-from tests.integration.test_bus_bridge import ADDRESS, CATALOG, PAYLOAD, bus_settings, running_bridge, until
+from tests.integration.test_bus_bridge import (
+    ADDRESS,
+    CATALOG,
+    PAYLOAD,
+    TOKEN,
+    bus_settings,
+    running_bridge,
+    until,
+)
 from tests.integration.test_recording import drain, recorder_on, served_events
 
 pytestmark = [
@@ -107,7 +116,7 @@ async def bus_calls(settings: Settings, client: redis.Redis) -> list[Call]:
     calls: list[Call] = []
     tracer = call_tracer(settings, sql_engine(settings))
     tracer.start()
-    async with bus_client(settings, caller="t") as bus:
+    async with bus_client(settings) as bus:
         with pytest.raises(DeadlineExceeded):  # no bridge runs yet: the job expires on the stream
             await bus.request(ADDRESS, PAYLOAD, 0.2, job_id="b-expired")
         try:
@@ -121,7 +130,9 @@ async def bus_calls(settings: Settings, client: redis.Redis) -> list[Call]:
         finally:
             await asyncio.to_thread(tracer.close)  # the bridge's traces are in SQL once this returns
         [(_, expired_fields)] = client.xrange(bus.reply_stream, count=1)
-        _, expired = wire.read_reply(expired_fields)
+        verified = wire.verify_reply(*bus_key_from_token(TOKEN), expired_fields)
+        assert verified is not None
+        _, expired = verified
     for reply in answered:
         assert reply["error"] is None, reply
         calls.append(Call(reply["trace"], "bus", "JPCP", "answered", reply=reply))

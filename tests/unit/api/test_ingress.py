@@ -24,6 +24,8 @@ class FakePipeline:
     ready: bool = True
     seen: list[InferenceRequest] = field(default_factory=list)
     fail_with: Exception | None = None
+    traffic_set: list[tuple[str, str]] = field(default_factory=list)
+    reloads: list[tuple[str | None, str]] = field(default_factory=list)
 
     async def start(self) -> None:
         return None
@@ -47,10 +49,12 @@ class FakePipeline:
     def traffic(self, model: str) -> dict[str, int]:
         return {}
 
-    def set_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
+    def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = "") -> dict[str, int]:
+        self.traffic_set.append((model, actor))
         return dict(weights)
 
-    async def reload(self, model: str | None = None) -> Sequence[Any]:
+    async def reload(self, model: str | None = None, *, actor: str = "") -> Sequence[Any]:
+        self.reloads.append((model, actor))
         return []
 
 
@@ -61,7 +65,7 @@ def pipeline(settings: Settings) -> FakePipeline:
 
 @pytest.fixture
 async def client(settings: Settings, pipeline: FakePipeline) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, pipeline, CollectorRegistry())
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://serving") as c:
         yield c
@@ -191,7 +195,7 @@ async def test_direct_predict_uses_the_path_model(client: httpx.AsyncClient, pip
 
 def assert_error_body(data: dict[str, Any], code: str) -> None:
     """The one error body: the same keys for our errors and the framework's own."""
-    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
+    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id", "permission"}
     assert (data["prediction"], data["code"], data["inference_failed"]) == (0.0, code, False)
     assert data["error"]
 
@@ -220,7 +224,7 @@ async def test_a_route_level_http_exception_gets_our_body_and_keeps_its_headers(
 ) -> None:
     from fastapi import HTTPException
 
-    app = create_app(settings, pipeline, CollectorRegistry())
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None)
 
     async def teapot() -> None:
         raise HTTPException(status_code=418, detail="t" * 5000, headers={"Retry-After": "7"})

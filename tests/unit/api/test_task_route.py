@@ -35,7 +35,7 @@ def tasks() -> InMemoryTaskMap:
 async def client(
     settings: Settings, pipeline: FakePipeline, tasks: InMemoryTaskMap
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, pipeline, CollectorRegistry(), tasks=TaskResolver(tasks, ttl_s=0.0))
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None, tasks=TaskResolver(tasks, ttl_s=0.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as c:
         yield c
 

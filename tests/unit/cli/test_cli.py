@@ -102,3 +102,28 @@ def test_bridge_start_help_explains_model() -> None:
     result = runner.invoke(app, ["bridge", "start", "--help"])
     assert result.exit_code == 0
     assert "--model" in result.output and "model_not_found" in result.output
+
+
+def test_config_show_never_prints_the_token_and_shouts_when_authentication_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setenv("EXAMLOPS_TOKEN", "exa_0123456789abcdef_" + "s" * 43)
+    monkeypatch.setenv("EXAMLOPS_AUTH__ENABLED", "false")
+    shown = runner.invoke(app, ["config", "show"])
+    as_json = runner.invoke(app, ["config", "show", "--json"])
+    assert shown.exit_code == 0 and as_json.exit_code == 0
+    assert "s" * 43 not in shown.output + as_json.output
+    assert json.loads(as_json.stdout)["token"]["value"] == "**********"
+    assert "AUTHENTICATION IS OFF" in shown.output.splitlines()[0]
+
+
+def test_authentication_off_is_refused_outside_development(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("EXAMLOPS_ENVIRONMENT", "production")
+    monkeypatch.setenv("EXAMLOPS_SECRET", "a-real-secret-for-this-test")
+    monkeypatch.setenv("EXAMLOPS_AUTH__ENABLED", "false")
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 2
+    assert "EXAMLOPS_AUTH__ENABLED=false is allowed only when" in " ".join(result.output.split())

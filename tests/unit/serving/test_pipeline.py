@@ -312,13 +312,14 @@ async def test_control_actions_are_handed_to_the_event_sink_and_a_refusal_only_o
     events: list[tuple[str, str, dict[str, Any]]] = []
     pipeline = world.pipeline(on_event=lambda t, s, d: events.append((t, s, dict(d))))
     await pipeline.start()
-    await asyncio.to_thread(pipeline.set_traffic, "jpcp", {"production": 80, "canary": 20})
-    assert events == [("traffic.changed", "JPCP", {"weights": {"Production": 80, "Canary": 20}})]
+    await asyncio.to_thread(pipeline.set_traffic, "jpcp", {"production": 80, "canary": 20}, "console")
+    assert events == [("traffic.changed", "JPCP", {"weights": {"Production": 80, "Canary": 20}, "actor": "console"})]
 
     world.source.move("JPCP", "Production", "4")
-    await pipeline.reload()
+    await pipeline.reload(actor="console")
     assert events[-1][:2] == ("model.reloaded", "JPCP")
     assert events[-1][2]["old_version"] == "1" and events[-1][2]["new_version"] == "4"
+    assert events[-1][2]["actor"] == "console"
 
     world.source.add("JPCP", "5")
     world.runtime.fail_load = {"JPCP/5"}
@@ -328,6 +329,7 @@ async def test_control_actions_are_handed_to_the_event_sink_and_a_refusal_only_o
     await pipeline.reload()  # the poll tries the refused version again: no second event
     refusals = [e for e in events[before:] if e[0] == "reload.refused"]
     assert len(refusals) == 1 and refusals[0][2]["new_version"] == "5"
+    assert refusals[0][2]["actor"] == "system:reload-poll"
 
 
 async def test_a_failing_event_sink_never_fails_the_action(world: World) -> None:

@@ -1,7 +1,7 @@
 """The task map: one row per task with the model, alias and adapter that answer it, and its bus address.
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-02
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0003"
-down_revision = "0001"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,107 @@
+"""From a presented token (HTTP) or key id (bus) to the ``Caller`` it acts as, cached for ``ttl_s``.
+
+``authenticate(token)`` returns the ``Caller`` or raises ``Unauthenticated`` with one message for a
+missing, malformed, unknown, revoked or expired token; ``StoreUnavailable`` when the store cannot be read
+on a cache miss. ``bus_key(key_id)`` gives the bridge ``(Caller, bus key)`` for a key id, or None when the
+key is unknown, revoked or past its ``not_after``.
+
+What the store says about a key id (found or not) is cached for ``ttl_s`` seconds of ``clock``: a
+revocation, a rotation's end of grace or a new identity takes effect within that TTL. Validity against
+``not_after`` is checked on every call with ``wall``, so a grace deadline is exact. The cache holds at most
+``max_entries`` key ids (random unknown ids cannot grow it without bound).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from examlops.core.errors import Unauthenticated
+from examlops.identity.model import Caller, Identity, IdentityKey
+from examlops.identity.ports import IdentityStore
+from examlops.identity.tokens import parse_token, secret_matches
+
+_Entry = tuple[float, tuple[Identity, IdentityKey] | None]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class IdentityResolver:
+    """The per-process, TTL-cached view of the identity store (contract above). Thread-safe enough: a race
+    between two misses reads the store twice and keeps either answer."""
+
+    def __init__(
+        self,
+        store: IdentityStore,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = _utc_now,
+        max_entries: int = 10_000,
+    ) -> None:
+        self._store = store
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._wall = wall
+        self._max = max_entries
+        self._cache: dict[str, _Entry] = {}
+
+    def is_fresh(self, token: str | None) -> bool:
+        """True when ``authenticate(token)`` will not read the store (so async callers may skip a thread)."""
+        try:
+            key_id, _ = parse_token(token or "")
+        except Unauthenticated:
+            return True
+        entry = self._cache.get(key_id)
+        return entry is not None and entry[0] > self._clock()
+
+    def authenticate(self, token: str | None) -> Caller:
+        if not token:
+            raise Unauthenticated()
+        key_id, secret = parse_token(token)
+        found = self._lookup(key_id)
+        if found is None:
+            raise Unauthenticated()
+        identity, key = found
+        if not secret_matches(secret, key.secret_sha256) or not self._valid(identity, key):
+            raise Unauthenticated()
+        return Caller(identity, key_id)
+
+    def bus_key(self, key_id: str) -> tuple[Caller, bytes] | None:
+        """``(Caller, bus key)`` of a known key id, None for an unknown one. The caller of a revoked identity
+        or an expired key is ``revoked``: a job it signed is authentic, and is answered ``unauthenticated``."""
+        found = self._lookup(key_id)
+        if found is None:
+            return None
+        identity, key = found
+        return Caller(identity, key_id, revoked=not self._valid(identity, key)), key.bus_key
+
+    def forget(self, key_id: str | None = None) -> None:
+        """Drop one cached key id, or all of them."""
+        if key_id is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(key_id, None)
+
+    def _valid(self, identity: Identity, key: IdentityKey) -> bool:
+        return identity.revoked is None and key.valid_at(self._wall())
+
+    def _lookup(self, key_id: str) -> tuple[Identity, IdentityKey] | None:
+        now = self._clock()
+        entry = self._cache.get(key_id)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        found = self._store.key(key_id)
+        if len(self._cache) >= self._max:
+            self._evict(now)
+        self._cache[key_id] = (now + self._ttl_s, found)
+        return found
+
+    def _evict(self, now: float) -> None:
+        for stale in [k for k, (expires, _) in self._cache.items() if expires <= now]:
+            del self._cache[stale]
+        while len(self._cache) >= self._max:
+            del self._cache[next(iter(self._cache))]
