@@ -29,6 +29,7 @@ from demo import demo_state
 from loadgen import LoadResult, run_load
 from procs import answers, start, stop, wait_until
 
+from examlops.bootstrap.identity import platform_token, provision_admin
 from examlops.core.settings import Settings
 
 BIN = Path(sys.executable).parent
@@ -57,15 +58,23 @@ def in_process_limit(settings: Settings) -> float:
         os.sched_setaffinity(0, before)
 
 
+def admin_headers(settings: Settings, content_type: str = "application/json") -> dict[str, str]:
+    """Request headers of the admin identity ``start_pair`` provisioned."""
+    return {"Content-Type": content_type, "Authorization": f"Bearer {platform_token(settings)}"}
+
+
 def start_pair(
     home: Path, ours_port: int, theirs_port: int, model_uri: str = "models:/JPCP/1"
 ) -> tuple[Settings, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-    """A fresh ``home`` with the demo models, then `exa serve start` and `mlflow models serve` of ``model_uri``
-    (tensor signature) on ``SERVER_CORE``, both answering. The caller stops both (``procs.stop``)."""
+    """A fresh ``home`` with the demo models and the admin identity (``admin_headers`` authenticate as it),
+    then `exa serve start` and `mlflow models serve` of ``model_uri`` (tensor signature) on ``SERVER_CORE``,
+    both answering. The caller stops both (``procs.stop``)."""
     if home.exists():
         shutil.rmtree(home)
     print(f"seeding demo models in {home} ...", flush=True)
     settings, _ = demo_state(home)  # the demo models, and the SQL schema serving refuses to start without
+    settings.admin_token_path.unlink()  # demo_state's token is no identity: the admin's is
+    provision_admin(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     # Serve this checkout's code, not whichever one the virtualenv's editable install points at.
@@ -112,6 +121,7 @@ def main() -> None:
 
     ours_port, theirs_port = 18101, 18102
     settings, ours, theirs = start_pair(args.home.resolve(), ours_port, theirs_port)
+    auth = admin_headers(settings)
     try:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
@@ -126,11 +136,17 @@ def main() -> None:
         for concurrency in (1, 8, 64):
             total = args.requests // 4 if concurrency == 1 else args.requests
             for url, bodies in ((ours_url, ours_bodies), (theirs_url, theirs_bodies)):
-                asyncio.run(run_load(url, lambda i, b=bodies: b[i % 64], total=100, concurrency=concurrency))
-            a = asyncio.run(run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency))
+                headers = auth if url == ours_url else None
+                asyncio.run(
+                    run_load(url, lambda i, b=bodies: b[i % 64], total=100, concurrency=concurrency, headers=headers)
+                )
+            a = asyncio.run(
+                run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency, headers=auth)
+            )
             b = asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=total, concurrency=concurrency))
             results.append((concurrency, a, b))
-            print(f"c={concurrency}: done", flush=True)
+            failed = {name: r.statuses for name, r in (("examlops", a), ("mlflow", b)) if r.errors}
+            print(f"c={concurrency}: done" + (f", replies by status {failed}" if failed else ""), flush=True)
         limit = in_process_limit(settings)
     finally:
         stop(ours)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import LoadResult, run_load
 from procs import stop
-from serving_vs_mlflow import CLIENT_CORE, start_pair
+from serving_vs_mlflow import CLIENT_CORE, admin_headers, start_pair
 
 ROWS = 32
 
@@ -77,13 +77,15 @@ def main() -> None:
     args = parser.parse_args()
 
     ours_port, theirs_port = 18111, 18112
-    _, ours, theirs = start_pair(args.home.resolve(), ours_port, theirs_port)
+    settings, ours, theirs = start_pair(args.home.resolve(), ours_port, theirs_port)
     try:
         os.sched_setaffinity(0, {CLIENT_CORE})
         rng = np.random.default_rng(1)
         embedding = rng.normal(0, 0.05, (ROWS, 384)).astype(np.float32)
         counts = rng.integers(1, 200, ROWS).astype(np.int64)
         as_json, as_binary, binary_headers = v2_bodies(embedding, counts)
+        auth = admin_headers(settings)
+        binary_headers["Authorization"] = auth["Authorization"]
         rows = embedding.astype(np.float64).tolist()
         predict_bodies = [
             json.dumps({"embedding": row, "node_count": int(count), "version": 1}).encode()
@@ -93,12 +95,12 @@ def main() -> None:
         v2_url = f"http://127.0.0.1:{ours_port}/v2/models/JPCP/versions/1/infer"
         clients = [
             ("V2 binary", v2_url, lambda i: as_binary, binary_headers, 1),
-            ("V2 JSON", v2_url, lambda i: as_json, None, 1),
+            ("V2 JSON", v2_url, lambda i: as_json, auth, 1),
             (
                 "model route",
                 f"http://127.0.0.1:{ours_port}/v1/models/JPCP/predict",
                 lambda i: predict_bodies[i % ROWS],
-                None,
+                auth,
                 ROWS,
             ),
             (

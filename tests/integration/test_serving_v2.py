@@ -45,11 +45,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]
         assert code == 0, proc.log_tail()
 
 
+def bearer_plugin(token: str) -> Any:
+    """tritonclient's way to add a header to every request: a client plugin (its auth module has Basic only)."""
+    from tritonclient._plugin import InferenceServerClientPlugin
+
+    class Bearer(InferenceServerClientPlugin):
+        def __call__(self, request: Any) -> None:
+            request.headers["Authorization"] = f"Bearer {token}"
+
+    return Bearer()
+
+
 @pytest.fixture(scope="module")
 def triton(server: ServingProcess) -> Iterator[Any]:
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    client.register_plugin(bearer_plugin(server.token))
     yield client
     client.close()
 
@@ -67,6 +79,7 @@ def model_route(server: ServingProcess, embedding: np.ndarray[Any, Any], counts:
             f"{server.url}/v1/models/JPCP/predict",
             json={"embedding": row, "node_count": count, "alias": "Production"},
             timeout=30,
+            headers=server.auth,
         )
         assert reply.status_code == 200, reply.text
         out.append(reply.json()["prediction"])
@@ -133,14 +146,19 @@ def test_tritonclient_default_binary_mode_with_a_pinned_version_and_fp32(triton:
     expected = []
     for row, count in zip(as_fp32.astype(np.float64).tolist(), counts.tolist(), strict=True):
         reply = httpx.post(
-            f"{server.url}/v1/models/JPCP/predict", json={"embedding": row, "node_count": count, "version": 2}
+            f"{server.url}/v1/models/JPCP/predict",
+            json={"embedding": row, "node_count": count, "version": 2},
+            headers=server.auth,
         )
+        assert reply.status_code == 200, reply.text
         expected.append(reply.json()["prediction"])
     assert result.as_numpy("prediction").tolist() == expected
 
 
 def test_one_call_is_answered_by_one_version_under_a_traffic_split(server: ServingProcess) -> None:
-    httpx.put(f"{server.url}/v1/traffic/JPCP", json={"Production": 50, "Canary": 50}).raise_for_status()
+    httpx.put(
+        f"{server.url}/v1/traffic/JPCP", json={"Production": 50, "Canary": 50}, headers=server.auth
+    ).raise_for_status()
     try:
         embedding, counts = rows(2)
         body = {
@@ -151,7 +169,7 @@ def test_one_call_is_answered_by_one_version_under_a_traffic_split(server: Servi
         }
         versions = set()
         for _ in range(12):
-            reply = httpx.post(f"{server.url}/v2/models/JPCP/infer", json=body, timeout=30)
+            reply = httpx.post(f"{server.url}/v2/models/JPCP/infer", json=body, timeout=30, headers=server.auth)
             assert reply.status_code == 200, reply.text
             data = reply.json()
             versions.add((data["model_version"], data["parameters"]["alias"]))
@@ -160,13 +178,15 @@ def test_one_call_is_answered_by_one_version_under_a_traffic_split(server: Servi
             assert data["outputs"][0]["data"] == pinned
         assert versions == {("1", "Production"), ("2", "Canary")}
     finally:
-        httpx.put(f"{server.url}/v1/traffic/JPCP", json={}).raise_for_status()
+        httpx.put(f"{server.url}/v1/traffic/JPCP", json={}, headers=server.auth).raise_for_status()
 
 
 def model_route_version(server: ServingProcess, embedding: Any, counts: Any, version: int) -> list[float]:
     return [
         httpx.post(
-            f"{server.url}/v1/models/JPCP/predict", json={"embedding": row, "node_count": count, "version": version}
+            f"{server.url}/v1/models/JPCP/predict",
+            json={"embedding": row, "node_count": count, "version": version},
+            headers=server.auth,
         ).json()["prediction"]
         for row, count in zip(embedding.tolist(), counts.tolist(), strict=True)
     ]
@@ -182,10 +202,10 @@ def test_a_model_failure_is_a_500_marked_for_the_retrain_trigger(triton: Any, se
             {"name": "node_count", "datatype": "INT64", "shape": [ROWS], "data": counts.tolist()},
         ],
     }
-    reply = httpx.post(f"{server.url}/v2/models/JPCP/infer", json=body, timeout=30)
+    reply = httpx.post(f"{server.url}/v2/models/JPCP/infer", json=body, timeout=30, headers=server.auth)
     assert reply.status_code == 500, reply.text
     assert reply.json()["inference_failed"] is True and reply.json()["code"] == "inference_failed"
-    metrics = httpx.get(f"{server.url}/metrics").text
+    metrics = httpx.get(f"{server.url}/metrics").text  # no token: metrics are open
     failed = [line for line in metrics.splitlines() if line.startswith('examlops_requests_total{alias="Staging"')]
     assert failed and 'outcome="failed"' in failed[0] and float(failed[0].split()[-1]) >= ROWS  # each row counted
 
@@ -241,9 +261,9 @@ def test_malformed_requests_get_a_4xx_with_a_v2_error(
 ) -> None:
     url = f"{server.url}/v2/models/JPCP/infer"
     if isinstance(body, bytes):
-        reply = httpx.post(url, content=body, headers=headers, timeout=30)
+        reply = httpx.post(url, content=body, headers={**headers, **server.auth}, timeout=30)
     else:
-        reply = httpx.post(url, json=body, timeout=30)
+        reply = httpx.post(url, json=body, timeout=30, headers=server.auth)
     assert reply.status_code == status, reply.text
     data = reply.json()
     assert isinstance(data["error"], str) and data["error"]
@@ -261,16 +281,36 @@ def test_the_protocols_example_requests_are_answered_with_4xx_not_5xx(server: Se
         "outputs": [{"name": "output0"}],
     }
     for path in ("/v2/models/mymodel/infer", "/v2/models/JPCP/infer", "/v2/models/JPCP/versions/1/infer"):
-        reply = httpx.post(f"{server.url}{path}", json=example, timeout=30)
+        reply = httpx.post(f"{server.url}{path}", json=example, timeout=30, headers=server.auth)
         assert 400 <= reply.status_code < 500, reply.text
         assert set(reply.json()) == V2_ERROR_KEYS
-    assert httpx.get(f"{server.url}/v2/models/mymodel").status_code == 404
-    assert httpx.get(f"{server.url}/v2/models/mymodel/ready").status_code == 404
+    assert httpx.get(f"{server.url}/v2/models/mymodel", headers=server.auth).status_code == 404
+    assert httpx.get(f"{server.url}/v2/models/mymodel/ready", headers=server.auth).status_code == 404
 
 
 def test_curl_style_json_without_content_type_is_accepted(server: ServingProcess) -> None:
     reply = httpx.post(
-        f"{server.url}/v2/models/JPCP/infer", content=json.dumps(v2_body()).encode(), headers={"content-type": ""}
+        f"{server.url}/v2/models/JPCP/infer",
+        content=json.dumps(v2_body()).encode(),
+        headers={"content-type": "", **server.auth},
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["id"] == "bad" and reply.json()["outputs"][0]["shape"] == [2]
+
+
+def test_without_a_token_health_answers_and_everything_else_is_a_401_v2_error(server: ServingProcess) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    anonymous = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        assert anonymous.is_server_live() and anonymous.is_server_ready()
+        assert anonymous.get_server_metadata()["name"] == "examlops"
+        with pytest.raises(InferenceServerException) as refused:
+            anonymous.get_model_metadata("JPCP")
+        assert refused.value.status() == "401"
+    finally:
+        anonymous.close()
+    reply = httpx.post(f"{server.url}/v2/models/JPCP/infer", json=v2_body(), timeout=30)
+    assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer"
+    assert set(reply.json()) == V2_ERROR_KEYS and reply.json()["code"] == "unauthenticated"

@@ -15,8 +15,9 @@
 
 Every error is ``{"error": ..., "code": ..., "inference_failed": ...}`` with the status of
 ``api.errors.STATUS``; malformed requests are 4xx, never a 5xx nor a prediction. Each route takes the
-same dependencies as the model route; a dependency added there (the caller's identity) is added to the
-one function behind each pair of paths here.
+same dependencies as the model route (the caller, ``api.auth.CurrentCaller``; infer checks ``may_call`` on
+the model, as the model route does), in the one function behind each pair of paths. ``/v2`` and
+``/v2/health/...`` take none, as ``/healthz`` and ``/readyz``: probes carry no token.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from examlops import __version__
-from examlops.api.errors import MAX_MESSAGE, shown, status_of
+from examlops.api.auth import CurrentCaller
+from examlops.api.errors import error_response, shown
 from examlops.api.tracing import call_of
 from examlops.api.v2.codec import HEADER_LENGTH, decode_request, encode_response, model_rows, wanted_outputs
 from examlops.api.v2.schemas import (
@@ -57,6 +59,8 @@ V2_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": V2ErrorReply, "description": text}
     for status, text in (
         (400, "not live, not ready (health and model ready routes only)"),
+        (401, "no bearer token, or one that is not valid (every route but /v2 and /v2/health/...)"),
+        (403, "the identity lacks the permission to call the model"),
         (404, "unknown model, alias or version"),
         (408, "the request's headers or body came too slowly (the connection is closed)"),
         (413, "body over the size limit"),
@@ -85,11 +89,7 @@ class V2Pipeline(Protocol):
 
 
 def v2_error(error: ExamlopsError) -> JSONResponse:
-    message = error.message
-    if error.field and not message.startswith(error.field):
-        message = f"{error.field}: {message}"
-    body = V2ErrorReply(error=shown(message, MAX_MESSAGE), code=error.code, inference_failed=error.model_failure)
-    return JSONResponse(body.model_dump(), status_code=status_of(error))
+    return error_response(error, v2=True)
 
 
 def _version(raw: str | None) -> str | None:
@@ -153,7 +153,7 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
         ok = serving(request)
         return JSONResponse(Ready(ready=ok).model_dump(), status_code=200 if ok else 400)
 
-    async def model_metadata(model: str, request: Request) -> Response:
+    async def model_metadata(model: str, request: Request, caller: CurrentCaller) -> Response:
         """Model metadata: platform, the versions in memory, inputs and outputs with datatypes and shapes."""
         try:
             spec = pipeline.catalog.get(model)
@@ -167,7 +167,7 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
             return v2_error(exc)
         return Response(_metadata(spec, versions).model_dump_json(exclude_none=True), media_type="application/json")
 
-    async def model_ready(model: str, request: Request) -> Response:
+    async def model_ready(model: str, request: Request, caller: CurrentCaller) -> Response:
         """200 when the model's default alias (or the version in the path) is loaded and serving, else 400."""
         try:
             spec = pipeline.catalog.get(model)
@@ -181,13 +181,14 @@ def v2_routes(pipeline: V2Pipeline) -> APIRouter:
         )
         return JSONResponse(Ready(ready=ok).model_dump(), status_code=200 if ok else 400)
 
-    async def infer(model: str, request: Request) -> Response:
+    async def infer(model: str, request: Request, caller: CurrentCaller) -> Response:
         """Inference on `n` rows: JSON, or binary tensor data (`application/octet-stream` with
         `Inference-Header-Content-Length`); inputs `embedding` and `node_count`, output `prediction`."""
         trace = call_of(request)
         if trace is not None:
             trace.model = model[:128]
         try:
+            caller.may_call(model=model)
             spec = pipeline.catalog.get(model)
             version = _version(request.path_params.get("version"))
             call = decode_request(await request.body(), request.headers.get(HEADER_LENGTH))

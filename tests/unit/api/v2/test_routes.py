@@ -44,7 +44,7 @@ def pipeline(settings: Settings) -> RowPipeline:
 
 @pytest.fixture
 async def client(settings: Settings, pipeline: RowPipeline) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, pipeline, CollectorRegistry())
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as c:
         yield c
 
@@ -188,7 +188,7 @@ async def test_a_v2_call_is_one_trace_naming_model_alias_version_and_id(
     from tests.unit.api.test_tracing import Queue
 
     queue = Queue()
-    app = create_app(settings, pipeline, CollectorRegistry(), tracer=Tracer(queue, node="n1"))
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None, tracer=Tracer(queue, node="n1"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
         ok = await client.post("/v2/models/JPCP/infer", json=request([1, 2, 3], id="abc"))
         pipeline.bad = {5: InferenceFailed("the model raised")}
@@ -214,3 +214,30 @@ async def test_body_limit_and_media_type_refusals_on_v2_carry_the_v2_error_body(
         assert set(reply.json()) == {"error", "code", "inference_failed"}
     elsewhere = await client.post("/v1/models/JPCP/predict", content=b"{}", headers={"content-type": "text/plain"})
     assert elsewhere.json()["prediction"] == 0.0  # the model routes keep seed 000's error body
+
+
+async def test_a_caller_may_infer_on_its_model_only_and_refusals_carry_the_v2_body(
+    settings: Settings, pipeline: RowPipeline
+) -> None:
+    from examlops.identity import IdentityResolver, IdentityService, Role
+    from tests.unit.identity.fakes import InMemoryIdentityStore
+
+    service = IdentityService(InMemoryIdentityStore())
+    _, issued = service.add("robot-7", Role.CALLER, models=["JPCP"])
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=IdentityResolver(service.store, 30.0))
+    auth = {"Authorization": f"Bearer {issued.token}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as c:
+        assert (await c.get("/v2/health/ready")).status_code == 200  # probes carry no token
+        assert (await c.get("/v2")).status_code == 200
+        anonymous = await c.post("/v2/models/JPCP/infer", json=request([1]))
+        assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer"
+        assert set(anonymous.json()) == {"error", "code", "inference_failed"}
+        assert (await c.get("/v2/models/JPCP")).status_code == 401
+        ok = await c.post("/v2/models/jpcp/infer", json=request([1, 2]), headers=auth)
+        assert ok.status_code == 200, ok.text
+        other = await c.post("/v2/models/AC/infer", json=request([1]), headers=auth)
+        assert other.status_code == 403 and other.json()["code"] == "forbidden"
+        assert set(other.json()) == {"error", "code", "inference_failed"}
+        unknown_route = await c.get("/v2/nothing", headers=auth)
+        assert unknown_route.status_code == 404 and "prediction" not in unknown_route.json()
+    assert [r.model for r in pipeline.seen] == ["JPCP", "JPCP"]
