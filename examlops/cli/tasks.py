@@ -19,11 +19,6 @@ if TYPE_CHECKING:
 task_app = typer.Typer(help="The task map: which model and alias answer each task.", no_args_is_help=True)
 
 
-def actor() -> str:
-    """Who takes a task-map action, as the audit trail records it (``by``): the one place that names it."""
-    return "exa task map"
-
-
 def _plain(route: TaskRoute) -> dict[str, Any]:
     return {
         "task": route.task,
@@ -45,14 +40,17 @@ def map_(
     as_json: JsonOption = False,
 ) -> None:
     """Point a task at a model and alias (a new task gets its bus address); audited as `task.mapped`.
-    Serving follows within the rules TTL; callers change nothing."""
+    Serving follows within the rules TTL; callers change nothing. Needs the set_traffic permission."""
     from examlops.bootstrap import catalog
+    from examlops.bootstrap.identity import acting_identity
     from examlops.bootstrap.tasks import task_map
+    from examlops.identity import Permission
     from examlops.tasks.service import map_task
 
     settings = load_settings()
     with errors_as_exit(), task_map(settings) as tasks:
-        done = map_task(tasks.map, catalog(settings), task, model, alias, by=actor(), audit=tasks.audit)
+        actor = acting_identity(settings, Permission.SET_TRAFFIC)  # Forbidden without the permission
+        done = map_task(tasks.map, catalog(settings), task, model, alias, actor=actor, audit=tasks.audit)
     route, previous = done.change.route, done.change.previous
     if not done.audited:
         err_console.print(

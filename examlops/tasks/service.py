@@ -3,11 +3,11 @@
 ``map_task`` contract: the task name must be one (``InvalidInput``), the model must be in the catalog
 (``ModelNotFound`` naming the known ones), and the alias defaults to the model's default alias; any of
 those refused, nothing is changed and nothing is audited. The change is stored first, then appended to
-the audit trail as ``task.mapped`` naming who did it (``by``); when the audit trail cannot be written the
+the audit trail as ``task.mapped`` naming who did it (``actor``); when the audit trail cannot be written the
 change stays (it is already in SQL) and ``TaskMapped.audited`` says so, so the caller reports it.
 
 ``seed_tasks`` maps every task a catalog model lists that the map does not hold yet to that model's
-default alias, and audits each one it created (best effort, by ``"catalog"``). A mapped task is never
+default alias, and audits each one it created (best effort, as ``"system:catalog"``). A mapped task is never
 touched: an operator's remap survives every restart. A task two catalog models list goes to the first
 in catalog order (files sorted by name).
 """
@@ -39,13 +39,13 @@ class TaskMapped:
     audit_error: str | None = None
 
 
-def event_data(route: TaskRoute, previous: TaskRoute | None, by: str) -> dict[str, Any]:
+def event_data(route: TaskRoute, previous: TaskRoute | None, actor: str) -> dict[str, Any]:
     """The data of a ``task.mapped`` event: the route now, what it was, and who changed it."""
 
     def plain(r: TaskRoute) -> dict[str, Any]:
         return {"task": r.task, "model": r.model, "alias": r.alias, "adapter": r.adapter, "address": str(r.address)}
 
-    return {**plain(route), "previous": None if previous is None else plain(previous), "by": by}
+    return {**plain(route), "previous": None if previous is None else plain(previous), "actor": actor}
 
 
 def map_task(
@@ -55,7 +55,7 @@ def map_task(
     model: str,
     alias: str | None,
     *,
-    by: str,
+    actor: str,
     audit: AuditHook,
 ) -> TaskMapped:
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
@@ -64,7 +64,7 @@ def map_task(
     chosen = canonical_alias(alias) if alias and alias.strip() else spec.default_alias_canonical
     change = task_map.map(key, spec.name, chosen)
     try:
-        audit(TASK_MAPPED, key, event_data(change.route, change.previous, by))
+        audit(TASK_MAPPED, key, event_data(change.route, change.previous, actor))
     except Exception as exc:
         log.error("task %s was mapped but its audit event was not written: %s", key, exc)
         return TaskMapped(change, audited=False, audit_error=str(exc))
@@ -82,7 +82,7 @@ def seed_tasks(task_map: TaskMap, catalog: Catalog, audit: AuditHook | None = No
         log.info("task %s mapped to %s@%s from the catalog", route.task, route.model, route.alias)
         if audit is not None:
             try:
-                audit(TASK_MAPPED, route.task, event_data(route, None, "catalog"))
+                audit(TASK_MAPPED, route.task, event_data(route, None, "system:catalog"))
             except Exception as exc:
                 log.warning("task %s was seeded but its audit event was not written: %s", route.task, exc)
     return created

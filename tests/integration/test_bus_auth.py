@@ -25,9 +25,9 @@ import redis
 from examlops.bootstrap import sql_engine
 from examlops.bootstrap.bridge import bus_client, task_addresses
 from examlops.bus import wire
-from examlops.bus.credentials import bus_key_from_token
 from examlops.core.errors import DeadlineExceeded, Forbidden
 from examlops.core.settings import Settings, TrafficSettings
+from examlops.identity import bus_key_from_token
 from examlops.tasks.sql import SqlTaskMap
 from tests.integration.test_bus_bridge import (
     ADDRESS,

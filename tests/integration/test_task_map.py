@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from examlops.bootstrap import sql_engine, upgrade_database
+from examlops.bootstrap.identity import provision_admin
 from examlops.cli.main import app as exa
 from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import Settings
@@ -101,6 +102,7 @@ def cli_env(tmp_path: Path, redis_server: str, client: object, monkeypatch: pyte
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     upgrade_database(Settings())
+    provision_admin(Settings())  # as `exa up` does: the commands act as `admin`, with its token
     return env
 
 
@@ -141,9 +143,9 @@ def test_exa_task_map_and_list_change_and_show_the_map_and_audit_who_did_it(cli_
     assert table.exit_code == 0 and "CRCP" in table.stdout and "Canary" in table.stdout
 
     events = [e for e in audit_events(runner) if e["type"] == "task.mapped"]
-    assert [(e["subject"], e["data"]["model"], e["data"]["by"]) for e in events] == [  # type: ignore[index]
-        ("pavement.distress.jpcp", "JPCP", "exa task map"),
-        ("pavement.distress.jpcp", "CRCP", "exa task map"),
+    assert [(e["subject"], e["data"]["model"], e["data"]["actor"]) for e in events] == [  # type: ignore[index]
+        ("pavement.distress.jpcp", "JPCP", "admin"),
+        ("pavement.distress.jpcp", "CRCP", "admin"),
     ]
     verify = runner.invoke(exa, ["audit", "verify", "--json"])
     assert verify.exit_code == 0 and json.loads(verify.stdout)["ok"] is True

@@ -41,9 +41,9 @@ def test_seeding_maps_every_catalog_task_to_its_model_default_alias_and_audits_i
         ("pavement.distress.jpcp", "JPCP", "Production"),
         ("pavement.distress.crcp", "CRCP", "Production"),
     ]
-    assert [(t, s, d["by"]) for t, s, d in audit.events] == [
-        ("task.mapped", "pavement.distress.jpcp", "catalog"),
-        ("task.mapped", "pavement.distress.crcp", "catalog"),
+    assert [(t, s, d["actor"]) for t, s, d in audit.events] == [
+        ("task.mapped", "pavement.distress.jpcp", "system:catalog"),
+        ("task.mapped", "pavement.distress.crcp", "system:catalog"),
     ]
 
 
@@ -51,7 +51,7 @@ def test_seeding_again_never_overwrites_an_operator_remap_nor_moves_an_address(c
     tasks, audit = InMemoryTaskMap(), Audit()
     seed_tasks(tasks, catalog, audit)
     address = tasks.rows["pavement.distress.jpcp"].address
-    map_task(tasks, catalog, "pavement.distress.jpcp", "AC", "Canary", by="operator", audit=audit)
+    map_task(tasks, catalog, "pavement.distress.jpcp", "AC", "Canary", actor="operator", audit=audit)
     assert seed_tasks(tasks, catalog, audit) == []
     route = tasks.rows["pavement.distress.jpcp"]
     assert (route.model, route.alias, route.address) == ("AC", "Canary", address)
@@ -61,11 +61,11 @@ def test_a_remap_keeps_the_address_and_audits_who_did_it_and_what_it_was(catalog
     tasks, audit = InMemoryTaskMap(), Audit()
     seed_tasks(tasks, catalog)
     address = tasks.rows["pavement.distress.jpcp"].address
-    done = map_task(tasks, catalog, "Pavement.Distress.JPCP", "crcp", "canary", by="exa task map", audit=audit)
+    done = map_task(tasks, catalog, "Pavement.Distress.JPCP", "crcp", "canary", actor="exa task map", audit=audit)
     assert done.audited
     assert (done.change.route.model, done.change.route.alias, done.change.route.address) == ("CRCP", "Canary", address)
     [(kind, subject, data)] = audit.events
-    assert (kind, subject, data["by"], data["model"], data["alias"]) == (
+    assert (kind, subject, data["actor"], data["model"], data["alias"]) == (
         "task.mapped",
         "pavement.distress.jpcp",
         "exa task map",
@@ -78,7 +78,7 @@ def test_a_remap_keeps_the_address_and_audits_who_did_it_and_what_it_was(catalog
 
 def test_a_new_task_gets_the_model_default_alias_when_none_is_given(catalog: Catalog) -> None:
     tasks = InMemoryTaskMap()
-    done = map_task(tasks, catalog, "pavement.new", "AC", None, by="x", audit=Audit())
+    done = map_task(tasks, catalog, "pavement.new", "AC", None, actor="x", audit=Audit())
     assert (done.change.route.alias, done.change.previous) == ("Production", None)
 
 
@@ -87,7 +87,7 @@ def test_an_unknown_model_is_refused_and_changes_nothing(catalog: Catalog) -> No
     seed_tasks(tasks, catalog)
     before = dict(tasks.rows)
     with pytest.raises(ModelNotFound, match="NOPE"):
-        map_task(tasks, catalog, "pavement.distress.jpcp", "NOPE", None, by="x", audit=audit)
+        map_task(tasks, catalog, "pavement.distress.jpcp", "NOPE", None, actor="x", audit=audit)
     assert tasks.rows == before
     assert audit.events == []
 
@@ -96,7 +96,7 @@ def test_an_unknown_model_is_refused_and_changes_nothing(catalog: Catalog) -> No
 def test_a_name_that_cannot_be_a_task_is_refused_and_changes_nothing(catalog: Catalog, name: str) -> None:
     tasks, audit = InMemoryTaskMap(), Audit()
     with pytest.raises(InvalidInput) as caught:
-        map_task(tasks, catalog, name, "JPCP", None, by="x", audit=audit)
+        map_task(tasks, catalog, name, "JPCP", None, actor="x", audit=audit)
     assert caught.value.field == "task"
     assert len(caught.value.message) < 200
     assert tasks.rows == {} and audit.events == []
@@ -104,6 +104,6 @@ def test_a_name_that_cannot_be_a_task_is_refused_and_changes_nothing(catalog: Ca
 
 def test_a_remap_whose_audit_cannot_be_written_stays_done_and_says_so(catalog: Catalog) -> None:
     tasks = InMemoryTaskMap()
-    done = map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", None, by="x", audit=Audit(fail=True))
+    done = map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", None, actor="x", audit=Audit(fail=True))
     assert not done.audited and done.audit_error == "redis is down"
     assert tasks.rows["pavement.distress.jpcp"].model == "JPCP"
