@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import demo_state
+from demo import admin_token, demo_state
 from loadgen import LoadResult, run_load
 from procs import answers, start, stop, wait_until
 
-from examlops.bootstrap.identity import platform_token, provision_admin
 from examlops.core.settings import Settings
 
 BIN = Path(sys.executable).parent
@@ -60,7 +59,7 @@ def in_process_limit(settings: Settings) -> float:
 
 def admin_headers(settings: Settings, content_type: str = "application/json") -> dict[str, str]:
     """Request headers of the admin identity ``start_pair`` provisioned."""
-    return {"Content-Type": content_type, "Authorization": f"Bearer {platform_token(settings)}"}
+    return {"Content-Type": content_type, "Authorization": f"Bearer {admin_token(settings)}"}
 
 
 def start_pair(
@@ -72,9 +71,7 @@ def start_pair(
     if home.exists():
         shutil.rmtree(home)
     print(f"seeding demo models in {home} ...", flush=True)
-    settings, _ = demo_state(home)  # the demo models, and the SQL schema serving refuses to start without
-    settings.admin_token_path.unlink()  # demo_state's token is no identity: the admin's is
-    provision_admin(settings)
+    settings, _ = demo_state(home)  # the demo models, the SQL schema serving needs, the admin identity
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     # Serve this checkout's code, not whichever one the virtualenv's editable install points at.
