@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -51,6 +51,7 @@ async def _connection(
     total: int,
     result: dict[str, object],
     deadline: float,
+    headers: str,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     latencies: list[float] = result["latencies"]  # type: ignore[assignment]
@@ -61,8 +62,7 @@ async def _connection(
             counter[0] += 1
             body = body_for(i)
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             started = time.perf_counter()
             writer.write(head + body)
@@ -84,9 +84,18 @@ async def _connection(
 
 
 async def run_load(
-    url: str, body_for: Callable[[int], bytes], *, total: int, concurrency: int, max_seconds: float = 60.0
+    url: str,
+    body_for: Callable[[int], bytes],
+    *,
+    total: int,
+    concurrency: int,
+    max_seconds: float = 60.0,
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``)."""
+    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``).
+
+    ``headers`` replace the default ``Content-Type: application/json``."""
+    lines = "".join(f"{k}: {v}\r\n" for k, v in (headers or {"Content-Type": "application/json"}).items())
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     counter = [0]
@@ -94,7 +103,7 @@ async def run_load(
     started = time.perf_counter()
     deadline = started + max_seconds
     tasks = [
-        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline)
+        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline, lines)
         for _ in range(concurrency)
     ]
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
