@@ -66,8 +66,15 @@ async def connect(server: ServingProcess) -> tuple[asyncio.StreamReader, asyncio
 def error_body(response: bytes) -> dict[str, object]:
     _, _, body = response.partition(b"\r\n\r\n")
     data: dict[str, object] = json.loads(body)
-    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
+    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id", "permission"}
     return data
+
+
+def post_head(server: ServingProcess) -> bytes:
+    """The start of a POST to the bus's route with the admin token: past authentication, to the body."""
+    return (
+        b"POST /infer-pipeline/infer HTTP/1.1\r\nhost: serving\r\nauthorization: Bearer %s\r\n" % server.token.encode()
+    )
 
 
 async def first_bytes(reader: asyncio.StreamReader, within_s: float = 0.5) -> bytes | None:
@@ -146,10 +153,7 @@ async def test_headers_sent_a_byte_at_a_time_get_a_408_and_the_connection_closed
 
 async def test_a_body_trickled_a_byte_at_a_time_is_cut_off_after_the_body_deadline(server: ServingProcess) -> None:
     reader, writer = await connect(server)
-    writer.write(
-        b"POST /infer-pipeline/infer HTTP/1.1\r\nhost: serving\r\n"
-        b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
-    )
+    writer.write(post_head(server) + b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n")
     sending = asyncio.create_task(trickle(writer, b" " * 1000, 0.2))
     try:
         data, took = await read_until_closed(reader, BODY_TIMEOUT_S + CLOSED_WITHIN_S)
@@ -174,8 +178,7 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive(serv
 async def test_a_413_on_a_keep_alive_connection_closes_it(server: ServingProcess) -> None:
     reader, writer = await connect(server)
     writer.write(
-        b"POST /infer-pipeline/infer HTTP/1.1\r\nhost: serving\r\n"
-        b"content-type: application/json\r\ncontent-length: 10000000\r\n\r\n" + b" " * 1000
+        post_head(server) + b"content-type: application/json\r\ncontent-length: 10000000\r\n\r\n" + b" " * 1000
     )
     await writer.drain()
     data, _ = await read_until_closed(reader, 1.0)  # well before any deadline: the 413 itself closes it
@@ -228,10 +231,7 @@ async def test_a_client_gone_mid_body_costs_one_log_line_naming_the_route_and_by
     before = server.log_path.read_text(errors="replace")
     for _ in range(20):
         _, writer = await connect(server)
-        writer.write(
-            b"POST /infer-pipeline/infer HTTP/1.1\r\nhost: serving\r\n"
-            b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n" + b" " * 100
-        )
+        writer.write(post_head(server) + b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n" + b" " * 100)
         await writer.drain()
         await asyncio.sleep(0.05)
         writer.close()

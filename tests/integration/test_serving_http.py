@@ -152,7 +152,7 @@ def test_unknown_models_aliases_and_versions_are_404(server: ServingProcess, bod
     assert reply.json()["prediction"] == 0.0
 
 
-ERROR_KEYS = {"error", "prediction", "code", "field", "inference_failed", "model", "job_id"}
+ERROR_KEYS = {"error", "prediction", "code", "field", "inference_failed", "model", "job_id", "permission"}
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,11 @@ def test_the_catalog_maximum_itself_is_served(server: ServingProcess) -> None:
 
 def test_a_long_model_name_is_echoed_as_a_short_prefix_only(server: ServingProcess) -> None:
     for name in ("m" * 4000, "m" * 64_000):
-        reply = httpx.post(f"{server.url}/v1/models/{name}/predict", json={"embedding": embedding(), "node_count": 1})
+        reply = httpx.post(
+            f"{server.url}/v1/models/{name}/predict",
+            json={"embedding": embedding(), "node_count": 1},
+            headers=server.auth,
+        )
         assert reply.status_code == 404, reply.text[:300]
         assert set(reply.json()) == ERROR_KEYS
         assert "m" * 65 not in reply.text
@@ -204,7 +208,8 @@ def test_a_long_model_name_is_echoed_as_a_short_prefix_only(server: ServingProce
 def test_framework_errors_answer_with_our_error_body(
     server: ServingProcess, method: str, path: str, status: int, code: str
 ) -> None:
-    reply = httpx.request(method, f"{server.url}{path}", json={"Production": "x"} if method == "PUT" else None)
+    body = {"Production": "x"} if method == "PUT" else None
+    reply = httpx.request(method, f"{server.url}{path}", json=body, headers=server.auth)
     assert reply.status_code == status
     assert set(reply.json()) == ERROR_KEYS
     assert reply.json()["code"] == code
@@ -223,7 +228,8 @@ def test_a_body_that_is_not_json_is_a_415(server: ServingProcess, content_type: 
 def test_a_json_media_type_with_parameters_or_a_json_suffix_is_accepted(server: ServingProcess) -> None:
     raw = json.dumps({"model": "JPCP", "embedding": embedding(), "node_count": 12})
     for content_type in ("application/json; charset=utf-8", "application/vnd.examlops+json", "Application/JSON"):
-        reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers={"content-type": content_type})
+        headers = {"content-type": content_type, **server.auth}
+        reply = httpx.post(f"{server.url}/infer-pipeline/infer", content=raw, headers=headers)
         assert reply.status_code == 200, (content_type, reply.text)
 
 

@@ -85,6 +85,7 @@ def test_a_call_by_task_names_the_task_model_alias_and_version(
     reply = httpx.post(
         f"{server.url}/v1/tasks/pavement.distress.ac/infer",
         json={"embedding": embedding(1), "node_count": 12, "job_id": "t-1"},
+        headers=server.auth,
         timeout=30,
     )
     assert reply.status_code == 200, reply.text
@@ -102,6 +103,7 @@ def test_an_unknown_task_is_a_404_naming_it_over_real_http(platform: tuple[Servi
     reply = httpx.post(
         f"{platform[0].url}/v1/tasks/pavement.distress.nope/infer",
         json={"embedding": embedding(2), "node_count": 3},
+        headers=platform[0].auth,
         timeout=30,
     )
     assert reply.status_code == 404
@@ -142,7 +144,7 @@ class Remap:
     stored_at: float = 0.0
 
 
-async def load_with_a_remap(url: str, remap: Remap) -> list[Call]:
+async def load_with_a_remap(url: str, auth: dict[str, str], remap: Remap) -> list[Call]:
     """``CALLS`` calls to one task at ``CONCURRENCY``: the remap is asked for once ``REMAP_AT`` calls have
     started (so calls are in flight across it); the next ``REMAP_AT`` are spread over the TTL after it
     began; the rest start once the TTL has passed since it was stored."""
@@ -168,7 +170,7 @@ async def load_with_a_remap(url: str, remap: Remap) -> list[Call]:
             calls.append(Call(t0, time.monotonic(), reply.status_code, reply.json()))
 
     limits = httpx.Limits(max_connections=CONCURRENCY)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=30, limits=limits, headers=auth) as client:
         await asyncio.gather(*(worker(client) for _ in range(CONCURRENCY)))
     return calls
 
@@ -191,7 +193,7 @@ async def test_a_remap_under_load_loses_no_call_and_applies_within_the_ttl(
         return moved
 
     moving = asyncio.create_task(remapper())
-    calls = await load_with_a_remap(platform[0].url, remap)
+    calls = await load_with_a_remap(platform[0].url, platform[0].auth, remap)
     moved = await moving
 
     assert moved["address"] == first["address"] and moved["model"] == "CRCP"
