@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -51,6 +51,7 @@ async def _connection(
     total: int,
     result: dict[str, object],
     deadline: float,
+    extra: str,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     latencies: list[float] = result["latencies"]  # type: ignore[assignment]
@@ -62,7 +63,7 @@ async def _connection(
             body = body_for(i)
             head = (
                 f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}\r\n"
             ).encode()
             started = time.perf_counter()
             writer.write(head + body)
@@ -83,10 +84,27 @@ async def _connection(
         writer.close()
 
 
+def header_lines(headers: Mapping[str, str]) -> str:
+    """``headers`` as ``Name: value\\r\\n`` lines; ``ValueError`` for a name or value that would split a line."""
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n") or not name or ":" in name:
+            raise ValueError(f"header {name!r} cannot go on one line")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
 async def run_load(
-    url: str, body_for: Callable[[int], bytes], *, total: int, concurrency: int, max_seconds: float = 60.0
+    url: str,
+    body_for: Callable[[int], bytes],
+    *,
+    total: int,
+    concurrency: int,
+    max_seconds: float = 60.0,
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``)."""
+    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``), each with
+    the extra header lines ``headers`` (e.g. ``{"Authorization": "Bearer <token>"}``); a name or value with a
+    line break is refused (``ValueError``) before anything is sent."""
+    extra = header_lines(headers or {})
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     counter = [0]
@@ -94,7 +112,7 @@ async def run_load(
     started = time.perf_counter()
     deadline = started + max_seconds
     tasks = [
-        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline)
+        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline, extra)
         for _ in range(concurrency)
     ]
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)

@@ -3,7 +3,8 @@
 Both servers are pinned to core 0 and the load generator to core 1. For each
 concurrency the two take turns on the same bounded count of requests for the
 same model version (JPCP v1, tensor signature). The in-process limit is the
-model's own predict on batches of 32 rows on core 0.
+model's own predict on batches of 32 rows on core 0. The state folder is made as
+`exa up` makes it (``demo.demo_state``) and the load to examlops sends its admin token.
 
     .venv/bin/python bench/serving_vs_mlflow.py [--requests 3000] [--home .examlops/bench]
 
@@ -24,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, demo_state
 from loadgen import LoadResult, run_load
 from procs import answers, start, stop, wait_until
 
 from examlops.core.settings import Settings
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 
 BIN = Path(sys.executable).parent
 SERVER_CORE, CLIENT_CORE = 0, 1
@@ -66,9 +66,9 @@ def main() -> None:
     home = args.home.resolve()
     if home.exists():
         shutil.rmtree(home)
-    settings = Settings(home=home)
     print(f"seeding demo models in {home} ...", flush=True)
-    seed_demo(settings, load_catalog(settings.catalog_path))
+    settings, _catalog = demo_state(home)
+    headers = auth_headers(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
     # `mlflow models serve` runs `uvicorn` from PATH.
@@ -111,9 +111,13 @@ def main() -> None:
         results: list[tuple[int, LoadResult, LoadResult]] = []
         for concurrency in (1, 8, 64):
             total = args.requests // 4 if concurrency == 1 else args.requests
-            for url, bodies in ((ours_url, ours_bodies), (theirs_url, theirs_bodies)):
-                asyncio.run(run_load(url, lambda i, b=bodies: b[i % 64], total=100, concurrency=concurrency))
-            a = asyncio.run(run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency))
+            asyncio.run(
+                run_load(ours_url, lambda i: ours_bodies[i % 64], total=100, concurrency=concurrency, headers=headers)
+            )
+            asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=100, concurrency=concurrency))
+            a = asyncio.run(
+                run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency, headers=headers)
+            )
             b = asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=total, concurrency=concurrency))
             results.append((concurrency, a, b))
             print(f"c={concurrency}: done", flush=True)
