@@ -10,7 +10,10 @@ makes it) and starts two `exa serve start` side by side on it, on free ports:
   ``EXAMLOPS_TRACING__ENABLED=false`` (node ``bench-off``); the load sends no
   token.
 
-Both take the same settings otherwise (``--workers`` predict workers each). The
+``--on auth`` or ``--on tracing`` turns only that one on in the on-server
+(the other off, as in the off-server), to tell their costs apart; ``--control``
+turns both off in it too: the "cost" it prints is the bench's own bias and
+noise, and should be ~0. Both take the same settings otherwise (``--workers`` predict workers each). The
 load alternates between them in short segments: ``--requests`` POSTs of JPCP
 bodies at ``--concurrency`` keep-alive connections (``loadgen``, a raw asyncio
 client, so the client is not what is measured) to ``--path``
@@ -30,12 +33,15 @@ Printed: each segment's req/s, p50 and p99; each pair's cost (1 - on/off req/s)
 and over all pairs the mean ± 2 SE (standard error), median, quartiles and
 range; the total (all on requests over all on seconds against the same of
 off). Then the check: the on-server wrote exactly one trace per request it got
-(answered ones with outcome ``answered``, under the ``admin`` identity), the
-off-server none, and nobody else any (printed OK or MISMATCH, with the traces
-the on-server's sink dropped, from its ``/metrics``).
+(answered ones with outcome ``answered``, under the ``admin`` identity when
+authentication is on; none when its tracing is off), the off-server none, and
+nobody else any (printed OK or MISMATCH, with the traces the on-server's sink
+dropped, from its ``/metrics``). The rows are counted by node in the state
+folder's SQL, which both servers share.
 
     .venv/bin/python bench/auth_trace_cost.py [--requests 2000] [--pairs 12] [--concurrency 64] \
-        [--warm-up 500] [--seed 1] [--workers N] [--path /v1/models/JPCP/predict]
+        [--warm-up 500] [--seed 1] [--workers N] [--path /v1/models/JPCP/predict] \
+        [--on auth tracing | --control]
 
 Figures only: nothing here asserts anything. Target: a cost of at most 5 % at c=64.
 """
@@ -72,6 +78,7 @@ from examlops.core.settings import Settings
 from examlops.tracing.sql_store import Trace
 
 NODES = {True: "bench-on", False: "bench-off"}
+FEATURES = ("auth", "tracing")
 DROPPED = re.compile(r"^examlops_traces_dropped_total ([0-9.e+]+)$", re.MULTILINE)
 
 
@@ -99,6 +106,7 @@ class Server:
     url: str
     process: subprocess.Popen[bytes]
     headers: dict[str, str]
+    tracing: bool
     requests: int = 0
     answered: int = 0
 
@@ -131,8 +139,11 @@ def traced(settings: Settings, node: str) -> int:
 
 
 def wait_for_traces(settings: Settings, server: Server, timeout: float = 60) -> float:
-    """Seconds until the on-server's trace rows reach its request count; stops early when they stop growing
-    for 5 s (a dropped trace never arrives: the check at the end reports it)."""
+    """Seconds until the on-server's trace rows reach its request count (0 when ``server`` traces nothing);
+    stops early when they stop growing for 5 s (a dropped trace never arrives: the check at the end reports
+    it)."""
+    if not server.tracing:
+        return 0.0
     began = time.monotonic()
     last, since = -1, began
     while time.monotonic() - began < timeout:
@@ -168,21 +179,23 @@ def dropped(server: Server) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-def start_server(home: Path, on: bool, headers: dict[str, str], workers: int | None) -> Server:
+def start_server(home: Path, on: bool, features: set[str], headers: dict[str, str], workers: int | None) -> Server:
+    """A serving process on a free port with ``features`` (of ``FEATURES``) on, the others off; the load to it
+    sends ``headers`` when authentication is on."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_SERVING__PORT": str(port), "EXAMLOPS_TRACING__NODE": NODES[on]}
     if workers is not None:
         env["EXAMLOPS_PREDICT__WORKERS"] = str(workers)
-    if not on:
-        env |= {
-            "EXAMLOPS_ENVIRONMENT": "development",
-            "EXAMLOPS_AUTH__ENABLED": "false",
-            "EXAMLOPS_TRACING__ENABLED": "false",
-        }
+    if "auth" not in features:
+        env |= {"EXAMLOPS_ENVIRONMENT": "development", "EXAMLOPS_AUTH__ENABLED": "false"}
+    if "tracing" not in features:
+        env["EXAMLOPS_TRACING__ENABLED"] = "false"
     name = "on" if on else "off"
     process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / f"serving-{name}.log")
-    server = Server(on, f"http://127.0.0.1:{port}", process, headers if on else {})
+    server = Server(
+        on, f"http://127.0.0.1:{port}", process, headers if "auth" in features else {}, "tracing" in features
+    )
     try:
         wait_until(answers(f"{server.url}/readyz"), f"the {name} server (see {home}/serving-{name}.log)", proc=process)
     except BaseException:
@@ -200,8 +213,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="Seeds the order of the pairs (printed).")
     parser.add_argument("--workers", type=int, help="Predict workers of each server (default: the settings').")
     parser.add_argument("--path", default="/v1/models/JPCP/predict", help="The route the load posts to.")
+    parser.add_argument(
+        "--on", nargs="+", choices=FEATURES, default=list(FEATURES), help="What the on-server has on (default: both)."
+    )
+    parser.add_argument("--control", action="store_true", help="Both servers with both off: the bench's bias.")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-auth-trace"))
     args = parser.parse_args()
+    features = set() if args.control else set(args.on)
     if args.pairs < 1 or args.requests < 1:
         parser.error("--pairs and --requests must be at least 1")
 
@@ -217,21 +235,22 @@ def main() -> None:
     try:
         # One after the other: both seed the task map in the shared SQL at start.
         for on in (True, False):
-            servers[on] = start_server(home, on, headers, args.workers)
+            servers[on] = start_server(home, on, features if on else set(), headers, args.workers)
         for on in (True, False):
             load(servers[on], args.path, bodies, args.warm_up, args.concurrency)
         wait_for_traces(settings, servers[True])
         for pair, order in enumerate(pair_orders(args.pairs, args.seed)):
             for on in order:
                 result = load(servers[on], args.path, bodies, args.requests, args.concurrency)
-                drain = wait_for_traces(settings, servers[True]) if on else 0.0
+                drain = wait_for_traces(settings, servers[on])
                 segments.append(Segment(on, pair, result))
                 print(
                     f"pair {pair + 1:>2} {'on ' if on else 'off'}: {result.rps:7.0f} req/s, p50 {result.p50:6.2f} ms, "
-                    f"p99 {result.p99:6.2f} ms, errors {result.errors}" + (f", traces in {drain:.2f} s" if on else ""),
+                    f"p99 {result.p99:6.2f} ms, errors {result.errors}"
+                    + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
                     flush=True,
                 )
-        drops = dropped(servers[True])
+        drops = dropped(servers[True]) if servers[True].tracing else 0.0
     finally:
         for server in servers.values():
             stop(server.process)
@@ -260,7 +279,16 @@ def report(
         f"\n{args.requests} requests per segment to POST {args.path} at c={args.concurrency}, after "
         f"{args.warm_up} untimed per server; {args.pairs} on/off pairs, order seed {args.seed}; {os.cpu_count()} cores"
     )
-    print("on: authentication (admin token) and tracing; off: development, auth and tracing disabled\n")
+    served_on, served_off = servers[True], servers[False]
+    authenticated = bool(served_on.headers)
+    said = [
+        name
+        for name, is_on in (("authentication (admin token)", authenticated), ("tracing", served_on.tracing))
+        if is_on
+    ]
+    if not said:
+        print("CONTROL RUN: the on-server has authentication and tracing off too; any cost below is the bench's bias")
+    print(f"on: {' and '.join(said) or 'nothing'}; off: development, authentication and tracing disabled\n")
     print(f"{'seg':<4} {'pair':>4} {'side':<4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
     for i, seg in enumerate(segments):
         r = seg.result
@@ -283,18 +311,23 @@ def report(
     new = {key: n for key, n in new.items() if n}
     on_node, off_node = NODES[True], NODES[False]
     on_total = sum(n for (node, _, _), n in new.items() if node == on_node)
-    on_answered = new.get((on_node, "answered", "admin"), 0)
+    on_answered = sum(
+        n
+        for (node, outcome, identity), n in new.items()
+        if node == on_node and outcome == "answered" and (identity == "admin" or not authenticated)
+    )
     off_total = sum(n for (node, _, _), n in new.items() if node == off_node)
     others = sum(n for (node, _, _), n in new.items() if node not in NODES.values())
-    served_on, served_off = servers[True], servers[False]
-    ok = on_total == served_on.requests and on_answered == served_on.answered and off_total == 0 and others == 0
+    expected, expected_answered = (served_on.requests, served_on.answered) if served_on.tracing else (0, 0)
+    ok = on_total == expected and on_answered == expected_answered and off_total == 0 and others == 0
     print(
         f"\ntraces (new rows in SQL by node, outcome, identity): "
         f"{ {'/'.join(str(k) for k in key): n for key, n in sorted(new.items(), key=str)} }"
     )
+    as_whom = " as admin" if authenticated else ""
     print(
         f"on-server: {served_on.requests} requests ({served_on.answered} answered), {on_total} traces "
-        f"({on_answered} answered as admin), {drops:.0f} dropped by its sink; off-server: {served_off.requests} "
+        f"({on_answered} answered{as_whom}), {drops:.0f} dropped by its sink; off-server: {served_off.requests} "
         f"requests, {off_total} traces; other nodes: {others} traces: {'OK' if ok else 'MISMATCH'}"
     )
 
