@@ -51,7 +51,7 @@ async def _connection(
     total: int,
     result: dict[str, object],
     deadline: float,
-    extra: str,
+    headers: str,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     latencies: list[float] = result["latencies"]  # type: ignore[assignment]
@@ -62,8 +62,7 @@ async def _connection(
             counter[0] += 1
             body = body_for(i)
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{extra}\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             started = time.perf_counter()
             writer.write(head + body)
@@ -85,10 +84,13 @@ async def _connection(
 
 
 def header_lines(headers: Mapping[str, str]) -> str:
-    """``headers`` as ``Name: value\\r\\n`` lines; ``ValueError`` for a name or value that would split a line."""
+    """``headers`` as ``Name: value`` lines, each ending CRLF, led by ``Content-Type: application/json`` unless
+    they name one; ``ValueError`` for an empty name, or a name or value that would split a line."""
     for name, value in headers.items():
-        if any(c in name + value for c in "\r\n") or not name or ":" in name:
-            raise ValueError(f"header {name!r} cannot go on one line")
+        if not name or ":" in name or any(c in name + value for c in "\r\n"):
+            raise ValueError(f"header {name[:40]!r} cannot go on one line")
+    if not any(name.lower() == "content-type" for name in headers):
+        headers = {"Content-Type": "application/json", **headers}
     return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
 
@@ -101,10 +103,12 @@ async def run_load(
     max_seconds: float = 60.0,
     headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``), each with
-    the extra header lines ``headers`` (e.g. ``{"Authorization": "Bearer <token>"}``); a name or value with a
-    line break is refused (``ValueError``) before anything is sent."""
-    extra = header_lines(headers or {})
+    """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``).
+
+    ``headers`` are extra header lines on every request (e.g. ``{"Authorization": "Bearer <token>"}``);
+    ``Content-Type: application/json`` unless they name a ``Content-Type`` of their own. A name or value
+    that would split a line is refused (``ValueError``) before anything is sent."""
+    lines = header_lines(headers or {})
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     counter = [0]
@@ -112,7 +116,7 @@ async def run_load(
     started = time.perf_counter()
     deadline = started + max_seconds
     tasks = [
-        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline, extra)
+        _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline, lines)
         for _ in range(concurrency)
     ]
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)

@@ -68,7 +68,8 @@ class Run:
 async def connection(
     host: str, port: int, bodies: list[bytes], run: Run, interval: float, until: float, extra: str
 ) -> None:
-    """Paced POSTs of ``bodies`` until ``until``, each with the header lines ``extra``."""
+    """Paced POSTs of ``bodies`` until ``until``, each with the header lines ``extra`` (``loadgen.header_lines``:
+    its Content-Type and the token)."""
     reader, writer = await asyncio.open_connection(host, port)
     next_at = time.monotonic()
     i = 0
@@ -81,7 +82,7 @@ async def connection(
             i += 1
             head = (
                 f"POST /infer-pipeline/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+                f"{extra}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             started = time.monotonic()
             writer.write(head + body)

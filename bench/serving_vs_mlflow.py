@@ -3,8 +3,7 @@
 Both servers are pinned to core 0 and the load generator to core 1. For each
 concurrency the two take turns on the same bounded count of requests for the
 same model version (JPCP v1, tensor signature). The in-process limit is the
-model's own predict on batches of 32 rows on core 0. The state folder is made as
-`exa up` makes it (``demo.demo_state``) and the load to examlops sends its admin token.
+model's own predict on batches of 32 rows on core 0.
 
     .venv/bin/python bench/serving_vs_mlflow.py [--requests 3000] [--home .examlops/bench]
 
@@ -18,6 +17,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import auth_headers, demo_state
+from demo import admin_token, demo_state
 from loadgen import LoadResult, run_load
 from procs import answers, start, stop, wait_until
 
@@ -57,23 +57,27 @@ def in_process_limit(settings: Settings) -> float:
         os.sched_setaffinity(0, before)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000, help="requests per run at c=8 and c=64")
-    parser.add_argument("--home", type=Path, default=Path(".examlops/bench"), help="state folder of the bench")
-    args = parser.parse_args()
+def admin_headers(settings: Settings, content_type: str = "application/json") -> dict[str, str]:
+    """Request headers of the admin identity ``start_pair`` provisioned."""
+    return {"Content-Type": content_type, "Authorization": f"Bearer {admin_token(settings)}"}
 
-    home = args.home.resolve()
+
+def start_pair(
+    home: Path, ours_port: int, theirs_port: int, model_uri: str = "models:/JPCP/1"
+) -> tuple[Settings, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """A fresh ``home`` with the demo models and the admin identity (``admin_headers`` authenticate as it),
+    then `exa serve start` and `mlflow models serve` of ``model_uri`` (tensor signature) on ``SERVER_CORE``,
+    both answering. The caller stops both (``procs.stop``)."""
     if home.exists():
         shutil.rmtree(home)
     print(f"seeding demo models in {home} ...", flush=True)
-    settings, _catalog = demo_state(home)
-    headers = auth_headers(settings)
+    settings, _ = demo_state(home)  # the demo models, the SQL schema serving needs, the admin identity
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri}
+    # Serve this checkout's code, not whichever one the virtualenv's editable install points at.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
     # `mlflow models serve` runs `uvicorn` from PATH.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    ours_port, theirs_port = 18101, 18102
     ours = start(
         [str(BIN / "exa"), "serve", "start", "--port", str(ours_port)], env, home / "ours.log", core=SERVER_CORE
     )
@@ -83,7 +87,7 @@ def main() -> None:
             "models",
             "serve",
             "-m",
-            "models:/JPCP/1",
+            model_uri,
             "-h",
             "127.0.0.1",
             "-p",
@@ -98,7 +102,24 @@ def main() -> None:
     try:
         ours_start = wait_until(answers(f"http://127.0.0.1:{ours_port}/readyz"), "examlops", proc=ours)
         theirs_start = wait_until(answers(f"http://127.0.0.1:{theirs_port}/ping"), "mlflow models serve", proc=theirs)
-        print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
+    except BaseException:
+        stop(ours)
+        stop(theirs)
+        raise
+    print(f"ready: examlops in {ours_start:.1f} s, mlflow models serve in {theirs_start:.1f} s", flush=True)
+    return settings, ours, theirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=3000, help="requests per run at c=8 and c=64")
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench"), help="state folder of the bench")
+    args = parser.parse_args()
+
+    ours_port, theirs_port = 18101, 18102
+    settings, ours, theirs = start_pair(args.home.resolve(), ours_port, theirs_port)
+    auth = admin_headers(settings)
+    try:
         os.sched_setaffinity(0, {CLIENT_CORE})
 
         rng = np.random.default_rng(1)
@@ -111,16 +132,18 @@ def main() -> None:
         results: list[tuple[int, LoadResult, LoadResult]] = []
         for concurrency in (1, 8, 64):
             total = args.requests // 4 if concurrency == 1 else args.requests
-            asyncio.run(
-                run_load(ours_url, lambda i: ours_bodies[i % 64], total=100, concurrency=concurrency, headers=headers)
-            )
-            asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=100, concurrency=concurrency))
+            for url, bodies in ((ours_url, ours_bodies), (theirs_url, theirs_bodies)):
+                headers = auth if url == ours_url else None
+                asyncio.run(
+                    run_load(url, lambda i, b=bodies: b[i % 64], total=100, concurrency=concurrency, headers=headers)
+                )
             a = asyncio.run(
-                run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency, headers=headers)
+                run_load(ours_url, lambda i: ours_bodies[i % 64], total=total, concurrency=concurrency, headers=auth)
             )
             b = asyncio.run(run_load(theirs_url, lambda i: theirs_bodies[i % 64], total=total, concurrency=concurrency))
             results.append((concurrency, a, b))
-            print(f"c={concurrency}: done", flush=True)
+            failed = {name: r.statuses for name, r in (("examlops", a), ("mlflow", b)) if r.errors}
+            print(f"c={concurrency}: done" + (f", replies by status {failed}" if failed else ""), flush=True)
         limit = in_process_limit(settings)
     finally:
         stop(ours)

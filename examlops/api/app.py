@@ -49,6 +49,7 @@ from examlops.api.schemas import (
 from examlops.api.tasks import Tasks, task_routes
 from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware, call_of, named_model
+from examlops.api.v2 import v2_routes
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -88,6 +89,8 @@ class ServingPipeline(Protocol):
     async def close(self) -> None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResult: ...
+
+    async def route(self, model: str, alias: str | None = None) -> str: ...
 
     def hot_set(self) -> Sequence[Any]: ...
 
@@ -241,6 +244,7 @@ def create_app(
 
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
+    app.include_router(v2_routes(pipeline))
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
     async def models(caller: CurrentCaller) -> list[HotSetEntry]:

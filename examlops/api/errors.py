@@ -8,6 +8,10 @@ Errors that FastAPI and Starlette answer themselves (an unknown route, a
 method the route does not take, any ``HTTPException``) get the same body as
 ours, their headers (``Allow`` on a 405) kept. A client that goes away in the
 middle of its body costs one log line, not a traceback.
+
+Under ``/v2`` (the Open Inference Protocol) every error, ours or the
+framework's, has the protocol's body: ``error``, ``code`` and
+``inference_failed`` only (``V2_KEYS``), never a ``prediction``.
 """
 
 from __future__ import annotations
@@ -63,7 +67,18 @@ def shown(text: str, limit: int = PREFIX) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def error_response(error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> JSONResponse:
+V2_KEYS = {"error", "code", "inference_failed"}
+"""The fields of an error under the Open Inference Protocol's routes (``api.v2.schemas.V2ErrorReply``)."""
+
+
+def is_v2(request: Request) -> bool:
+    path = request.url.path
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_response(
+    error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None, v2: bool = False
+) -> JSONResponse:
     message = error.message
     if error.field and not message.startswith(error.field):
         message = f"{error.field}: {message}"
@@ -77,7 +92,8 @@ def error_response(error: errors.ExamlopsError, *, model: str | None = None, job
         permission=error.permission if isinstance(error, errors.Forbidden) else None,
     )
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
-    return JSONResponse(body.model_dump(), status_code=status_of(error), headers=headers)
+    content = body.model_dump(include=V2_KEYS) if v2 else body.model_dump()
+    return JSONResponse(content, status_code=status_of(error), headers=headers)
 
 
 def describe_validation(details: Sequence[Any]) -> tuple[str, str]:
@@ -105,14 +121,14 @@ def describe_validation(details: Sequence[Any]) -> tuple[str, str]:
 async def handle_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     field, message = describe_validation(exc.errors())
-    return error_response(errors.InvalidInput(message, field=field))
+    return error_response(errors.InvalidInput(message, field=field), v2=is_v2(request))
 
 
 async def handle_examlops(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.ExamlopsError)
     if status_of(exc) >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return error_response(exc)
+    return error_response(exc, v2=is_v2(request))
 
 
 def _http_message(request: Request, exc: HTTPException) -> tuple[str, str]:
@@ -135,7 +151,8 @@ async def handle_http(request: Request, exc: Exception) -> Response:
         return Response(status_code=exc.status_code, headers=exc.headers)
     code, message = _http_message(request, exc)
     body = ErrorReply(error=message, code=code)
-    return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+    content = body.model_dump(include=V2_KEYS) if is_v2(request) else body.model_dump()
+    return JSONResponse(content, status_code=exc.status_code, headers=exc.headers)
 
 
 async def handle_disconnect(request: Request, exc: Exception) -> Response:

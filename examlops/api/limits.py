@@ -1,7 +1,12 @@
 """What a request body must be before a route sees it, as pure ASGI middleware: JSON, and not too large.
 
 - A body that is not JSON (``Content-Type`` neither ``application/json`` nor ``*/*+json``) gets a 415
-  before a byte of it is read; a request without a body needs no content type.
+  before a byte of it is read; a request without a body needs no content type. The Open Inference
+  Protocol's infer routes (``/v2/models/{model}[/versions/{version}]/infer``) also take
+  ``application/octet-stream`` (its binary tensor data extension) and no content type at all (what
+  tritonclient sends: the protocol's body is JSON unless ``Inference-Header-Content-Length`` says otherwise),
+  and their refusals carry the protocol's error body (``error``, ``code``, ``inference_failed``; no
+  ``prediction``).
 - A declared Content-Length over the limit is refused with a 413 before a byte is read; a chunked body is
   counted as it arrives and refused at the first chunk that crosses the limit. The application's own
   reply to a cut-off body is dropped.
@@ -14,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,12 +46,33 @@ def is_json(content_type: bytes) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
+_V2_INFER = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/infer")
+
+
+def is_v2_infer(path: str) -> bool:
+    """A path of the Open Inference Protocol's infer routes, whose errors carry no ``prediction``."""
+    return _V2_INFER.fullmatch(path) is not None
+
+
+def accepts(path: str, content_type: bytes) -> bool:
+    """Whether a body of ``content_type`` may reach the route at ``path`` (rules in the module docstring)."""
+    if is_json(content_type):
+        return True
+    if not is_v2_infer(path):
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media in (b"", b"application/octet-stream")
+
+
 def _has_body(headers: dict[bytes, bytes]) -> bool:
     return b"transfer-encoding" in headers or headers.get(b"content-length", b"0").strip() not in (b"0", b"")
 
 
-async def _refuse(send: Send, status: int, code: str, message: str) -> None:
-    body = ErrorReply(error=message, code=code, field="body").model_dump_json().encode()
+async def _refuse(send: Send, status: int, code: str, message: str, *, v2: bool = False) -> None:
+    reply = ErrorReply(error=message, code=code, field="body")
+    # The V2 error body (api.v2.schemas.V2ErrorReply): the protocol has no prediction on errors.
+    kept = {"error", "code", "inference_failed"} if v2 else None
+    body = reply.model_dump_json(include=kept).encode()
     await send(
         {
             "type": "http.response.start",
@@ -70,8 +97,15 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
-        if scope["method"] in _BODY_METHODS and _has_body(headers) and not is_json(headers.get(b"content-type", b"")):
-            await _refuse(send, 415, "unsupported_media_type", "the body must be JSON (Content-Type: application/json)")
+        content_type = headers.get(b"content-type", b"")
+        if scope["method"] in _BODY_METHODS and _has_body(headers) and not accepts(scope.get("path", ""), content_type):
+            if is_v2_infer(scope.get("path", "")):
+                message = "the body must be JSON, or application/octet-stream with Inference-Header-Content-Length"
+                await _refuse(send, 415, "unsupported_media_type", message, v2=True)
+            else:
+                await _refuse(
+                    send, 415, "unsupported_media_type", "the body must be JSON (Content-Type: application/json)"
+                )
             return
         declared = headers.get(b"content-length")
         if declared is not None:
@@ -80,7 +114,7 @@ class BodyLimitMiddleware:
             except ValueError:
                 too_big = False
             if too_big:
-                await self._too_large(send)
+                await self._too_large(send, scope)
                 return
 
         counter = scope[RECEIVED] = [0]
@@ -107,7 +141,8 @@ class BodyLimitMiddleware:
         with contextlib.suppress(_BodyTooLarge):
             await self.app(scope, limited_receive, guarded_send)
         if cut and not started:
-            await self._too_large(send)
+            await self._too_large(send, scope)
 
-    async def _too_large(self, send: Send) -> None:
-        await _refuse(send, 413, "payload_too_large", f"the request body is larger than {self.max_bytes} bytes")
+    async def _too_large(self, send: Send, scope: Scope) -> None:
+        message = f"the request body is larger than {self.max_bytes} bytes"
+        await _refuse(send, 413, "payload_too_large", message, v2=is_v2_infer(scope.get("path", "")))

@@ -1,5 +1,8 @@
 """``GET /v1/traces`` and ``GET /v1/traces/{trace_id}``: the trace of every call, for operators.
 
+Both need the ``read_traces`` permission (``operator`` and ``admin`` hold it): a trace names who called
+what, and may hold inputs and outputs under the payload policy.
+
 Read through a ``TraceStore`` (built by ``bootstrap``), in a worker thread. Filters as `exa trace list`;
 paged with ``limit`` (1-1000) and ``offset``, newest first, with the total count of matches. An unknown id
 is 404 ``not_found``; a ``since`` that cannot be read is 422.
@@ -11,10 +14,12 @@ import asyncio
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel
 
+from examlops.api.auth import CurrentCaller
 from examlops.core.errors import NotFound
+from examlops.identity import Caller, Permission
 from examlops.tracing import TraceQuery, TraceStore, trace_fields
 from examlops.tracing.store import MAX_PAGE, parse_since
 
@@ -28,8 +33,13 @@ class TracePage(BaseModel):
     """Newest first: every field of ``tracing.TraceRecord`` (``at`` in UNIX seconds)."""
 
 
+def reader(caller: CurrentCaller) -> Caller:
+    caller.require(Permission.READ_TRACES)
+    return caller
+
+
 def traces_router(store: TraceStore) -> APIRouter:
-    router = APIRouter(prefix="/v1/traces", tags=["traces"])
+    router = APIRouter(prefix="/v1/traces", tags=["traces"], dependencies=[Depends(reader)])
 
     @router.get("", response_model=TracePage)
     async def list_traces(

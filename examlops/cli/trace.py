@@ -39,10 +39,13 @@ def list_traces(
 ) -> None:
     """The newest traces matching every filter given."""
     from examlops.bootstrap import sql_engine
+    from examlops.bootstrap.identity import acting_identity
     from examlops.bootstrap.tracing import trace_reader
+    from examlops.identity import Permission
 
     settings = load_settings()
     with errors_as_exit():
+        acting_identity(settings, Permission.READ_TRACES)
         when = None if since is None else parse_since(since, time.time())
         query = TraceQuery(identity=identity, task=task, model=model, outcome=outcome, since=when, limit=limit)
         records = trace_reader(sql_engine(settings)).find(query)
@@ -54,12 +57,28 @@ def list_traces(
         return
     print_table(
         "traces (newest first)",
-        ["trace", "time", "channel", "outcome", "code", "model", "alias", "version", "ms", "batch", "node"],
+        [
+            "trace",
+            "time",
+            "channel",
+            "identity",
+            "task",
+            "outcome",
+            "code",
+            "model",
+            "alias",
+            "version",
+            "ms",
+            "batch",
+            "node",
+        ],
         [
             [
                 r.trace_id,
                 f"{datetime.fromtimestamp(r.at, UTC):%Y-%m-%d %H:%M:%S}",
                 r.channel,
+                r.identity or "",
+                r.task or "",
                 r.outcome,
                 r.error_code,
                 r.model or "",
@@ -79,10 +98,13 @@ def show_trace(trace_id: Annotated[str, typer.Argument(help="The id from X-Examl
                as_json: JsonOption = False) -> None:  # fmt: skip
     """One trace, every field."""
     from examlops.bootstrap import sql_engine
+    from examlops.bootstrap.identity import acting_identity
     from examlops.bootstrap.tracing import trace_reader
+    from examlops.identity import Permission
 
     settings = load_settings()
     with errors_as_exit():
+        acting_identity(settings, Permission.READ_TRACES)
         record = trace_reader(sql_engine(settings)).get(trace_id.strip().lower())
         if record is None:
             raise NotFound(f"no trace {trace_id[:64]!r}")

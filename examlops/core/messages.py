@@ -68,7 +68,9 @@ class InferenceRequest:
     ``alias`` is None when the caller did not name one (the model's default
     alias applies, and with it the traffic split); ``version`` pins a raw
     version instead of an alias. ``deadline`` is an absolute UNIX time after
-    which nobody waits for the answer.
+    which nobody waits for the answer. ``routed`` says the alias was already
+    drawn from the traffic split for a call of several rows (``Pipeline.route``),
+    so every row of that call is answered by the same alias: it is taken as is.
     """
 
     model: str
@@ -82,6 +84,7 @@ class InferenceRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     facts: ServingFacts | None = field(default=None, compare=False, repr=False)
     """Filled in by the pipeline when given (the trace reads it); None: nothing is noted."""
+    routed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """Permissions and the roles that bundle them.
 
-``caller`` may call; ``operator`` may call and take every control action but managing identities;
-``bridge`` may call and relay (a bus bridge, which tells serving which verified identity a bus call is
-for: ``X-Examlops-Identity``); ``admin`` may do everything. An identity's own task and model lists
+``caller`` may call; ``operator`` may call, read traces and take every control action but managing
+identities; ``bridge`` may call and relay (a bus bridge, which tells serving which verified identity a bus
+call is for: ``X-Examlops-Identity``); ``admin`` may do everything. An identity's own task and model lists
 narrow ``call`` (``Caller.may_call``); they never widen a role.
 """
 
@@ -19,6 +19,8 @@ class Permission(StrEnum):
     ROLLBACK = "rollback"
     RETRAIN = "retrain"
     MANAGE_IDENTITIES = "manage_identities"
+    READ_TRACES = "read_traces"
+    """Read the trace of every call (`GET /v1/traces`): who called what, and inputs under the payload policy."""
     RELAY = "relay"
     """Serving takes the identity a call names in ``X-Examlops-Identity`` as the one it is for (its trace
     records that identity); only a bridge, which verified that identity's signed job, should hold it."""

@@ -1,7 +1,8 @@
 """One validated batch routed and predicted (seed 000, steps 6-8): the feature transformer's handler.
 
 Contract of ``Dispatcher.handle``: one ``Reply`` per request, in order. A bad payload gets its
-``InvalidInput`` alone; the others are routed each on its own (traffic split, pin), then the requests
+``InvalidInput`` alone; the others are routed each on its own (traffic split, pin, or the alias a
+``routed`` request already carries, so the rows of one call share one alias), then the requests
 that resolved to the same loaded version are predicted together in ONE ``runtime.predict`` call and
 each gets its own row. A request whose ``deadline`` passed before its prediction gets
 ``DeadlineExceeded``. A request keeps the version it was routed to (held in the hot set) until its
@@ -121,6 +122,8 @@ class Dispatcher:
             req = job.request
             if req.version is not None:
                 job.alias = PINNED_ALIAS
+            elif req.routed and req.alias is not None:
+                job.alias = req.alias
             else:
                 job.alias = self._router.choose(job.spec, req.alias, self._hotset.available_aliases(job.spec.name))
         entries = await asyncio.gather(

@@ -178,6 +178,14 @@ class Pipeline:
         except Exception as exc:  # the audit trail's store is down: say so once per event, no traceback
             log.error("could not record the control event %s of %s: %s", type, subject, exc)
 
+    async def route(self, model: str, alias: str | None = None) -> str:
+        """The alias that answers every row of one call to ``model``: drawn once from the traffic split when
+        ``alias`` is None or the default alias, else ``alias`` (canonical spelling). Rows sent with it and
+        ``routed=True`` skip the per-request draw. ``ModelNotFound`` for a model not in the catalog."""
+        spec = self.catalog.get(model)
+        await self._router.refresh_stale({spec.name})
+        return self._router.choose(spec, alias, self._hotset.available_aliases(spec.name))
+
     async def infer(self, req: InferenceRequest) -> InferenceResult:
         started = self._clock()
         model, alias = "unknown", "other"

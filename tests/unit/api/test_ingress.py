@@ -40,6 +40,9 @@ class FakePipeline:
         spec = self.catalog.get(request.model)
         return InferenceResult(spec.name, request.alias or "Production", "1", "run-1", 0.5, request.job_id)
 
+    async def route(self, model: str, alias: str | None = None) -> str:
+        return alias or self.catalog.get(model).default_alias_canonical
+
     def hot_set(self) -> Sequence[Any]:
         return []
 
@@ -209,7 +212,7 @@ async def test_a_method_the_route_does_not_take_is_a_405_with_our_body_and_its_a
 async def test_an_unknown_route_is_a_404_with_our_body_echoing_only_a_prefix_of_the_path(
     client: httpx.AsyncClient,
 ) -> None:
-    reply = await client.post("/v2/" + "p" * 5000, json=body())
+    reply = await client.post("/v9/" + "p" * 5000, json=body())
     assert reply.status_code == 404
     assert_error_body(reply.json(), "not_found")
     assert "p" * 100 not in reply.text

@@ -136,6 +136,20 @@ async def test_the_split_routes_default_traffic_and_pins_win(world: World) -> No
     assert (pinned.alias, pinned.version, pinned.prediction) == ("pinned", "4", 4003)
 
 
+async def test_rows_routed_once_all_go_to_the_alias_the_split_drew(world: World) -> None:
+    pipeline = world.pipeline(max_wait_ms=50)
+    await pipeline.start()
+    pipeline.set_traffic("JPCP", {"Production": 50, "Canary": 50})
+    drawn = {await pipeline.route("jpcp") for _ in range(40)}
+    assert drawn == {"Production", "Canary"}
+    for alias in ("Production", "Canary"):
+        rows = await asyncio.gather(*(pipeline.infer(req(n, alias=alias, routed=True)) for n in range(1, 17)))
+        assert {(r.alias, r.version) for r in rows} == {(alias, "1" if alias == "Production" else "2")}
+    assert await pipeline.route("JPCP", "canary") == "Canary"  # a named alias is taken, not drawn
+    with pytest.raises(ModelNotFound):
+        await pipeline.route("nope")
+
+
 async def test_set_traffic_refuses_an_alias_the_model_does_not_have(world: World) -> None:
     pipeline = world.pipeline()
     await pipeline.start()
