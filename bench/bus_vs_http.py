@@ -8,10 +8,12 @@ httpx, bus A, bus B, raw, httpx, ...) so that a slow spell of this shared
 machine does not land on one path only:
 
 - raw http: POST /infer-pipeline/infer on keep-alive connections (``loadgen``,
-  a minimal asyncio client, so the client is not what is measured);
+  a minimal asyncio client, so the client is not what is measured), with the
+  state folder's admin token (``demo.auth_headers``);
 - httpx <http>: the same POST through the bridge's own hop client
-  (``bootstrap.hop_client``, pre-encoded body) over that transport: direct
-  HTTP as a Python caller makes it, and what the bridge's hop costs alone;
+  (``bootstrap.hop_client``, pre-encoded body, the platform token of the
+  state folder as the bridge sends it) over that transport: direct HTTP as a
+  Python caller makes it, and what the bridge's hop costs alone;
 - bus <http>: ``BusClient.request`` (the submit script, the bridge's
   XREADGROUP, its POST, the reply script, the client's XREAD), with that
   configuration's bridge on that transport (``EXAMLOPS_BUS__HTTP_CLIENT``). Each
@@ -56,8 +58,8 @@ import httpx
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, demo_state
 from demo import bodies as demo_bodies
-from demo import demo_state
 from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
@@ -121,22 +123,25 @@ async def bus_load(settings: Settings, address: str, bodies: list[dict[str, obje
         return await timed_workers(len(bodies), concurrency, call)
 
 
-async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: int) -> Run:
-    """Direct HTTP with ``loadgen`` (raw keep-alive sockets): the server's own latency."""
+async def raw_http_load(url: str, bodies: list[dict[str, object]], concurrency: int, headers: dict[str, str]) -> Run:
+    """Direct HTTP with ``loadgen`` (raw keep-alive sockets, ``headers`` on each): the server's own latency."""
     encoded = [json.dumps(b).encode() for b in bodies]
-    await run_load(url, lambda i: encoded[i % len(encoded)], total=50, concurrency=1)
+    await run_load(url, lambda i: encoded[i % len(encoded)], total=50, concurrency=1, headers=headers)
     # Bounded: at c=32 a loadgen connection was seen to wait forever for a reply; report that, not hang.
-    load = run_load(url, lambda i: encoded[i], total=len(encoded), concurrency=concurrency, max_seconds=120)
+    load = run_load(
+        url, lambda i: encoded[i], total=len(encoded), concurrency=concurrency, max_seconds=120, headers=headers
+    )
     result = await asyncio.wait_for(load, 150)
     return Run(result.latencies_ms, result.seconds, result.errors)
 
 
-async def httpx_load(url: str, bodies: list[dict[str, object]], concurrency: int, transport: str) -> Run:
-    """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bus.hop``)."""
+async def httpx_load(home: Path, url: str, bodies: list[dict[str, object]], concurrency: int, transport: str) -> Run:
+    """Direct HTTP with httpx, configured and called exactly as the bridge's hop is (``bus.hop``), with the
+    platform token of the state folder ``home`` (``hop_headers``)."""
     encoded = [json.dumps(b, separators=(",", ":")).encode() for b in bodies]
     http = HttpSettings(connect_timeout_s=30, read_timeout_s=30)
     bus = BusSettings(concurrency=concurrency, http_client=transport)
-    async with hop_client(Settings(http=http, bus=bus)) as client:
+    async with hop_client(Settings(home=home, http=http, bus=bus)) as client:
         for body in encoded[:50]:
             await client.post(url, content=body, headers=JSON_HEADERS)
 
@@ -198,7 +203,8 @@ def main() -> None:
     # An empty Redis each run: the last run's append-only file (GBs of done keys and replies) takes longer to
     # load than the start-up waits, and the figures should not depend on what earlier runs left.
     shutil.rmtree(home / "redis", ignore_errors=True)
-    _base, catalog = demo_state(home)
+    base, catalog = demo_state(home)
+    headers = auth_headers(base)
     spec = catalog.get("JPCP")
     bodies = demo_bodies(spec.embedding_dim, args.requests, seed=7)
 
@@ -227,10 +233,10 @@ def main() -> None:
         infer_url, named = f"{url}/infer-pipeline/infer", [b | {"model": "JPCP"} for b in bodies]
         address = str(spec.seanerbus_uuid)
         loads: dict[str, Callable[[int], Coroutine[Any, Any, Run]]] = {
-            "raw http": lambda c: raw_http_load(infer_url, named, c)
+            "raw http": lambda c: raw_http_load(infer_url, named, c, headers)
         }
         for transport in clients:
-            loads[f"httpx {transport}"] = lambda c, t=transport: httpx_load(infer_url, named, c, t)  # type: ignore[misc]
+            loads[f"httpx {transport}"] = lambda c, t=transport: httpx_load(home, infer_url, named, c, t)  # type: ignore[misc]
         for name in bridges:
             loads[name] = lambda c, s=settings[name]: bus_load(s, address, bodies, c)  # type: ignore[misc]
         meters = {

@@ -31,6 +31,11 @@ def admin_token(settings: Settings) -> str:
     return settings.admin_token_path.read_text().strip()
 
 
+def auth_headers(settings: Settings) -> dict[str, str]:
+    """The ``Authorization`` header of the admin token, for HTTP loads on the state folder of ``settings``."""
+    return {"Authorization": f"Bearer {admin_token(settings)}"}
+
+
 def bodies(dim: int, count: int, *, seed: int) -> list[dict[str, object]]:
     """``count`` request bodies of ``dim`` embedding values drawn near zero (``node_count`` 12), reproducible."""
     rng = np.random.default_rng(seed)

@@ -83,6 +83,17 @@ async def _connection(
         writer.close()
 
 
+def header_lines(headers: Mapping[str, str]) -> str:
+    """``headers`` as ``Name: value`` lines, each ending CRLF, led by ``Content-Type: application/json`` unless
+    they name one; ``ValueError`` for an empty name, or a name or value that would split a line."""
+    for name, value in headers.items():
+        if not name or ":" in name or any(c in name + value for c in "\r\n"):
+            raise ValueError(f"header {name[:40]!r} cannot go on one line")
+    if not any(name.lower() == "content-type" for name in headers):
+        headers = {"Content-Type": "application/json", **headers}
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
 async def run_load(
     url: str,
     body_for: Callable[[int], bytes],
@@ -94,8 +105,10 @@ async def run_load(
 ) -> LoadResult:
     """Send ``total`` POSTs over ``concurrency`` keep-alive connections (bounded by ``max_seconds``).
 
-    ``headers`` replace the default ``Content-Type: application/json``."""
-    lines = "".join(f"{k}: {v}\r\n" for k, v in (headers or {"Content-Type": "application/json"}).items())
+    ``headers`` are extra header lines on every request (e.g. ``{"Authorization": "Bearer <token>"}``);
+    ``Content-Type: application/json`` unless they name a ``Content-Type`` of their own. A name or value
+    that would split a line is refused (``ValueError``) before anything is sent."""
+    lines = header_lines(headers or {})
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     counter = [0]

@@ -1,12 +1,14 @@
 """Alias flips under a steady load: does a hot reload drop or slow down traffic?
 
-Seeds the demo models into a state folder (``.examlops/bench-reload`` by default), starts
+Seeds the demo models and the admin identity into a state folder (``.examlops/bench-reload`` by
+default, ``demo.demo_state``), starts
 `exa serve start` with polling off, and sends JPCP requests for ``--seconds`` over ``--concurrency``
 keep-alive connections, paced to ``--rate`` requests a second in all (a bounded load: the server is
 not saturated, so the latency measured is the server's and not a queue's). After ``--steady``
 seconds it flips Production between versions 1 and 2 ``--flips`` times with ``promote()``, the
 function `exa promote` calls (move the alias in MLflow, POST /admin/reload, wait until /v1/models
-reports the new version), spread over the next part of the run, then lets the load run out.
+reports the new version), spread over the next part of the run, then lets the load run out. The load
+and the promotions send the state folder's admin token.
 
     .venv/bin/python bench/reload_flips.py [--seconds 60] [--steady 20] [--flips 20] [--rate 200]
 
@@ -36,13 +38,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import admin_token, demo_state
+from loadgen import header_lines
 from procs import answers, quantile, start, stop, wait_until
 
-from examlops.bootstrap import upgrade_database
 from examlops.core.settings import Settings
 from examlops.promotion.service import promote
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
 
 PORT = 18111
@@ -64,7 +65,11 @@ class Run:
     """(started, ended, version) of every promotion."""
 
 
-async def connection(host: str, port: int, bodies: list[bytes], run: Run, interval: float, until: float) -> None:
+async def connection(
+    host: str, port: int, bodies: list[bytes], run: Run, interval: float, until: float, extra: str
+) -> None:
+    """Paced POSTs of ``bodies`` until ``until``, each with the header lines ``extra`` (``loadgen.header_lines``:
+    its Content-Type and the token)."""
     reader, writer = await asyncio.open_connection(host, port)
     next_at = time.monotonic()
     i = 0
@@ -77,7 +82,7 @@ async def connection(host: str, port: int, bodies: list[bytes], run: Run, interv
             i += 1
             head = (
                 f"POST /infer-pipeline/infer HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                f"{extra}Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             started = time.monotonic()
             writer.write(head + body)
@@ -103,13 +108,14 @@ def flipper(
 ) -> None:
     """In its own process: MLflow's client work must not share the load generator's GIL."""
     settings = Settings(home=home)
+    token = admin_token(settings)
     registry = MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
     spacing = (end_at - start_at) / flips
     for k in range(flips):
         time.sleep(max(0.0, start_at + k * spacing - time.monotonic()))  # monotonic: one clock for all processes
         version = 2 if k % 2 == 0 else 1
         began = time.monotonic()
-        promote(settings, registry, "JPCP", "Production", version=version, instances=[url], timeout_s=60)
+        promote(settings, registry, "JPCP", "Production", version=version, instances=[url], timeout_s=60, token=token)
         out.put((began, time.monotonic(), str(version)))
 
 
@@ -126,8 +132,9 @@ async def load(args: argparse.Namespace, settings: Settings, url: str, bodies: l
     )
     process.start()
     interval = args.concurrency / args.rate
+    extra = header_lines({"Authorization": f"Bearer {admin_token(settings)}"})
     await asyncio.gather(
-        *(connection("127.0.0.1", PORT, bodies, run, interval, until) for _ in range(args.concurrency))
+        *(connection("127.0.0.1", PORT, bodies, run, interval, until, extra) for _ in range(args.concurrency))
     )
     run.flips = [await asyncio.to_thread(flips.get, True, 120) for _ in range(args.flips)]
     await asyncio.to_thread(process.join, 60)
@@ -167,10 +174,7 @@ def main() -> None:
     args = parser.parse_args()
 
     home = args.home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    settings = Settings(home=home)
-    seed_demo(settings, load_catalog(settings.catalog_path))
-    upgrade_database(settings)
+    settings, _catalog = demo_state(home)
     registry = MlflowRegistry(settings.mlflow_tracking_uri, home / "cache" / "models")
     registry.set_alias("JPCP", "Production", "1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
