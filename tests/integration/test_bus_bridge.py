@@ -32,8 +32,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
-from examlops.bootstrap import upgrade_database
-from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client
+from examlops.bootstrap import sql_engine, upgrade_database
+from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client, task_addresses
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
@@ -159,20 +159,30 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
 
 
 @contextlib.asynccontextmanager
-async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
-    """A bridge in this loop; ``keys`` (a ``BusKeys``) defaults to bootstrap's, which knows the settings' token."""
+async def running_bridge(
+    settings: Settings, catalog: Catalog = CATALOG, *, task_map: bool = False, **options: Any
+) -> AsyncIterator[Bridge]:
+    """A bridge in this loop; ``keys`` (a ``BusKeys``) defaults to bootstrap's, which knows the settings' token;
+    ``task_map``: serve the task addresses of the settings' task map (bootstrap's ``task_addresses``). Both
+    read SQL on one engine, disposed with the bridge."""
     redis_client = bus_redis(settings)
-    keys = options.pop("keys", None) or bus_keys(settings)
-    async with hop_client(settings) as http:
-        bridge = Bridge(settings, catalog, redis_client, http, keys, **options)
-        stop = asyncio.Event()
-        task = asyncio.create_task(bridge.run(stop))
-        try:
-            yield bridge
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
-            await redis_client.aclose()
+    engine = sql_engine(settings)
+    keys = options.pop("keys", None) or bus_keys(settings, engine)
+    if task_map:
+        options["tasks"] = task_addresses(settings, engine)
+    try:
+        async with hop_client(settings) as http:
+            bridge = Bridge(settings, catalog, redis_client, http, keys, **options)
+            stop = asyncio.Event()
+            task = asyncio.create_task(bridge.run(stop))
+            try:
+                yield bridge
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 20)
+                await redis_client.aclose()
+    finally:
+        engine.dispose()
 
 
 def signed_job(
