@@ -154,7 +154,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
         token=SecretStr(TOKEN),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
-    known_token(settings, TOKEN)  # the identity whose key the clients sign with and the bridges verify
+    known_token(settings, TOKEN, "admin")  # the identity the clients sign as, as `exa up` makes it
     return settings
 
 
