@@ -253,7 +253,7 @@ async def test_a_rotated_identitys_old_token_works_on_the_bus_through_its_grace_
     async with running_bridge(settings), bus_client(settings, token=old) as old_client:
         assert (await old_client.request(ADDRESS, PAYLOAD, 10, job_id="old-before"))["error"] is None
         with identity_service(settings) as service:
-            issued, _deadline = service.rotate("robot-7", grace_s)
+            issued, _ = service.rotate("robot-7", grace_s)
         rotated_at = time.monotonic()
         async with bus_client(settings, token=issued.token) as new_client:
             i = 0
@@ -264,9 +264,11 @@ async def test_a_rotated_identitys_old_token_works_on_the_bus_through_its_grace_
                 i += 1
                 await asyncio.sleep(0.1)
     during = [code for since, code in old_replies if since < grace_s - 0.3]
-    after = [code for since, code in old_replies if since > grace_s + ttl_s + 0.3]
+    # The resolver read the key's end within the TTL, long before the grace ends: it then holds to the second.
+    after = [code for since, code in old_replies if since > grace_s + 0.2]
     assert during and all(code is None for code in during)  # the grace: both tokens work
     assert after and all(code == "unauthenticated" for code in after)  # then only the new one
     refused = {f"old-{i}" for i, (_, code) in enumerate(old_replies) if code is not None}
     assert not refused & set(standin.seen)
-    assert {r.caller for r in recorded(redis_url)} == {"robot-7"}
+    records = recorded(redis_url)
+    assert {r.caller for r in records} == {"robot-7"} and {r.job_id for r in records} == set(standin.seen)
