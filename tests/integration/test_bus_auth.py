@@ -235,4 +235,4 @@ async def test_exa_bus_send_task_sends_to_the_tasks_address_and_prints_the_reply
     assert result.exit_code == 0, result.output
     reply = orjson.loads(result.stdout)
     assert (reply["task"], reply["model"], reply["error"]) == ("pavement.distress.cli", "JPCP", None)
-    assert standin.tasks == ["pavement.distress.cli"] and standin.identities == ["admin"]
+    assert standin.tasks == ["pavement.distress.cli"] and standin.identities == ["tests"]

@@ -154,7 +154,7 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
         token=SecretStr(TOKEN),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
-    known_token(settings, TOKEN, "admin")  # the identity the clients sign as, as `exa up` makes it
+    known_token(settings, TOKEN)  # the identity ("tests") whose key the clients sign with and the bridges verify
     return settings
 
 
@@ -231,9 +231,9 @@ async def test_a_job_is_answered_with_the_models_reply(
         "job_id": "job-one",
         "trace": trace_id_for_job("job-one"),
     }
-    assert standin.seen == ["job-one"] and standin.identities == ["admin"]  # the token's identity, by name
+    assert standin.seen == ["job-one"] and standin.identities == ["tests"]  # the token's identity, by name
     [record] = recorded(redis_url)  # written with the reply, in the same step
-    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "admin", 12)
+    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "tests", 12)
     assert record.reply == reply and record.status == 200 and record.address == ADDRESS
     assert (record.norm, record.mean, record.std) == pytest.approx((0.01 * 384**0.5, 0.01, 0.0), abs=1e-9)
     with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin

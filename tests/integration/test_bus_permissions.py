@@ -72,7 +72,7 @@ def site_settings(
         auth=AuthSettings(cache_ttl_s=cache_ttl_s),
     )
     upgrade_database(settings)
-    known_token(settings, TOKEN, "admin")
+    known_token(settings, TOKEN)
     engine = sql_engine(settings)
     try:
         SqlTaskMap(engine).map(TASK, "JPCP", "Production")
