@@ -611,6 +611,7 @@ async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
 ) -> None:
     # The bridge presents the admin token of serving's state folder, as `exa up`'s bridge does.
     settings = bus_settings(tmp_path, redis_url, serving.port).model_copy(update={"token": SecretStr(serving.token)})
+    known_token(settings, serving.token, "admin")  # the bridge's identity store must know the key it signs with
     async with bus_client(settings) as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
