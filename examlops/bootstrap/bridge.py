@@ -29,6 +29,8 @@ from examlops.bootstrap.tracing import call_tracer
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
     from examlops.bus.client import BusClient, SyncBusClient
     from examlops.bus.ports import BusKeys, TaskAddress, TaskAddresses
 
@@ -72,7 +74,7 @@ class BridgeProcess:
         try:
             with recording:
                 async with hop_client(self.settings) as http:
-                    keys, tasks = bus_keys(self.settings), task_addresses(self.settings)
+                    keys, tasks = bus_keys(self.settings, engine), task_addresses(self.settings, engine)
                     bridge = Bridge(
                         self.settings, self.catalog, redis, http, keys, tasks=tasks, record=self.record, tracer=tracer
                     )
@@ -106,24 +108,25 @@ def tune_garbage_collection() -> None:
     gc.set_threshold(20_000, 10, 10)
 
 
-def bus_keys(settings: Settings) -> BusKeys:
-    """The bridge's key ids to identities (``bus.ports.BusKeys``): the identity store's resolver, on an
-    engine that lives as long as the bridge; what it says of a key id is cached ``auth.cache_ttl_s``, so a
-    revocation stops an identity's jobs within that time. The bus verifies every job whatever
+def bus_keys(settings: Settings, engine: Engine | None = None) -> BusKeys:
+    """The bridge's key ids to identities (``bus.ports.BusKeys``): the identity store's resolver on
+    ``engine`` (the bridge's own, which its owner disposes; None: a new one that is never disposed, for a
+    bridge that lives as long as its process); what it says of a key id is cached ``auth.cache_ttl_s``, so
+    a revocation stops an identity's jobs within that time. The bus verifies every job whatever
     ``auth.enabled`` says (that switch is HTTP's). ``SchemaNotCurrent`` when the database is behind."""
     from examlops.identity import IdentityResolver
     from examlops.identity.sql import SqlIdentityStore
 
-    return IdentityResolver(SqlIdentityStore(sql_engine(settings)), settings.auth.cache_ttl_s)
+    return IdentityResolver(SqlIdentityStore(engine or sql_engine(settings)), settings.auth.cache_ttl_s)
 
 
-def task_addresses(settings: Settings) -> TaskAddresses:
-    """The task map as a bridge reads it (``bus.ports.TaskAddresses``): SQL, on an engine that lives as long
-    as the bridge; the bridge keeps its own copy for ``traffic.rules_ttl_s``. ``SchemaNotCurrent`` when the
-    database is not at this release's schema."""
+def task_addresses(settings: Settings, engine: Engine | None = None) -> TaskAddresses:
+    """The task map as a bridge reads it (``bus.ports.TaskAddresses``): SQL on ``engine`` (as ``bus_keys``);
+    the bridge keeps its own copy for ``traffic.rules_ttl_s``. ``SchemaNotCurrent`` when the database is not
+    at this release's schema."""
     from examlops.tasks.sql import SqlTaskMap
 
-    return SqlTaskMap(sql_engine(settings))
+    return SqlTaskMap(engine or sql_engine(settings))
 
 
 def task_route(settings: Settings, task: str) -> TaskAddress:

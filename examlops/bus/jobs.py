@@ -10,8 +10,8 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   dead letter.
 - A job whose done key exists (answered before) is acked without asking serving again.
 - A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
-  call the address's model (or task) a ``forbidden`` reply; neither reaches serving nor is recorded, so
-  neither counts in the failure windows.
+  call the address's model (or task, or the model the task maps to now) a ``forbidden`` reply naming the
+  permission; neither reaches serving nor is recorded, so neither counts in the failure windows.
 - Otherwise the address's handler answers, and the reply (signed with the job's bus key), the job's record
   (``core.records.ServedInference``, with the embedding's statistics, when ``record`` is on and the
   handler asks for it), the done key, XACK and XDEL are one script (``scripts.REPLY_SCRIPT``): a job is
@@ -148,10 +148,9 @@ class JobRunner:
             missing = ModelNotFound(f"no model or task has the bus address {job.address[:64]}")
             return Outcome(wire.error_body(missing, job_id=job.job_id), 0, False)
         try:
-            if handler.task is not None:
-                caller.may_call(task=handler.task)
-            else:
-                caller.may_call(model=handler.spec.name)
+            # A task's address names its model too (as `POST /v1/tasks/{task}/infer` checks both): an identity
+            # whose model list lacks the task's model may not reach that model through the task.
+            caller.may_call(task=handler.task, model=handler.spec.name)
         except ExamlopsError as refused:
             return Outcome(handler.error_body(refused, job.job_id), 0, False)
         expired = job.expired(self.clock())

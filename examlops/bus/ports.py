@@ -28,8 +28,9 @@ class BusCaller(Protocol):
         ...
 
     def may_call(self, *, task: str | None = None, model: str | None = None) -> None:
-        """Return when the identity may call ``task`` (a task's address) or ``model`` (a model's); else raise
-        an ``ExamlopsError`` whose code is ``forbidden``, naming what it lacks."""
+        """Return when the identity may call ``task`` and ``model`` (a task's address names both: the task and
+        the model it maps to; a model's address only the model); else raise an ``ExamlopsError`` whose code is
+        ``forbidden``, naming what it lacks."""
         ...
 
 

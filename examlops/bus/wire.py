@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from examlops.core import keys
-from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
+from examlops.core.errors import DeadlineExceeded, ExamlopsError, Forbidden, InvalidInput
 from examlops.core.jsoncodec import ascii_array, canonical
 
 FORMAT = "2"
@@ -238,8 +238,9 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
 
 
 def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> dict[str, Any]:
-    """The error reply, in the shape of serving's ``ErrorReply``: a message, a prediction of 0.0 and the kind."""
-    return {
+    """The error reply, in the shape of serving's ``ErrorReply``: a message, a prediction of 0.0 and the kind;
+    a ``forbidden`` one also names the ``permission`` the identity lacks, as serving's 403 does."""
+    body: dict[str, Any] = {
         "error": error.message,
         "prediction": 0.0,
         "code": error.code,
@@ -248,6 +249,9 @@ def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | 
         "model": model,
         "job_id": job_id,
     }
+    if isinstance(error, Forbidden):
+        body["permission"] = error.permission
+    return body
 
 
 def reply_fields(key_id: str, key: bytes, job_id: str, body: Mapping[str, Any], status: int = 0) -> dict[str, str]:

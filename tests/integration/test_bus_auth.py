@@ -1,20 +1,21 @@
-"""Who may use the bus, against a real redis-server: signed jobs, signed replies, revocation, task addresses.
+"""Who may use the bus, against a real redis-server and the real identity store: signed jobs, signed replies,
+task addresses.
 
 The attacks of issue 16 are replayed here as an attacker with write access to Redis would run them: a
-tampered copy of each real job, and a forged reply on each client's reply stream. The bridge's identities
-are an in-test implementation of its ``BusKeys`` port (``Identities``) over a dict the tests change; the
-identity store's resolver takes its place in ``bootstrap.bus_keys`` (to run these tests on it, give
-``running_bridge`` that instead as ``keys=``). The task map is the real one, in SQL
-(``bootstrap.task_addresses``); ``Tasks``, a dict, only splits tasks between bridges.
+tampered copy of each real job, and a forged reply on each client's reply stream. Identities are made with
+``IdentityService`` in the test's SQL and bridges verify with ``bootstrap.bus_keys`` (the identity store's
+resolver); the task map is the real one too (``bootstrap.task_addresses``), and ``Tasks``, a dict, only
+splits tasks between bridges. The permission matrix, revocation and rotation are in
+``test_bus_permissions``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,11 +24,11 @@ import pytest
 import redis
 
 from examlops.bootstrap import sql_engine
-from examlops.bootstrap.bridge import bus_client, task_addresses
+from examlops.bootstrap.bridge import bus_client
+from examlops.bootstrap.identity import identity_service
 from examlops.bus import wire
-from examlops.core.errors import DeadlineExceeded, Forbidden
 from examlops.core.settings import Settings, TrafficSettings
-from examlops.identity import bus_key_from_token
+from examlops.identity import Role
 from examlops.tasks.sql import SqlTaskMap
 from tests.integration.test_bus_bridge import (
     ADDRESS,
@@ -46,52 +47,6 @@ from tests.integration.test_bus_bridge import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 __all__ = ["redis_url", "standin"]  # the fixtures
-
-
-def new_token() -> str:
-    return f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
-
-
-@dataclass
-class Identity:
-    """One identity of ``Identities``: ``models``/``tasks`` empty means every one."""
-
-    name: str
-    revoked: bool = False
-    models: tuple[str, ...] = ()
-    tasks: tuple[str, ...] = ()
-
-    def may_call(self, *, task: str | None = None, model: str | None = None) -> None:
-        if task is not None and self.tasks and task not in self.tasks:
-            raise Forbidden(f"identity {self.name!r} lacks the permission 'call' on task {task!r}", permission="call")
-        if model is not None and self.models and model not in self.models:
-            raise Forbidden(f"identity {self.name!r} lacks 'call' on model {model!r}", permission="call")
-
-
-@dataclass
-class Identities:
-    """``bus.ports.BusKeys`` over a dict of key id -> (identity, bus key), cached for ``ttl_s`` per key id
-    as the identity store's resolver is: a change to the dict shows within the TTL."""
-
-    ttl_s: float
-    keys: dict[str, tuple[Identity, bytes]] = field(default_factory=dict)
-    _cache: dict[str, tuple[float, tuple[Identity, bytes] | None]] = field(default_factory=dict)
-
-    def add(self, identity: Identity) -> str:
-        token = new_token()
-        key_id, key = bus_key_from_token(token)
-        self.keys[key_id] = (identity, key)
-        return token
-
-    def bus_key(self, key_id: str) -> tuple[Identity, bytes] | None:
-        now = time.monotonic()
-        cached = self._cache.get(key_id)
-        if cached is None or cached[0] <= now:
-            found = self.keys.get(key_id)
-            # A copy, so that changing the dict's identity shows only when the cache is read again.
-            cached = (now + self.ttl_s, None if found is None else (Identity(**vars(found[0])), found[1]))
-            self._cache[key_id] = cached
-        return cached[1]
 
 
 @dataclass(frozen=True)
@@ -115,6 +70,14 @@ class Tasks:
 def settings_with_ttl(tmp_path: Path, redis_url: str, standin: StandIn, ttl_s: float) -> Settings:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     return settings.model_copy(update={"traffic": TrafficSettings(rules_ttl_s=ttl_s)})
+
+
+def add_identity(
+    settings: Settings, name: str, role: Role = Role.CALLER, *, tasks: Sequence[str] = (), models: Sequence[str] = ()
+) -> str:
+    """A new identity in the settings' SQL, as `exa identity add` makes it; its token."""
+    with identity_service(settings) as service:
+        return service.add(name, role, tasks=tasks, models=models)[1].token
 
 
 async def test_a_tampered_copy_of_each_real_job_is_dead_lettered_and_every_real_job_gets_its_prediction(
@@ -191,65 +154,6 @@ async def test_a_forged_reply_on_every_clients_stream_is_ignored_counted_and_the
     assert [client.unverified_replies for client in clients] == [1] * len(jobs)
 
 
-async def test_jobs_are_served_as_their_identity_and_refused_without_permission_or_an_known_key(
-    tmp_path: Path, redis_url: str, standin: StandIn
-) -> None:
-    settings = bus_settings(tmp_path, redis_url, standin.port)
-    identities = Identities(ttl_s=30)
-    robot = identities.add(Identity("robot-7"))
-    crcp_only = identities.add(Identity("crcp-app", models=("CRCP",)))
-    stranger = new_token()  # well formed, in no identity's keys
-    async with (
-        running_bridge(settings, keys=identities),
-        bus_client(settings, token=robot) as robot_client,
-        bus_client(settings, token=crcp_only) as crcp_client,
-        bus_client(settings, token=stranger) as stranger_client,
-    ):
-        served = await robot_client.request(ADDRESS, PAYLOAD, 10, job_id="robot-job")
-        refused = await crcp_client.request(ADDRESS, PAYLOAD, 10, job_id="crcp-job")
-        with pytest.raises(DeadlineExceeded):
-            await stranger_client.request(ADDRESS, PAYLOAD, 1, job_id="stranger-job")
-        with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
-            await until(lambda: sync_redis.xlen(wire.DEAD_STREAM) == 1)
-            [(_id, dead)] = sync_redis.xrange(wire.DEAD_STREAM)
-            assert sync_redis.xlen(stranger_client.reply_stream) == 0
-    assert served["error"] is None and served["prediction"] == 0.5
-    assert (refused["code"], refused["prediction"], refused["model"]) == ("forbidden", 0.0, "JPCP")
-    assert "crcp-app" in refused["error"]
-    assert orjson.loads(dead["job"])["reason"] == "unknown_key"
-    assert standin.seen == ["robot-job"] and standin.identities == ["robot-7"]
-    assert [(r.job_id, r.caller) for r in recorded(redis_url)] == [("robot-job", "robot-7")]
-
-
-async def test_revoking_an_identity_stops_its_jobs_within_the_ttl_with_an_unauthenticated_reply(
-    tmp_path: Path, redis_url: str, standin: StandIn
-) -> None:
-    ttl_s = 1.0
-    settings = settings_with_ttl(tmp_path, redis_url, standin, ttl_s)
-    identities = Identities(ttl_s=ttl_s)
-    token = identities.add(Identity("robot-7"))
-    key_id, _ = bus_key_from_token(token)
-    replies: list[tuple[float, str | None]] = []
-    async with running_bridge(settings, keys=identities), bus_client(settings, token=token) as client:
-        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before"))["error"] is None
-        identities.keys[key_id][0].revoked = True
-        revoked_at = time.monotonic()
-        for i in range(200):
-            reply = await client.request(ADDRESS, PAYLOAD, 10, job_id=f"after-{i}")
-            replies.append((time.monotonic() - revoked_at, reply["code"] if reply["error"] else None))
-            if time.monotonic() - revoked_at > ttl_s + 1.0:
-                break
-            await asyncio.sleep(0.05)
-    refused = [(at, code) for at, code in replies if code is not None]
-    assert refused and {code for _, code in refused} == {"unauthenticated"}
-    assert refused[0][0] <= ttl_s + 0.5  # within the TTL (and a job's round trip)
-    first = replies.index(refused[0])
-    assert all(code == "unauthenticated" for _, code in replies[first:])  # never served again
-    served = {f"after-{i}" for i, (_, code) in enumerate(replies) if code is None}
-    assert set(standin.seen) == {"before"} | served
-    assert {r.job_id for r in recorded(redis_url)} == {"before"} | served  # refusals are never recorded
-
-
 async def test_a_tasks_address_is_served_as_the_task_and_a_remap_under_load_fails_no_job(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
@@ -260,12 +164,11 @@ async def test_a_tasks_address_is_served_as_the_task_and_a_remap_under_load_fail
     task_map = SqlTaskMap(engine)
     address = task_map.map(task, "JPCP", "Production").route.address
     standin.task_models[task] = "JPCP"
-    identities = Identities(ttl_s=30)
-    token = identities.add(Identity("robot-7", tasks=(task,)))
-    other = identities.add(Identity("other-app", tasks=("another.task",)))
+    token = add_identity(settings, "robot-7", tasks=(task,))
+    other = add_identity(settings, "other-app", tasks=("another.task",))
     standin.delay = 0.2
     async with (
-        running_bridge(settings, keys=identities, tasks=task_addresses(settings), sweep_s=0.1),
+        running_bridge(settings, task_map=True, sweep_s=0.1),
         bus_client(settings, token=token) as client,
         bus_client(settings, token=other) as other_client,
     ):
@@ -327,9 +230,9 @@ async def test_exa_bus_send_task_sends_to_the_tasks_address_and_prints_the_reply
     env = {"EXAMLOPS_HOME": str(tmp_path), "EXAMLOPS_REDIS__URL": redis_url}
     env["EXAMLOPS_TOKEN"] = settings.token.get_secret_value()
     argv = ["bus", "send", "--task", "Pavement.Distress.CLI", "--random", "--node-count", "7", "--json"]
-    async with running_bridge(settings, tasks=task_addresses(settings)):
+    async with running_bridge(settings, task_map=True):
         result = await asyncio.to_thread(CliRunner().invoke, app, argv, env=env)
     assert result.exit_code == 0, result.output
     reply = orjson.loads(result.stdout)
     assert (reply["task"], reply["model"], reply["error"]) == ("pavement.distress.cli", "JPCP", None)
-    assert standin.tasks == ["pavement.distress.cli"] and standin.identities == ["admin"]
+    assert standin.tasks == ["pavement.distress.cli"] and standin.identities == ["tests"]

@@ -32,8 +32,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr
 
-from examlops.bootstrap import upgrade_database
-from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client
+from examlops.bootstrap import sql_engine, upgrade_database
+from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client, task_addresses
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bus import wire
 from examlops.bus.bridge import Bridge
@@ -154,25 +154,35 @@ def bus_settings(home: Path, redis_url: str, serving_port: int, http_client: str
         token=SecretStr(TOKEN),
     )
     upgrade_database(settings)  # as `exa up` does first: the bridge's recording writes audit checkpoints
-    known_token(settings, TOKEN)  # the identity whose key the clients sign with and the bridges verify
+    known_token(settings, TOKEN)  # the identity ("tests") whose key the clients sign with and the bridges verify
     return settings
 
 
 @contextlib.asynccontextmanager
-async def running_bridge(settings: Settings, catalog: Catalog = CATALOG, **options: Any) -> AsyncIterator[Bridge]:
-    """A bridge in this loop; ``keys`` (a ``BusKeys``) defaults to bootstrap's, which knows the settings' token."""
+async def running_bridge(
+    settings: Settings, catalog: Catalog = CATALOG, *, task_map: bool = False, **options: Any
+) -> AsyncIterator[Bridge]:
+    """A bridge in this loop; ``keys`` (a ``BusKeys``) defaults to bootstrap's, which knows the settings' token;
+    ``task_map``: serve the task addresses of the settings' task map (bootstrap's ``task_addresses``). Both
+    read SQL on one engine, disposed with the bridge."""
     redis_client = bus_redis(settings)
-    keys = options.pop("keys", None) or bus_keys(settings)
-    async with hop_client(settings) as http:
-        bridge = Bridge(settings, catalog, redis_client, http, keys, **options)
-        stop = asyncio.Event()
-        task = asyncio.create_task(bridge.run(stop))
-        try:
-            yield bridge
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
-            await redis_client.aclose()
+    engine = sql_engine(settings)
+    keys = options.pop("keys", None) or bus_keys(settings, engine)
+    if task_map:
+        options["tasks"] = task_addresses(settings, engine)
+    try:
+        async with hop_client(settings) as http:
+            bridge = Bridge(settings, catalog, redis_client, http, keys, **options)
+            stop = asyncio.Event()
+            task = asyncio.create_task(bridge.run(stop))
+            try:
+                yield bridge
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 20)
+                await redis_client.aclose()
+    finally:
+        engine.dispose()
 
 
 def signed_job(
@@ -221,9 +231,9 @@ async def test_a_job_is_answered_with_the_models_reply(
         "job_id": "job-one",
         "trace": trace_id_for_job("job-one"),
     }
-    assert standin.seen == ["job-one"] and standin.identities == ["admin"]  # the token's identity, by name
+    assert standin.seen == ["job-one"] and standin.identities == ["tests"]  # the token's identity, by name
     [record] = recorded(redis_url)  # written with the reply, in the same step
-    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "admin", 12)
+    assert (record.job_id, record.model, record.caller, record.node_count) == ("job-one", "JPCP", "tests", 12)
     assert record.reply == reply and record.status == 200 and record.address == ADDRESS
     assert (record.norm, record.mean, record.std) == pytest.approx((0.01 * 384**0.5, 0.01, 0.0), abs=1e-9)
     with redis.Redis.from_url(redis_url) as sync_redis:  # the done key lives to the deadline plus the margin
@@ -601,6 +611,7 @@ async def test_real_serving_answers_a_bus_job_and_never_sees_an_expired_one(
 ) -> None:
     # The bridge presents the admin token of serving's state folder, as `exa up`'s bridge does.
     settings = bus_settings(tmp_path, redis_url, serving.port).model_copy(update={"token": SecretStr(serving.token)})
+    known_token(settings, serving.token, "admin")  # the bridge's identity store must know the key it signs with
     async with bus_client(settings) as client:
         with pytest.raises(DeadlineExceeded):
             await client.request(ADDRESS, PAYLOAD, 0.2, job_id="expired")
