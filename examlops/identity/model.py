@@ -78,8 +78,14 @@ class Caller:
             )
 
     def may_call(self, *, task: str | None = None, model: str | None = None) -> None:
-        """``call`` on ``task`` and ``model``: the role must give ``call`` and each named one be in the lists."""
+        """``call`` on ``task`` and ``model``: the role must give ``call`` and each named one be in the lists.
+
+        An identity with a task list and no model list calls by task only: naming a model directly (a model
+        route, a model's bus address) would step around the tasks it was narrowed to.
+        """
         self.require(Permission.CALL)
+        if task is None and model is not None and self._tasks and not self._models:
+            raise Forbidden(f"identity {self.name!r} may call its tasks only, not a model by name", permission="call")
         if task is not None and self._tasks and task.lower() not in self._tasks:
             raise Forbidden(
                 f"identity {self.name!r} lacks the permission 'call' on task {task[:64]!r}", permission="call"

@@ -10,6 +10,7 @@ exactly one trace and nothing else was written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections import Counter
@@ -82,15 +83,16 @@ class Run:
         return trace_reader(sql_engine(self.settings))
 
 
-def http_calls(url: str) -> list[Call]:
+def http_calls(url: str, auth: dict[str, str]) -> list[Call]:
     calls: list[Call] = []
 
     def post(path: str, traced: str | None, outcome: str, code: str = "", **body: Any) -> None:
         raw = body.pop("raw", None)
+        headers = body.pop("headers", auth)
         if raw is not None:
-            reply = httpx.post(url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+            reply = httpx.post(url + path, content=raw, headers={"content-type": "application/json", **headers})
         else:
-            reply = httpx.post(url + path, json={"embedding": EMBEDDING, "node_count": 12} | body, timeout=30)
+            reply = httpx.post(url + path, json={"embedding": EMBEDDING, "node_count": 12} | body, headers=headers)
         trace_id = reply.headers.get(TRACE_HEADER, "")
         assert valid_trace_id(trace_id), (reply.status_code, reply.headers)
         data = reply.json()
@@ -108,6 +110,7 @@ def http_calls(url: str) -> list[Call]:
     post(
         "/infer-pipeline/infer", "JPCP", "failed", "inference_failed", model="JPCP", alias="staging", embedding=FAILING
     )
+    post("/v1/models/JPCP/predict", None, "refused", "unauthenticated", headers={})  # refused before the route
     return calls
 
 
@@ -165,7 +168,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, embedded_redis: Any) -> Iterat
         settings = bus_settings(home, embedded_redis.url, serving.port)
         settings = settings.model_copy(update={"tracing": TracingSettings(node="bridge-a")})
         started = time.time()
-        calls = http_calls(serving.url) + asyncio.run(bus_calls(settings, client))
+        calls = http_calls(serving.url, serving.auth) + asyncio.run(bus_calls(settings, client))
         run = Run(home, settings, serving, started, calls, client)
         wait_stored(run.store(), [c.trace_id for c in calls])
         yield run
@@ -182,6 +185,12 @@ def test_every_reply_carries_a_trace_id_that_finds_its_record(run: Run) -> None:
         seen = (record.channel, record.model, record.outcome, record.error_code, record.status)
         assert seen == (call.channel, call.model, call.outcome, call.code, call.status), call
         assert record.used_ms > 0
+        # Who: the HTTP caller's identity (none for a call refused before its token was read: none sent, a
+        # body over the limit), and on the bus the identity that signed the job, whether the bridge answered
+        # it or serving did (told by the bridge, which holds relay).
+        unknown = call.code in ("unauthenticated", "payload_too_large")
+        expected = "tests" if call.channel == "bus" else None if unknown else "admin"
+        assert record.identity == expected, record
         # Serving traced what it answered (a bus job's too); the bridge what it answered itself.
         assert record.node == ("bridge-a" if call.channel == "bus" and call.status == 0 else "serving-a"), call
         if call.status in (200, 500):  # reached a model: the batch it joined, its queue wait and predict time
@@ -200,24 +209,26 @@ def test_every_reply_carries_a_trace_id_that_finds_its_record(run: Run) -> None:
 def test_the_traces_route_filters_and_pages_what_the_store_holds(run: Run) -> None:
     url = f"{run.serving.url}/v1/traces"
     since = {"since": str(run.started)}
-    everything = httpx.get(url, params=since | {"limit": 1000}).json()
+    assert httpx.get(url, params=since).status_code == 401  # traces are for holders of read_traces only
+    get = functools.partial(httpx.get, headers=run.serving.auth)
+    everything = get(url, params=since | {"limit": 1000}).json()
     assert everything["total"] == len(run.calls)
     assert {t["trace_id"] for t in everything["traces"]} == {c.trace_id for c in run.calls}
     ats = [t["at"] for t in everything["traces"]]
     assert ats == sorted(ats, reverse=True)
     for outcome in ("answered", "refused", "failed"):
-        page = httpx.get(url, params=since | {"outcome": outcome}).json()
+        page = get(url, params=since | {"outcome": outcome}).json()
         assert page["total"] == sum(c.outcome == outcome for c in run.calls)
         assert all(t["outcome"] == outcome for t in page["traces"])
-    bus = httpx.get(url, params=since | {"channel": "bus", "model": "JPCP", "outcome": "refused"}).json()
+    bus = get(url, params=since | {"channel": "bus", "model": "JPCP", "outcome": "refused"}).json()
     assert {t["error_code"] for t in bus["traces"]} == {"deadline_exceeded", "invalid_input"}
-    pages = [httpx.get(url, params=since | {"limit": 4, "offset": o}).json()["traces"] for o in range(0, 20, 4)]
+    pages = [get(url, params=since | {"limit": 4, "offset": o}).json()["traces"] for o in range(0, 20, 4)]
     assert [t["trace_id"] for page in pages for t in page] == [t["trace_id"] for t in everything["traces"]]
-    one = httpx.get(f"{url}/{run.calls[0].trace_id}")
+    one = get(f"{url}/{run.calls[0].trace_id}")
     assert one.status_code == 200 and one.json()["trace_id"] == run.calls[0].trace_id
-    assert httpx.get(f"{url}/{'0' * 32}").json()["code"] == "not_found"
-    assert httpx.get(url, params={"since": "yesterday"}).status_code == 422
-    assert httpx.get(url, params={"limit": 0}).status_code == 422
+    assert get(f"{url}/{'0' * 32}").json()["code"] == "not_found"
+    assert get(url, params={"since": "yesterday"}).status_code == 422
+    assert get(url, params={"limit": 0}).status_code == 422
 
 
 def test_exa_trace_list_and_show_read_the_same_traces(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,12 +266,12 @@ def test_every_call_has_exactly_one_trace_and_the_counts_match_the_replies(run: 
     store = run.store()
     records = store.find(TraceQuery(since=run.started, limit=1000))
     assert Counter(r.trace_id for r in records) == Counter(c.trace_id for c in run.calls)
-    assert len(run.calls) == 19
+    assert len(run.calls) == 20
     outcomes = Counter((c.channel, c.outcome) for c in run.calls)
     assert outcomes == Counter((r.channel, r.outcome) for r in records)
     assert outcomes == {
         ("http", "answered"): 6,
-        ("http", "refused"): 4,
+        ("http", "refused"): 5,
         ("http", "failed"): 1,
         ("bus", "answered"): 4,
         ("bus", "refused"): 3,

@@ -37,3 +37,15 @@ def test_an_unknown_role_is_refused_naming_the_roles() -> None:
     assert parse_role(" Operator ") is Role.OPERATOR
     with pytest.raises(ValueError, match="caller, operator, admin"):
         parse_role("root")
+
+
+def test_an_identity_narrowed_to_tasks_calls_by_task_only_unless_it_also_names_models() -> None:
+    by_task = Caller(Identity("robot-7", Role.CALLER, tasks=("pavement.distress.jpcp",)))
+    by_task.may_call(task="Pavement.Distress.JPCP", model="JPCP")
+    with pytest.raises(Forbidden, match="its tasks only") as raised:
+        by_task.may_call(model="JPCP")
+    assert raised.value.permission == "call"
+    both = Caller(Identity("robot-8", Role.CALLER, tasks=("pavement.distress.jpcp",), models=("JPCP",)))
+    both.may_call(model="jpcp")
+    with pytest.raises(Forbidden):
+        both.may_call(model="CRCP")
