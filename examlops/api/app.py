@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from examlops.api.auth import Authenticator, CurrentCaller
+from examlops.api.auth import SECURED, Authenticator, CurrentCaller, request_caller
 from examlops.api.errors import (
     describe_validation,
     error_response,
@@ -224,21 +224,22 @@ def create_app(
         response_model=InferReply,
         responses=ERRORS,
         tags=["inference"],
-        openapi_extra=json_body(InferBody),
+        openapi_extra=json_body(InferBody) | SECURED,
     )
-    async def infer(request: Request, caller: CurrentCaller) -> Response:
+    async def infer(request: Request) -> Response:
         """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(request, InferBody, None, caller)
+        return await serve(request, InferBody, None, await request_caller(request))
 
     @app.post(
         "/v1/models/{model}/predict",
         response_model=InferReply,
         responses=ERRORS,
         tags=["inference"],
-        openapi_extra=json_body(PredictBody),
+        openapi_extra=json_body(PredictBody) | SECURED,
     )
-    async def predict(model: str, request: Request, caller: CurrentCaller) -> Response:
+    async def predict(model: str, request: Request) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
+        caller = await request_caller(request)
         caller.may_call(model=model)
         return await serve(request, PredictBody, model, caller)
 

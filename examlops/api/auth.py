@@ -12,7 +12,7 @@ request acts as ``SYSTEM_CALLER``. The token is never logged or echoed.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -40,15 +40,32 @@ async def current_caller(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 ) -> Caller:
     """The request's caller; an inference call's trace names the identity it acts for (``acting_identity``)."""
+    return await caller_of(request, credentials.credentials if credentials is not None else None)
+
+
+async def request_caller(request: Request) -> Caller:
+    """``current_caller`` for the hot inference routes, called in the route's body: the same header rules as
+    ``HTTPBearer(auto_error=False)`` (``Bearer`` in any case, else no token) without FastAPI's dependency
+    solving, a measurable share of a request's CPU (``bench/auth_trace_cost.py``). Those routes declare the
+    scheme in their OpenAPI with ``SECURED``."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return await caller_of(request, token.strip() or None if scheme.lower() == "bearer" else None)
+
+
+SECURED: dict[str, Any] = {"security": [{bearer.scheme_name: []}]}
+"""``openapi_extra`` of a route that authenticates with ``request_caller``: the docs show the scheme."""
+
+
+async def caller_of(request: Request, token: str | None) -> Caller:
+    """The caller ``token`` resolves to (``Unauthenticated`` else; ``SYSTEM_CALLER`` with authentication
+    off), noted on the request's trace."""
     identities: Authenticator | None = request.app.state.identities
     if identities is None:
         caller = SYSTEM_CALLER
-    else:
-        token = credentials.credentials if credentials is not None else None
-        if identities.is_fresh(token):
-            caller = identities.authenticate(token)
-        else:  # a cache miss reads SQL: off the event loop
-            caller = await asyncio.to_thread(identities.authenticate, token)
+    elif identities.is_fresh(token):
+        caller = identities.authenticate(token)
+    else:  # a cache miss reads SQL: off the event loop
+        caller = await asyncio.to_thread(identities.authenticate, token)
     call = call_of(request)
     if call is not None:
         call.identity = acting_identity(request, caller)

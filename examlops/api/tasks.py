@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from examlops.api.auth import CurrentCaller
+from examlops.api.auth import SECURED, request_caller
 from examlops.api.errors import describe_validation, error_response
 from examlops.api.schemas import ErrorReply, InferReply, TaskInferBody
 from examlops.api.tracing import call_of
@@ -69,7 +69,8 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
         "/v1/tasks/{task}/infer",
         response_model=InferReply,
         responses=TASK_ERRORS,
-        openapi_extra={
+        openapi_extra=SECURED
+        | {
             "requestBody": {
                 "required": True,
                 "content": {
@@ -80,11 +81,12 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             }
         },
     )
-    async def infer_task(task: str, request: Request, caller: CurrentCaller) -> Response:
+    async def infer_task(task: str, request: Request) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
         call = call_of(request)
         if call is not None:
             call.task = task[:128]
+        caller = await request_caller(request)
         try:
             body = TaskInferBody.model_validate_json(await request.body())
         except ValidationError as exc:

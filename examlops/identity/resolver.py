@@ -8,7 +8,9 @@ key is unknown, revoked or past its ``not_after``.
 What the store says about a key id (found or not) is cached for ``ttl_s`` seconds of ``clock``: a
 revocation, a rotation's end of grace or a new identity takes effect within that TTL. Validity against
 ``not_after`` is checked on every call with ``wall``, so a grace deadline is exact. The cache holds at most
-``max_entries`` key ids (random unknown ids cannot grow it without bound).
+``max_entries`` key ids (random unknown ids cannot grow it without bound). A token that verified is
+remembered for the same TTL, so a known caller's next request skips parsing and hashing its token; only
+tokens that verified are kept, in this process's memory, where the request held them anyway.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ class IdentityResolver:
         self._wall = wall
         self._max = max_entries
         self._cache: dict[str, _Entry] = {}
+        self._verified: dict[str, tuple[float, Identity, IdentityKey, Caller]] = {}
 
     def is_fresh(self, token: str | None) -> bool:
         """True when ``authenticate(token)`` will not read the store (so async callers may skip a thread)."""
+        if token in self._verified:
+            return True
         try:
             key_id, _ = parse_token(token or "")
         except Unauthenticated:
@@ -61,14 +66,25 @@ class IdentityResolver:
     def authenticate(self, token: str | None) -> Caller:
         if not token:
             raise Unauthenticated()
-        key_id, secret = parse_token(token)
-        found = self._lookup(key_id)
-        if found is None:
+        now = self._clock()
+        known = self._verified.get(token)
+        if known is not None and known[0] > now:
+            _, identity, key, caller = known
+        else:
+            key_id, secret = parse_token(token)
+            found = self._lookup(key_id)
+            if found is None:
+                raise Unauthenticated()
+            identity, key = found
+            if not secret_matches(secret, key.secret_sha256):
+                raise Unauthenticated()
+            caller = Caller(identity, key_id)
+            if len(self._verified) >= self._max:
+                self._verified.clear()
+            self._verified[token] = (self._cache[key_id][0] if key_id in self._cache else now, identity, key, caller)
+        if not self._valid(identity, key):
             raise Unauthenticated()
-        identity, key = found
-        if not secret_matches(secret, key.secret_sha256) or not self._valid(identity, key):
-            raise Unauthenticated()
-        return Caller(identity, key_id)
+        return caller
 
     def bus_key(self, key_id: str) -> tuple[Caller, bytes] | None:
         """``(Caller, bus key)`` of a known key id, None for an unknown one. The caller of a revoked identity
@@ -83,8 +99,11 @@ class IdentityResolver:
         """Drop one cached key id, or all of them."""
         if key_id is None:
             self._cache.clear()
+            self._verified.clear()
         else:
             self._cache.pop(key_id, None)
+            for token in [t for t, (_, _, key, _) in self._verified.items() if key.key_id == key_id]:
+                del self._verified[token]
 
     def _valid(self, identity: Identity, key: IdentityKey) -> bool:
         return identity.revoked is None and key.valid_at(self._wall())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from examlops.core.errors import DependencyUnavailable, ExamlopsError, InferenceFailed
@@ -121,8 +121,12 @@ class TraceRecord:
     verdict: bool = False
 
 
+_STORED = tuple(f.name for f in fields(TraceRecord) if f.name != "verdict")
+
+
 def trace_fields(record: TraceRecord) -> dict[str, Any]:
-    """The stored fields of ``record`` (all but ``verdict``), as the store, `exa trace` and the API show them."""
-    values = asdict(record)
-    del values["verdict"]
-    return values
+    """The stored fields of ``record`` (all but ``verdict``), as the store, `exa trace` and the API show them.
+
+    Every field is a plain value, so a shallow copy: ``dataclasses.asdict`` deep-copies each one, two thirds
+    of the trace writer's CPU per row."""
+    return {name: getattr(record, name) for name in _STORED}
