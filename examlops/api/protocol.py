@@ -15,7 +15,10 @@ subclass adds, per connection:
   is closed before any of its bytes is read;
 - bytes that are not HTTP get a 400 with our error body instead of uvicorn's plain text.
 
-Idle keep-alive connections are reaped by uvicorn's own ``timeout_keep_alive``. Everything else (parsing,
+A refusal is written, the write side shut (``write_eof``) and what the peer still sends discarded for
+``LINGER_S`` before the socket closes: closing at once, with the peer's bytes unread, makes the kernel send
+a reset that can destroy the refusal before the peer reads it. Idle keep-alive connections are reaped by
+uvicorn's own ``timeout_keep_alive``. Everything else (parsing,
 pipelining, flow control) is uvicorn's.
 """
 
@@ -33,6 +36,8 @@ from examlops.api.schemas import ErrorReply
 log = logging.getLogger(__name__)
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+LINGER_S = 1.0
+"""How long a refused connection's incoming bytes are read and dropped before the socket closes."""
 
 Phase = Literal["idle", "head", "body"]
 """Where the connection's current request is: none or answered, its head arriving, its body arriving."""
@@ -70,11 +75,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._armed_for: Phase | None = None
         self._phase: Phase = "idle"
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             log.info("connection refused: %d open, the cap is %d", len(self.connections), self.limits.max_connections)
+            # Closed at once, no linger: at the cap every descriptor counts, and the peer has sent nothing yet.
+            self._refused = True
             transport.write(raw_error(503, "too_many_connections", "serving has too many open connections"))
             transport.close()
             return
@@ -85,6 +93,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # the refusal is on its way; what the peer still sends is dropped
         super().data_received(data)
         if self._phase in ("head", "body") and self._armed_for != self._phase and not self.transport.is_closing():
             self._arm(self._phase)
@@ -104,8 +114,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """A request that is not HTTP: our error body rather than uvicorn's plain text, then close."""
-        self.transport.write(raw_error(400, "bad_request", msg))
-        self.transport.close()
+        self._refuse(raw_error(400, "bad_request", msg))
+
+    def _refuse(self, response: bytes) -> None:
+        """Write ``response``, shut the write side, drop what still comes, close after ``LINGER_S``."""
+        self._refused = True
+        self._disarm()
+        self.transport.write(response)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _arm(self, phase: Phase) -> None:
         self._disarm()
@@ -127,7 +145,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         answering = self.cycle is not None and not self.cycle.response_complete  # a pipelined earlier request
         if self._phase == "head" and not answering:
             log.info("request headers not complete after %.1f s: connection closed", self.limits.header_timeout_s)
-            self.transport.write(raw_error(408, "request_timeout", "the request headers came too slowly"))
+            self._refuse(raw_error(408, "request_timeout", "the request headers came too slowly"))
+            return
         self.transport.close()
 
     def _body_late(self) -> None:
@@ -136,8 +155,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         log.info("request body not complete after %.1f s: connection closed", self.limits.body_timeout_s)
         if self.cycle is not None and not self.cycle.response_started:
-            # The app's later sends are dropped: closing marks the cycle disconnected.
-            self.transport.write(raw_error(408, "request_timeout", "the request body came too slowly"))
+            # The app's later sends are dropped and its pending receive gives http.disconnect.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+            self._refuse(raw_error(408, "request_timeout", "the request body came too slowly"))
+            return
         self.transport.close()
 
 

@@ -248,7 +248,7 @@ async def test_a_rotated_identitys_old_token_works_on_the_bus_through_its_grace_
 ) -> None:
     ttl_s, grace_s = 0.5, 2.0
     settings = site_settings(tmp_path, redis_url, standin, cache_ttl_s=ttl_s)
-    old = add_identity(settings, "robot-7", tasks=(TASK,))
+    old = add_identity(settings, "robot-7", tasks=(TASK,), models=("JPCP",))
     old_replies: list[tuple[float, str | None]] = []
     async with running_bridge(settings), bus_client(settings, token=old) as old_client:
         assert (await old_client.request(ADDRESS, PAYLOAD, 10, job_id="old-before"))["error"] is None
