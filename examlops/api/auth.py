@@ -17,7 +17,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from examlops.api.tracing import call_of, relayed_identity
+from examlops.api.tracing import adopt_bridge_claims, call_of, relayed_identity
 from examlops.identity import SYSTEM_CALLER, Caller, Permission
 
 bearer = HTTPBearer(
@@ -68,6 +68,8 @@ async def caller_of(request: Request, token: str | None) -> Caller:
         caller = await asyncio.to_thread(identities.authenticate, token)
     call = call_of(request)
     if call is not None:
+        if caller.has(Permission.RELAY):
+            adopt_bridge_claims(call, request.scope)
         call.identity = acting_identity(request, caller)
     return caller
 

@@ -166,4 +166,4 @@ async def handle_disconnect(request: Request, exc: Exception) -> Response:
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     body = ErrorReply(error="internal error", code="internal_error")
-    return JSONResponse(body.model_dump(), status_code=500)
+    return JSONResponse(body.model_dump(include=V2_KEYS) if is_v2(request) else body.model_dump(), status_code=500)

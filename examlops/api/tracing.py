@@ -20,7 +20,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from examlops.tracing import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER, CallTrace, Tracer
+from examlops.tracing import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER, CallTrace, Tracer, valid_trace_id
 from examlops.tracing.record import Channel
 
 _STATE_KEY = "examlops.trace"
@@ -36,11 +36,11 @@ def is_inference(scope: Scope) -> bool:
 
 def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
     """The channel and trace id a call claims (``bus.hop.trace_headers`` writes them): ``("bus", id)`` for
-    a call the bridge forwarded, else ``("http", None)`` and the call gets a fresh id.
+    a call the bridge forwarded, else ``("http", None)``.
 
-    The one place that reads what the bridge says about a call (its channel, trace id, and later the
-    identity it verified): trusting these headers only from the bridge's own credential is to be decided
-    here. Until then any caller can claim them; a trace id that is not one (``valid_trace_id``) is replaced.
+    With ``relayed_identity``, the one place that reads what a bridge says about a call. Believed only of a
+    caller holding ``relay`` (``adopt_bridge_claims``): anyone else's call keeps its own fresh id and the
+    ``http`` channel, so no caller can fold its call into another's trace.
     """
     headers = dict(scope.get("headers", ()))
     if headers.get(_CHANNEL_HEADER) != b"bus":
@@ -55,6 +55,16 @@ def relayed_identity(scope: Scope) -> str | None:
         if name == _IDENTITY_HEADER:
             return value.decode("latin-1")[:128] or None
     return None
+
+
+def adopt_bridge_claims(call: CallTrace, scope: Scope) -> None:
+    """A relaying caller's call (the bridge's): the channel and trace id it claims (``from_bridge``) become
+    the call's, a trace id that is not one (``valid_trace_id``) aside."""
+    channel, given = from_bridge(scope)
+    if channel == "bus":
+        call.channel = "bus"
+        if valid_trace_id(given):
+            call.trace_id = given  # type: ignore[assignment]  # valid_trace_id checked it is a str
 
 
 def call_of(request: Request) -> CallTrace | None:
@@ -72,8 +82,7 @@ class TraceMiddleware:
         if scope["type"] != "http" or not is_inference(scope):
             await self.app(scope, receive, send)
             return
-        channel, given = from_bridge(scope)
-        call = self.tracer.begin(channel, given)
+        call = self.tracer.begin("http")  # a bridge's channel and id are adopted once its caller holds relay
         scope.setdefault("state", {})[_STATE_KEY] = call
         keep = self.tracer.policy.keeps
         body_in: list[bytes] = []

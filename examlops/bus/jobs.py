@@ -91,7 +91,7 @@ class JobRunner:
     ) -> None:
         address = wire.address_of(stream)
         try:
-            caller, key, job = self._verified(address, fields)
+            caller, key, job = await self._verified(address, fields)
         except wire.MalformedJob as exc:
             log.warning("dead-lettered entry %s on %s: %s", entry_id, stream, exc)
             self._traced(self.tracer.begin("bus"), wire.error_body(exc), None)
@@ -131,10 +131,13 @@ class JobRunner:
         record = self._record(job, caller, handler, outcome) if handler is not None and outcome.recorded else ""
         await self.finish(stream, entry_id, job, key, outcome.body, status=outcome.status, record=record)
 
-    def _verified(self, address: str, fields: Mapping[str, str]) -> tuple[BusCaller, bytes, wire.Job]:
+    async def _verified(self, address: str, fields: Mapping[str, str]) -> tuple[BusCaller, bytes, wire.Job]:
         """The job, its identity and bus key; ``wire.MalformedJob`` (``UnknownKey``, ``BadSignature``) else."""
         key_id = wire.job_key_id(fields)
-        found = self.keys.bus_key(key_id)
+        if self.keys.is_cached(key_id):
+            found = self.keys.bus_key(key_id)
+        else:  # a store read: off the event loop, so unknown key ids cannot stall the bridge
+            found = await asyncio.to_thread(self.keys.bus_key, key_id)
         if found is None:
             raise wire.UnknownKey(f"no identity has the key id {key_id[:64]!r}")
         caller, key = found

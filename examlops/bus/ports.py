@@ -40,7 +40,11 @@ class BusKeys(Protocol):
     def bus_key(self, key_id: str) -> tuple[BusCaller, bytes] | None:
         """``(caller, bus key)`` of a key id, or None when no identity has it. A revoked identity's key is
         still given (with ``caller.revoked`` True), so its signed jobs are told ``unauthenticated`` instead
-        of silence; a revocation shows within the implementation's cache TTL."""
+        of silence; a revocation shows within the implementation's cache TTL. May read a store: blocking."""
+        ...
+
+    def is_cached(self, key_id: str) -> bool:
+        """Whether ``bus_key(key_id)`` answers from memory; the bridge calls it in a thread otherwise."""
         ...
 
 

@@ -159,6 +159,12 @@ class Job:
         return DeadlineExceeded(f"the job's deadline passed {now - self.deadline:.3f} s ago; it was not served")
 
 
+def _matches(expected: str, given: object) -> bool:
+    """Constant-time comparison of a signature with what a message claims; anything but a str of ASCII (a
+    forged field Redis hands back as any text) is simply no match."""
+    return isinstance(given, str) and given.isascii() and hmac.compare_digest(expected, given)
+
+
 def _sign(key: bytes, items: list[str | int]) -> str:
     """HMAC-SHA256 over the ASCII JSON array of ``items`` (``jsoncodec.ascii_array``), in hex."""
     return hmac.new(key, ascii_array(items), hashlib.sha256).hexdigest()
@@ -223,7 +229,7 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
     refused (a done key must outlive every valid job).
     """
     key_id = job_key_id(raw)
-    if not hmac.compare_digest(_job_signature(key, address, raw), raw["sig"]):
+    if not _matches(_job_signature(key, address, raw), raw["sig"]):
         raise BadSignature("the job's signature does not match: unsigned, another key, altered, or moved")
     try:
         deadline = float(raw["deadline"])
@@ -268,7 +274,7 @@ def verify_reply(key_id: str, key: bytes, raw: Mapping[str, str]) -> tuple[str, 
         job_id, status, text, claimed, sig = raw["job_id"], raw["status"], raw["body"], raw["key"], raw["sig"]
     except KeyError:
         return None
-    if claimed != key_id or not hmac.compare_digest(_sign(key, [_REPLY_TAG, job_id, status, text, key_id]), sig):
+    if claimed != key_id or not _matches(_sign(key, [_REPLY_TAG, job_id, status, text, key_id]), sig):
         return None
     try:
         body = orjson.loads(text)

@@ -54,8 +54,9 @@ class IdentityResolver:
 
     def is_fresh(self, token: str | None) -> bool:
         """True when ``authenticate(token)`` will not read the store (so async callers may skip a thread)."""
-        if token in self._verified:
-            return True
+        known = self._verified.get(token) if token else None
+        if known is not None:
+            return known[0] > self._clock()
         try:
             key_id, _ = parse_token(token or "")
         except Unauthenticated:
@@ -85,6 +86,11 @@ class IdentityResolver:
         if not self._valid(identity, key):
             raise Unauthenticated()
         return caller
+
+    def is_cached(self, key_id: str) -> bool:
+        """True when ``bus_key(key_id)`` will not read the store (so the bridge may skip a thread)."""
+        entry = self._cache.get(key_id)
+        return entry is not None and entry[0] > self._clock()
 
     def bus_key(self, key_id: str) -> tuple[Caller, bytes] | None:
         """``(Caller, bus key)`` of a known key id, None for an unknown one. The caller of a revoked identity

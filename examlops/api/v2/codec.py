@@ -114,6 +114,8 @@ def _from_json(data: list[Any], datatype: str, count: int, field: str) -> npt.ND
         raise InvalidInput(f"{field}: nested data must be rows of equal length", field=field) from None
     if values.size != count:
         raise InvalidInput(f"{field}: the shape says {count} elements, the data holds {values.size}", field=field)
+    if values.size and values.dtype.kind not in "biuf":  # strings, nulls, or integers past 64 bits
+        raise InvalidInput(f"{field}: the data must be numbers that fit in 64 bits", field=field)
     if datatype == "BOOL":
         raise InvalidInput(f"{field}: BOOL tensors must be sent in binary", field=field)
     dtype = np.dtype(DTYPES[datatype])

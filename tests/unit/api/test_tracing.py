@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from examlops.api.limits import BodyLimitMiddleware
-from examlops.api.tracing import TraceMiddleware, call_of, from_bridge, named_model
+from examlops.api.tracing import TraceMiddleware, adopt_bridge_claims, call_of, from_bridge, named_model
 from examlops.bus.hop import trace_headers
 from examlops.tracing import TRACE_HEADER, Tracer, TraceRecord, valid_trace_id
 
@@ -34,6 +34,13 @@ def app_with(queue: Queue) -> FastAPI:
     app = FastAPI()
     app.add_middleware(BodyLimitMiddleware, max_bytes=100)
     app.add_middleware(TraceMiddleware, tracer=Tracer(queue, node="n1"))
+
+    @app.post("/relayed/predict")
+    async def relayed(request: Request) -> JSONResponse:  # what auth does for a caller holding relay
+        call = call_of(request)
+        assert call is not None
+        adopt_bridge_claims(call, request.scope)
+        return JSONResponse({"prediction": 0.5, "error": None})
 
     @app.post("/m/{status}/predict")
     async def predict(status: int, request: Request) -> JSONResponse:
@@ -90,12 +97,20 @@ async def test_a_body_over_the_limit_is_a_413_with_its_trace() -> None:
     assert (record.outcome, record.error_code, record.status) == ("refused", "payload_too_large", 413)
 
 
-async def test_a_call_from_the_bridge_keeps_its_trace_id_and_is_a_bus_call() -> None:
+async def test_a_relayed_call_from_the_bridge_keeps_its_trace_id_and_is_a_bus_call() -> None:
+    queue = Queue()
+    given = "ab" * 16
+    reply = await post(app_with(queue), "/relayed/predict", headers=trace_headers(given))
+    assert reply.headers[TRACE_HEADER] == given
+    assert (queue.records[0].trace_id, queue.records[0].channel) == (given, "bus")
+
+
+async def test_a_caller_without_relay_cannot_claim_a_bridges_trace_id_or_channel() -> None:
     queue = Queue()
     given = "ab" * 16
     reply = await post(app_with(queue), "/m/200/predict", headers=trace_headers(given))
-    assert reply.headers[TRACE_HEADER] == given
-    assert (queue.records[0].trace_id, queue.records[0].channel) == (given, "bus")
+    assert reply.headers[TRACE_HEADER] != given
+    assert (queue.records[0].trace_id, queue.records[0].channel) == (reply.headers[TRACE_HEADER], "http")
 
 
 async def test_other_routes_are_not_traced() -> None:

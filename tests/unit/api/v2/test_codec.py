@@ -130,6 +130,8 @@ def test_a_node_count_of_shape_n_by_1_is_accepted() -> None:
         (lambda b: b.update(outputs=[{"name": "prediction", "parameters": {"binary_data": "yes"}}]), "outputs"),
         (lambda b: b.update(parameters={"binary_data_output": 1}), "parameters"),
         (lambda b: b.update(id="x" * 300), "id"),
+        (lambda b: b["inputs"][0].update(data=[[10**400] * DIM, [1.0] * DIM]), "inputs.embedding"),
+        (lambda b: b["inputs"][1].update(data=[2**70, 40]), "inputs.node_count"),
     ],
 )
 def test_malformed_json_requests_are_refused_naming_the_field(change: Any, field: str) -> None:
