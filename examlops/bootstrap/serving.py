@@ -54,7 +54,7 @@ def serving_app(settings: Settings) -> FastAPI:
     models = catalog(settings)
     events = control_events(settings, engine)
     seed_task_map(engine, models, events)
-    tracer = call_tracer(settings, engine, metrics)
+    tracer = call_tracer(settings, engine, metrics, in_child=True)
     pipeline = Pipeline(
         settings,
         models,

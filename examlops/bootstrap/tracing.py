@@ -1,8 +1,10 @@
 """The tracing assembly: the tracer of a serving instance or bridge, and the trace reader of `exa` and the API.
 
-``call_tracer(settings, engine, registry)``: a ``Tracer`` over a ``TraceSink`` writing to SQL with the
-settings' bound, batch, retention and payload policy (not started: its owner starts and closes it); with
-``tracing.enabled`` off, a tracer that gives ids and stores nothing. ``trace_reader(engine)``: the
+``call_tracer(settings, engine, registry, in_child=...)``: a ``Tracer`` over a ``TraceSink`` writing to SQL
+with the settings' bound, batch, retention and payload policy (not started: its owner starts and closes
+it), from a child process with ``in_child`` (serving's: ``trace_writer``) when the environment gives the same
+database (else from the sink's thread); with ``tracing.enabled`` off, a tracer that gives ids and stores
+nothing. ``trace_reader(engine)``: the
 ``TraceStore`` to read traces with.
 """
 
@@ -25,15 +27,21 @@ def trace_reader(engine: Engine) -> TraceStore:
     return SqlTraceStore(engine)
 
 
-def call_tracer(settings: Settings, engine: Engine, registry: CollectorRegistry | None = None) -> Tracer:
+def call_tracer(
+    settings: Settings, engine: Engine, registry: CollectorRegistry | None = None, *, in_child: bool = False
+) -> Tracer:
+    from examlops.bootstrap.trace_writer import ChildTraceStore, sql_digest
     from examlops.tracing import PayloadPolicy, Tracer, TraceSink
     from examlops.tracing.sql_store import SqlTraceStore
 
     tracing = settings.tracing
     if not tracing.enabled:
         return Tracer(None, node=tracing.node)
+    store: TraceStore = SqlTraceStore(engine)
+    if in_child and sql_digest(Settings()) == sql_digest(settings):  # the child reads its settings from env
+        store = ChildTraceStore(settings, store)
     sink = TraceSink(
-        SqlTraceStore(engine),
+        store,
         bound=tracing.bound,
         batch=tracing.batch,
         linger_s=tracing.linger_s,

@@ -142,6 +142,7 @@ class TraceSink:
         left = self._take_all()
         if left:
             self._drop(len(left))
+        self.store.close()
         log.info("trace writer: %d written, %d dropped, %d store retries", self.written, self.dropped, self.retried)
 
     def _run(self) -> None:

@@ -128,6 +128,9 @@ class SqlTraceStore:
                     changes = {name: row[name] for name in _VERDICT}
                     connection.execute(update(Trace).where(col(Trace.trace_id) == row["trace_id"]).values(**changes))
 
+    def close(self) -> None:
+        """Nothing of its own: the engine is its owner's."""
+
     def get(self, trace_id: str) -> TraceRecord | None:
         try:
             with Session(self._engine) as session:

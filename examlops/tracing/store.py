@@ -62,6 +62,9 @@ class TraceStore(Protocol):
         """Delete rows older than ``row_max_age_s``, clear input and output of those older than
         ``payload_max_age_s``."""
 
+    def close(self) -> None:
+        """Release what the store holds of its own (a writer process); the SQL engine is its owner's."""
+
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 

@@ -39,6 +39,9 @@ class InMemoryTraceStore:
     def count(self, query: TraceQuery) -> int:
         return len(self.rows)
 
+    def close(self) -> None:
+        pass
+
     def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
         return Pruned(0, 0)
 
