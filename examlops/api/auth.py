@@ -46,8 +46,8 @@ async def current_caller(
 async def request_caller(request: Request) -> Caller:
     """``current_caller`` for the hot inference routes, called in the route's body: the same header rules as
     ``HTTPBearer(auto_error=False)`` (``Bearer`` in any case, else no token) without FastAPI's dependency
-    solving, a measurable share of a request's CPU (``bench/auth_trace_cost.py``). Those routes declare the
-    scheme in their OpenAPI with ``SECURED``."""
+    solving (its cost: ``bench/RESULTS.md``). Those routes declare the scheme in their OpenAPI with
+    ``SECURED``."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     return await caller_of(request, token.strip() or None if scheme.lower() == "bearer" else None)
 

@@ -3,8 +3,8 @@
 ``ChildTraceStore`` is the store a serving instance's ``TraceSink`` writes through: ``add`` and ``prune`` go
 to a child process over a pipe and wait for its answer (the sink's writer thread waits, with the GIL
 released); reads go to SQL directly. The child, started on first use at low priority, writes with
-``SqlTraceStore``. Why: building and writing a trace row costs the writing process ~25 µs of Python a row,
-which in serving's own process came off its event loop (``bench/auth_trace_cost.py``, ``bench/RESULTS.md``).
+``SqlTraceStore``. Why: a row's SQL write is Python work that, in serving's own process, came off its
+event loop (``bench/auth_trace_cost.py``; figures in ``bench/RESULTS.md``).
 
 Failure modes: a child that died, or a pipe that broke, is ``StoreUnavailable`` (the sink retries the
 batch with backoff, and the next call starts a new child); a store that is down in the child is

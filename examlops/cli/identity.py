@@ -100,7 +100,7 @@ def _identity_json(identity: Identity, keys: Sequence[IdentityKey] = ()) -> dict
 @identity_app.command("add")
 def add(
     name: NameArgument,
-    role: Annotated[str, typer.Option("--role", help="caller, operator or admin.")],
+    role: Annotated[str, typer.Option("--role", help="caller, operator, bridge or admin.")],
     tasks: Annotated[
         list[str] | None, typer.Option("--task", help="A task it may call (repeatable); none: every task.")
     ] = None,

@@ -16,7 +16,7 @@ from examlops.cli.demo_traffic import demo_traffic
 from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
 from examlops.cli.identity import identity_app
-from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
+from examlops.cli.output import JsonOption, console, err_console, errors_as_exit, load_settings, print_json
 from examlops.cli.retrain import retrain
 from examlops.cli.serve import predict, serve_app
 from examlops.cli.tasks import task_app
@@ -70,15 +70,15 @@ def config_show(as_json: JsonOption = False) -> None:
 
     settings = load_settings()
     rows = list(setting_sources(settings))
-    if as_json:
-        print_json({name: {"value": value, "source": source} for name, value, source in rows})
-        return
-    if not settings.auth.enabled:
-        console.print(
+    if not settings.auth.enabled:  # on stderr with --json, so the JSON stays whole
+        (err_console if as_json else console).print(
             "[bold red]AUTHENTICATION IS OFF[/] (EXAMLOPS_AUTH__ENABLED=false): every request acts as an admin, "
             "with no token. Development only.",
             highlight=False,
         )
+    if as_json:
+        print_json({name: {"value": value, "source": source} for name, value, source in rows})
+        return
     table = Table(title="examlops settings (EXAMLOPS_<SECTION>__<NAME>)", title_justify="left")
     table.add_column("setting", overflow="fold")
     table.add_column("value", overflow="fold")  # a path or URL is shown whole, folded, never cut

@@ -125,8 +125,6 @@ _STORED = tuple(f.name for f in fields(TraceRecord) if f.name != "verdict")
 
 
 def trace_fields(record: TraceRecord) -> dict[str, Any]:
-    """The stored fields of ``record`` (all but ``verdict``), as the store, `exa trace` and the API show them.
-
-    Every field is a plain value, so a shallow copy: ``dataclasses.asdict`` deep-copies each one, two thirds
-    of the trace writer's CPU per row."""
+    """The stored fields of ``record`` (all but ``verdict``), as the store, `exa trace` and the API show them:
+    a shallow copy, every field being a plain value (``dataclasses.asdict`` deep-copies: bench/RESULTS.md)."""
     return {name: getattr(record, name) for name in _STORED}
