@@ -47,11 +47,11 @@ def hop_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
 
 def hop_headers(settings: Settings) -> dict[str, str]:
-    """Headers on every post of the hop: the bridge's credential to serving, the platform token
-    (``bootstrap.identity.platform_token``); none when there is no token (authentication off)."""
-    from examlops.bootstrap.identity import platform_token
+    """Headers on every post of the hop: the bridge's credential to serving (``bootstrap.identity.bridge_token``:
+    the ``bridge`` identity's, which may relay the bus caller's identity); none when there is no token."""
+    from examlops.bootstrap.identity import bridge_token
 
-    token = platform_token(settings)
+    token = bridge_token(settings)
     return {} if token is None else {"Authorization": f"Bearer {token}"}
 
 

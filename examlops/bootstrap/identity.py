@@ -4,7 +4,10 @@
   TTL ``settings.auth.cache_ttl_s``; None when authentication is off (development only).
 - ``identity_service(settings)``: ``IdentityService`` on the settings' SQL, engine disposed on exit.
 - ``provision_admin(settings)``: `exa up`'s first start: creates the ``admin`` identity when there is none
-  and writes its token to ``settings.admin_token_path`` (created with mode 0600, never widened).
+  and writes its token to ``settings.admin_token_path`` (created with mode 0600, never widened); the same
+  for the ``bridge`` identity (role bridge) and ``settings.bridge_token_path``.
+- ``bridge_token(settings)``: the token a bridge presents to serving: EXAMLOPS_BRIDGE_TOKEN, else the
+  bridge token file, else the platform token.
 - ``platform_token(settings)``: the token `exa` commands and the platform's own clients send:
   EXAMLOPS_TOKEN, else the admin token file, else None.
 - ``acting_identity(settings)``: the name of the identity that token belongs to, for audit events of
@@ -73,14 +76,29 @@ def write_token_file(path: os.PathLike[str] | str, token: str) -> None:
 
 
 def provision_admin(settings: Settings) -> bool:
-    """Create the first ``admin`` identity and write its token file; False when ``admin`` exists already."""
+    """Create the first ``admin`` identity and write its token file, and the ``bridge`` identity its bridges
+    present to serving with its own; False when ``admin`` exists already (``bridge`` is made if missing)."""
     with identity_service(settings) as service:
-        issued = service.ensure_admin()
+        issued, bridge = service.ensure_admin(), service.ensure_bridge()
+    if bridge is not None:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        write_token_file(settings.bridge_token_path, bridge.token)
     if issued is None:
         return False
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     write_token_file(settings.admin_token_path, issued.token)
     return True
+
+
+def bridge_token(settings: Settings) -> str | None:
+    """The token a bridge presents to serving: EXAMLOPS_BRIDGE_TOKEN, else the state folder's bridge token,
+    else the platform token (``platform_token``), else None."""
+    if settings.bridge_token is not None and settings.bridge_token.get_secret_value():
+        return settings.bridge_token.get_secret_value()
+    try:
+        return settings.bridge_token_path.read_text().strip() or platform_token(settings)
+    except OSError:
+        return platform_token(settings)
 
 
 def acting_caller(settings: Settings) -> Caller | None:

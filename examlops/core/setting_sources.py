@@ -28,6 +28,7 @@ DERIVED: Mapping[str, tuple[Callable[[Settings], str], str]] = {
     "mlflow.tracking_uri": (lambda s: s.mlflow_tracking_uri, "derived from home"),
     "prefect.api_url": (lambda s: s.prefect_api_url, "default (embedded, on prefect.port)"),
     "token": (lambda s: f"read from {s.admin_token_path}", "default (the admin token `exa up` wrote)"),
+    "bridge_token": (lambda s: f"read from {s.bridge_token_path}", "default (the bridge token `exa up` wrote)"),
 }
 """Settings whose unset value means "derive it": dotted name -> (the effective value, its source)."""
 

@@ -274,6 +274,9 @@ class Settings(BaseSettings):
     token: SecretStr | None = None
     """The bearer token `exa` commands send to the platform (EXAMLOPS_TOKEN); unset, the state folder's
     admin.token that `exa up` wrote."""
+    bridge_token: SecretStr | None = None
+    """The bearer token a bus bridge presents to serving (EXAMLOPS_BRIDGE_TOKEN), an identity with the bridge
+    role; unset, the state folder's bridge.token that `exa up` wrote, else the platform token."""
     embedding_dim: int = Field(DEFAULT_EMBEDDING_DIM, ge=1)
     """Length of an embedding whose catalog YAML gives no length (seed 000, step 5)."""
 
@@ -356,6 +359,11 @@ class Settings(BaseSettings):
     @property
     def redis_owned(self) -> bool:
         return self.redis.url is None
+
+    @property
+    def bridge_token_path(self) -> Path:
+        """Where `exa up` keeps the ``bridge`` identity's token (mode 0600), which its bridges present."""
+        return self.state_dir / "bridge.token"
 
     @property
     def admin_token_path(self) -> Path:

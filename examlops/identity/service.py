@@ -19,6 +19,7 @@ from examlops.identity.ports import IdentityStore
 from examlops.identity.tokens import IssuedToken, new_token
 
 ADMIN_NAME = "admin"
+BRIDGE_NAME = "bridge"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -79,9 +80,16 @@ class IdentityService:
 
     def ensure_admin(self) -> IssuedToken | None:
         """Create the ``admin`` identity if there is none; its token, or None when it exists already."""
-        if self.store.get(ADMIN_NAME) is not None:
+        return self._ensure(ADMIN_NAME, Role.ADMIN)
+
+    def ensure_bridge(self) -> IssuedToken | None:
+        """Create the ``bridge`` identity (role bridge: call and relay) if there is none; as ``ensure_admin``."""
+        return self._ensure(BRIDGE_NAME, Role.BRIDGE)
+
+    def _ensure(self, name: str, role: Role) -> IssuedToken | None:
+        if self.store.get(name) is not None:
             return None
-        return self.add(ADMIN_NAME, Role.ADMIN)[1]
+        return self.add(name, role)[1]
 
     def _existing(self, name: str) -> Identity:
         identity = self.store.get(name)

@@ -83,8 +83,8 @@ def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: E
     assert up.returncode == 0, up.stdout + up.stderr
     for title in ("Redis", "MLflow UI", "Prefect UI", "Serving API", "OpenAPI docs", "Bus bridge"):
         assert title in up.stdout
-    token_file = Path(exa.env["EXAMLOPS_HOME"]) / "admin.token"
-    assert token_file.stat().st_mode & 0o777 == 0o600
+    for name in ("admin.token", "bridge.token"):  # the bridge presents its own identity to serving
+        assert (Path(exa.env["EXAMLOPS_HOME"]) / name).stat().st_mode & 0o777 == 0o600
 
     by_http = exa("serve", "infer-check", "--json")
     assert by_http.returncode == 0, by_http.stdout + by_http.stderr
@@ -92,6 +92,13 @@ def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: E
     by_bus = exa("bus", "send", "JPCP", "--random", "--node-count", "7", "--alias", "canary", "--json")
     assert by_bus.returncode == 0, by_bus.stdout + by_bus.stderr
     assert json.loads(by_bus.stdout)["version"] == "2"
+    trace_id = json.loads(by_bus.stdout)["trace"]
+    deadline = time.monotonic() + 30  # serving writes traces in batches, off the request path
+    while (shown := exa("trace", "show", trace_id, "--json")).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    trace = json.loads(shown.stdout)
+    assert (trace["channel"], trace["identity"], trace["outcome"]) == ("bus", "admin", "answered")  # relayed
     audit = exa("audit", "verify", "--json")
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
@@ -102,7 +109,8 @@ def test_the_whole_platform_comes_up_answers_and_leaves_no_process_behind(exa: E
     assert sorted(services) == sorted(EXPECTED)
     serving = services["serving"]["url"]
     assert httpx.get(serving + "/v1/models", timeout=5).status_code == 401
-    admin = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    admin_token = (Path(exa.env["EXAMLOPS_HOME"]) / "admin.token").read_text().strip()
+    admin = {"Authorization": f"Bearer {admin_token}"}
     assert httpx.get(serving + "/v1/models", headers=admin, timeout=5).status_code == 200
     assert all(services[name]["state"] == "running" for name in EXPECTED), doc
     client = redis.Redis.from_url(services["redis"]["url"])
