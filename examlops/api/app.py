@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from examlops.api.auth import SECURED, Authenticator, CurrentCaller, request_caller
 from examlops.api.errors import (
     describe_validation,
+    documented,
     error_response,
     handle_disconnect,
     handle_examlops,
@@ -35,7 +36,6 @@ from examlops.api.errors import (
 )
 from examlops.api.limits import BodyLimitMiddleware
 from examlops.api.schemas import (
-    ErrorReply,
     HotSetEntry,
     InferBody,
     InferReply,
@@ -59,21 +59,7 @@ from examlops.tracing import Tracer, TraceStore
 
 log = logging.getLogger(__name__)
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorReply, "description": text}
-    for status, text in (
-        (401, "no bearer token, or one that is not valid (the reply never says which)"),
-        (403, "the identity lacks the permission the reply names"),
-        (404, "unknown model, alias or version"),
-        (408, "the request's headers or body came too slowly (the connection is closed)"),
-        (413, "body over the size limit"),
-        (415, "the body is not JSON"),
-        (422, "the payload does not match the model's schema (never a model failure)"),
-        (500, "the model raised or returned nothing (inference_failed: true)"),
-        (503, "not ready, or a dependency is unavailable"),
-        (504, "the prediction ran past the hard limit, or the caller's deadline passed"),
-    )
-}
+ERRORS = documented()
 
 
 class ServingPipeline(Protocol):

@@ -76,6 +76,28 @@ def is_v2(request: Request) -> bool:
     return path == "/v2" or path.startswith("/v2/")
 
 
+STATUS_TEXTS: dict[int, str] = {
+    401: "no bearer token, or one that is not valid (the reply never says which)",
+    403: "the identity lacks the permission the reply names",
+    404: "unknown model, alias or version",
+    408: "the request's headers or body came too slowly (the connection is closed)",
+    413: "body over the size limit",
+    415: "the body is not JSON",
+    422: "the payload does not match the model's schema (never a model failure)",
+    500: "the model raised or returned nothing (inference_failed: true)",
+    503: "not ready, or a dependency is unavailable",
+    504: "the prediction ran past the hard limit, or the caller's deadline passed",
+}
+"""What each error status of an inference route means, for the OpenAPI docs."""
+
+
+def documented(**overrides: str) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of an inference route: every status of ``STATUS_TEXTS`` with our error body, a text
+    replaced where a route means more (``documented(s404="...")``)."""
+    texts = STATUS_TEXTS | {int(key.removeprefix("s")): text for key, text in overrides.items()}
+    return {status: {"model": ErrorReply, "description": text} for status, text in texts.items()}
+
+
 def error_response(
     error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None, v2: bool = False
 ) -> JSONResponse:

@@ -16,8 +16,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import SECURED, request_caller
-from examlops.api.errors import describe_validation, error_response
-from examlops.api.schemas import ErrorReply, InferReply, TaskInferBody
+from examlops.api.errors import describe_validation, documented, error_response
+from examlops.api.schemas import InferReply, TaskInferBody
 from examlops.api.tracing import call_of
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
@@ -25,21 +25,10 @@ from examlops.core.messages import InferenceRequest, InferenceResult
 if TYPE_CHECKING:
     from examlops.tasks.routes import TaskRoute
 
-TASK_ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorReply, "description": text}
-    for status, text in (
-        (401, "no bearer token, or one that is not valid (the reply never says which)"),
-        (403, "the identity lacks the permission the reply names (call on this task or its model)"),
-        (404, "the task is not mapped (code unknown_task), or the model it maps to has no such alias"),
-        (408, "the request's headers or body came too slowly (the connection is closed)"),
-        (413, "body over the size limit"),
-        (415, "the body is not JSON"),
-        (422, "the payload does not match the model's schema (never a model failure)"),
-        (500, "the model raised or returned nothing (inference_failed: true)"),
-        (503, "not ready, or a dependency is unavailable"),
-        (504, "the prediction ran past the hard limit, or the caller's deadline passed"),
-    )
-}
+TASK_ERRORS = documented(
+    s403="the identity lacks the permission the reply names (call on this task or its model)",
+    s404="the task is not mapped (code unknown_task), or the model it maps to has no such alias",
+)
 
 
 class Inference(Protocol):

@@ -13,16 +13,17 @@ here). Guard read access to the database as you guard the platform secret.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
 from sqlalchemy import DateTime
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, select
 
-from examlops.core.errors import Conflict, NotFound, StoreUnavailable
+from examlops.core.errors import Conflict, NotFound
+from examlops.db.session import store_session
 from examlops.identity.model import Identity, IdentityKey
 from examlops.identity.permissions import Role
 
@@ -89,13 +90,8 @@ class SqlIdentityStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    @contextmanager
-    def _session(self, doing: str) -> Iterator[Session]:
-        try:
-            with Session(self._engine) as session:
-                yield session
-        except OperationalError as exc:
-            raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc
+    def _session(self, doing: str) -> AbstractContextManager[Session]:
+        return store_session(self._engine, doing)
 
     def add(self, identity: Identity, key: IdentityKey) -> None:
         try:

@@ -8,15 +8,16 @@ was and who changed it is on the audit trail (``task.mapped`` events), not in th
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, select
 
-from examlops.core.errors import Conflict, StoreUnavailable
+from examlops.core.errors import Conflict
+from examlops.db.session import store_session
 from examlops.tasks.routes import TaskChange, TaskRoute
 
 
@@ -48,13 +49,8 @@ class SqlTaskMap:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    @contextmanager
-    def _session(self, doing: str) -> Iterator[Session]:
-        try:
-            with Session(self._engine) as session:
-                yield session
-        except OperationalError as exc:
-            raise StoreUnavailable(f"cannot {doing} the task map: {exc.orig}") from exc
+    def _session(self, doing: str) -> AbstractContextManager[Session]:
+        return store_session(self._engine, f"{doing} the task map")
 
     def get(self, task: str) -> TaskRoute | None:
         with self._session("read") as session:

@@ -1,0 +1,26 @@
+"""``store_session(engine, doing)``: a SQLModel session whose unreachable database is ``StoreUnavailable``.
+
+The one translation the SQL stores share: an ``OperationalError`` (refused, dropped, locked past the busy
+wait) becomes ``StoreUnavailable`` naming what the store was doing, so callers retry or report one error of
+ours; other SQL errors pass unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session
+
+from examlops.core.errors import StoreUnavailable
+
+
+@contextmanager
+def store_session(engine: Engine, doing: str) -> Iterator[Session]:
+    try:
+        with Session(engine) as session:
+            yield session
+    except OperationalError as exc:
+        raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc
