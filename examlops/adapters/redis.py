@@ -18,6 +18,7 @@ wraps its commands in ``translated(what)``:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -119,15 +120,62 @@ async def evalsha_loading(
 class RedisPyCommands:
     """``RedisCommands`` over redis-py's asyncio client (``connect_async``), whose reply parsers are cleared so
     that every command answers its raw reply. Blocking reads take a connection of
-    the pool of their own. Retries are redis-py's (see the module docstring)."""
+    the pool of their own. Retries are redis-py's (see the module docstring).
+
+    ``execute`` pipelines: the commands issued in one pass of the event loop (the replies of jobs that
+    finished together, say) go to Redis as one redis-py pipeline, not a round trip and a pool checkout each;
+    each caller gets its own reply or error. Every command sent here is safe to repeat, as a retried
+    pipeline may repeat it. Why: ``bench/against_commit.py`` (figures in ``bench/RESULTS.md``).
+    """
 
     def __init__(self, url: str, *, retries: int = 5, socket_timeout_s: float = 10.0) -> None:
         self.client = connect_async(url, retries=retries, socket_timeout_s=socket_timeout_s, protocol=2)
         self.client.response_callbacks.clear()  # this client's own table: raw RESP2 replies, parsed by the store
         self._command: Any = self.client.execute_command  # untyped in redis-py
+        self._pending: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def execute(self, *args: Arg) -> Any:
-        return await self._command(*args)
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((args, reply))
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush)
+        return await reply
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]]) -> None:
+        try:
+            if len(batch) == 1:
+                results: list[Any] = [await self._command(*batch[0][0])]
+            else:
+                pipe: Any = self.client.pipeline(transaction=False)  # untyped in redis-py
+                for args, _ in batch:
+                    pipe.execute_command(*args)
+                results = await pipe.execute(raise_on_error=False)
+        except BaseException as exc:  # the connection failed (after redis-py's retries), or a bug: tell all
+            for _, reply in batch:
+                if reply.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    reply.cancel()
+                else:
+                    reply.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, reply), result in zip(batch, results, strict=True):
+            if reply.done():  # its caller gave up (cancelled)
+                continue
+            if isinstance(result, Exception):
+                reply.set_exception(result)
+            else:
+                reply.set_result(result)
 
     async def wait(self, *args: Arg) -> Any:
         return await self._command(*args)
