@@ -1,0 +1,236 @@
+"""The sections of the settings object: one ``BaseModel`` each (``EXAMLOPS_<SECTION>__<NAME>``).
+
+Every section forbids unknown keys and is frozen; each field's docstring is what `exa config show` prints.
+The settings object itself, and the rules across sections, are ``examlops.core.settings``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
+
+
+class HttpSettings(_Section):
+    """The bridge's HTTP client to the inference pipeline (seed 000, step 3)."""
+
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """Seconds to open a connection from the bridge to the pipeline."""
+    read_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to wait for the pipeline's reply; the hop is never retried."""
+
+
+class BatchSettings(_Section):
+    """The feature transformer's micro-batches (seed 000, step 5)."""
+
+    max_size: int = Field(32, ge=1)
+    """A batch is flushed as soon as it holds this many requests."""
+    max_wait_ms: float = Field(50.0, ge=0)
+    """A batch is flushed this many milliseconds after its first request at the latest."""
+
+
+class TrafficSettings(_Section):
+    """The model router (seed 000, step 6)."""
+
+    rules_ttl_s: float = Field(30.0, ge=0)
+    """Seconds a model's traffic rules are cached before SQL is read again."""
+    route_retries: int = Field(2, ge=0)
+    """Retries of a routed prediction after a transport error."""
+
+
+class PredictSettings(_Section):
+    """The predict pool (seed 000, step 7)."""
+
+    workers: int = Field(4, ge=1)
+    """Worker processes that run predictions."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Hard limit of one prediction; past it the request gets a 504 and the worker is replaced."""
+
+
+class HotSetSettings(_Section):
+    """Models kept in memory and how they follow MLflow (seed 000, steps 7 and 11)."""
+
+    version_cache_size: int = Field(8, ge=0)
+    """How many of the most recently pinned raw versions stay loaded."""
+    reload_poll_s: float = Field(60.0, ge=0)
+    """Seconds between asks to MLflow whether an alias moved; 0 turns polling off."""
+    aliases: tuple[str, ...] = ("Production", "Canary", "Staging")
+    """The aliases loaded at start-up, for every model that has them."""
+
+
+class FailureSettings(_Section):
+    """The bridge's retrain trigger (seed 000, step 10)."""
+
+    window: int = Field(50, ge=1)
+    """How many of a model's last bus requests the failure rate is taken over."""
+    threshold: float = Field(0.5, gt=0, le=1)
+    """A failure rate at or above this over a full window asks for a retrain."""
+    cooldown_s: float = Field(300.0, ge=0)
+    """Seconds after a retrain request during which no other is made for that model."""
+
+
+class AuditSettings(_Section):
+    """The audit trail's signed checkpoints in SQL (seed 000, step 9)."""
+
+    checkpoint_every: int = Field(1000, ge=1)
+    """Write a signed checkpoint every this many events (each is one SQL commit)."""
+    checkpoint_interval_s: float = Field(60.0, gt=0)
+    """And at least this often, in seconds, while events arrive."""
+
+
+class RecordingSettings(_Section):
+    """How bus jobs are recorded (seed 000, step 9): the records stream and the bridge's recording child."""
+
+    nice: int = Field(19, ge=0, le=19)
+    """The recording child's nice value, taken once it is connected (0 keeps the bridge's priority): on cores
+    the bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
+    batch: int = Field(256, ge=1)
+    """Records a recorder writes at most in one step (one audit append, one failure-window update)."""
+    linger_s: float = Field(0.1, ge=0)
+    """How long a recorder that read fewer than ``batch`` records waits for more before writing them."""
+    bound: int = Field(100_000, ge=1)
+    """Records the stream holds at most while no recorder keeps up; past it, a served job's record is not
+    written and is counted as dropped (``examlops:records:dropped``), so Redis memory stays bounded."""
+    reclaim_idle_s: float = Field(60.0, gt=0)
+    """A record read by a recorder and not written for this long (the recorder died) is taken by another."""
+    snapshot_max_age_s: float = Field(7 * 86400.0, gt=0)
+    """Drift snapshots older than this are trimmed by the retention flow, whether the drift flow read them or not."""
+
+
+class TracingSettings(_Section):
+    """The trace of every call (issue 16): one SQL row per HTTP or bus call, written off the request path."""
+
+    enabled: bool = True
+    """Write a trace row for every call; off, replies still carry a trace id but nothing is stored."""
+    payload: Literal["none", "hash", "full"] = "none"
+    """What a trace keeps of the input and output: `none`, `hash` (SHA-256 of their canonical JSON, to match a
+    known input without keeping it) or `full` (the canonical JSON itself)."""
+    payload_retention_s: float = Field(7 * 86400.0, gt=0)
+    """Seconds a trace keeps its stored input and output (hash or full); past it they are cleared."""
+    retention_s: float = Field(30 * 86400.0, gt=0)
+    """Seconds a trace row is kept at all; past it the row is deleted. At least ``payload_retention_s``."""
+    bound: int = Field(10_000, ge=1)
+    """Traces waiting to be written at most; past it a trace is dropped and counted
+    (`examlops_traces_dropped_total`), never the request slowed."""
+    batch: int = Field(256, ge=1)
+    """Traces written at most in one SQL transaction."""
+    linger_s: float = Field(0.2, ge=0)
+    """How long the writer waits for more traces when fewer than ``batch`` are waiting."""
+    prune_every_s: float = Field(300.0, gt=0)
+    """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
+    node: str = ""
+    """The name this serving instance or bridge writes as the trace's node; empty: `hostname:pid`."""
+
+    @model_validator(mode="after")
+    def _payload_within_rows(self) -> TracingSettings:
+        if self.payload_retention_s > self.retention_s:
+            raise ValueError("payload_retention_s must not exceed retention_s (stored values go with their row)")
+        return self
+
+
+class BusSettings(_Section):
+    """The Redis bus and its bridges (seed 000, steps 1-3 and 8)."""
+
+    concurrency: int = Field(64, ge=1)
+    """Jobs one bridge serves at once; also the size of its HTTP keep-alive pool to serving."""
+    block_ms: int = Field(1000, ge=1, le=5000)
+    """How long a bridge's read of new jobs waits for one before it looks again (bounds how long a stop takes);
+    at most 5 s, well inside the Redis clients' 10 s reply timeout."""
+    handler_ttl_s: float = Field(30.0, gt=0)
+    """An address whose last bridge heartbeat is older than this counts as served by nobody."""
+    keepalive_s: float = Field(4.0, gt=0)
+    """Seconds an idle connection to serving is kept; below serving's own keep-alive, so the hop never writes
+    to a connection serving is closing."""
+    reply_ttl_s: int = Field(600, ge=1)
+    """Seconds a client's reply stream lives after its last reply (an abandoned client's stream vanishes)."""
+    http_client: Literal["library", "aiohttp"] = "aiohttp"
+    """The transport under the bridge's httpx client to serving: `aiohttp` (httpx-aiohttp's) or `library`
+    (httpx's own, ~0.27 of aiohttp's bus throughput at c=32: bench/RESULTS.md)."""
+
+
+class AuthSettings(_Section):
+    """Identities and their bearer tokens (issue 16): who may call which task and model, and take which action."""
+
+    enabled: bool = True
+    """Require a bearer token on every route but /healthz, /readyz and /metrics. Off is refused outside
+    environment=development, and `exa config show` then says so in a banner."""
+    cache_ttl_s: float = Field(30.0, ge=0)
+    """Seconds a resolved token is cached per serving process; a revocation takes effect within this."""
+    rotate_grace_s: float = Field(86400.0, ge=0)
+    """Seconds the old token stays valid after `exa identity rotate` when --grace is not given."""
+
+
+class ServingSettings(_Section):
+    """The serving process (FastAPI on uvicorn)."""
+
+    host: str = "127.0.0.1"
+    """Interface the serving process binds to."""
+    port: int = Field(18001, ge=1, le=65535)
+    """Port of the inference pipeline and the direct API."""
+    max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    """Request bodies larger than this get a 413 without being read whole."""
+    instances: tuple[str, ...] = ()
+    """Base URLs of every serving instance that promotions must reach; empty means the local one."""
+    drain_grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM, seconds to finish requests in flight before exiting."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """Seconds a request's line and headers may take to arrive, counted from the connection's first byte
+    (or from its opening, for a new connection): past it the connection is closed (a 408 when part of a
+    request came). Reaps slowloris connections and sockets that never send anything."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a request's whole body may take to arrive once its headers are in; past it the connection is
+    closed and the request abandoned. A body trickled a byte at a time cannot hold a connection longer."""
+    keep_alive_s: int = Field(5, ge=1)
+    """Seconds an idle keep-alive connection is kept between requests (uvicorn's ``timeout_keep_alive``);
+    above ``bus.keepalive_s``, so the bridge never writes to a connection serving is closing."""
+    max_connections: int = Field(1000, ge=1)
+    """Open connections at most; one more is answered 503 (our error body) and closed at once. Lowered at
+    start to leave room under the process's open-files limit (``RLIMIT_NOFILE`` less 128 for the predict
+    pool, SQL and log files), so connections can never exhaust file descriptors."""
+
+    @property
+    def local_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def instance_urls(self) -> tuple[str, ...]:
+        return self.instances or (self.local_url,)
+
+
+class LogSettings(_Section):
+    """The log files under the state folder (``logs/``): every service's, rotated by size."""
+
+    max_bytes: int = Field(10 * 1024 * 1024, ge=4096)
+    """A log file is rotated once it would grow past this many bytes."""
+    backups: int = Field(5, ge=1)
+    """Rotated files kept per log (``serving.log.1`` ... ``.5``); the oldest is deleted."""
+
+
+class RedisSettings(_Section):
+    """The Redis server that carries the bus, snapshots and audit trail."""
+
+    url: str | None = None
+    """URL of an external Redis; unset, examlops starts and owns a redis-server."""
+    port: int = Field(18004, ge=1, le=65535)
+    """Port of the embedded redis-server on 127.0.0.1."""
+
+
+class MlflowSettings(_Section):
+    """The MLflow registry and its UI."""
+
+    tracking_uri: str | None = None
+    """MLflow tracking and registry URI; unset, a SQLite store in the state folder."""
+    ui_port: int = Field(18002, ge=1, le=65535)
+    """Port of the embedded `mlflow server` (the UI)."""
+
+
+class PrefectSettings(_Section):
+    """The Prefect server that runs the control-plane flows."""
+
+    api_url: str | None = None
+    """URL of an external Prefect API; unset, examlops starts and owns a Prefect server."""
+    port: int = Field(18003, ge=1, le=65535)
+    """Port of the embedded Prefect server and its UI."""
