@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from examlops.api.auth import SECURED, Authenticator, CurrentCaller, request_caller
+from examlops.api.calls import answer, declared_budget
 from examlops.api.errors import (
     describe_validation,
     documented,
@@ -50,6 +52,7 @@ from examlops.api.tasks import Tasks, task_routes
 from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware, call_of, named_model
 from examlops.api.v2 import v2_routes
+from examlops.core.budget import effective_deadline
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -154,6 +157,7 @@ def create_app(
     app.add_exception_handler(Exception, handle_unexpected)
 
     async def serve(request: Request, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
+        received_at = time.time()
         raw = await request.body()
         call = call_of(request)
         if call is not None:
@@ -173,6 +177,10 @@ def create_app(
         if call is not None:
             call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
+            budget_ms = declared_budget(request, body.budget_ms)
+            if call is not None:
+                call.budget_ms = budget_ms
+            deadline = effective_deadline(body.deadline, budget_ms, received_at)
             caller.may_call(model=model)
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
@@ -187,22 +195,17 @@ def create_app(
                     version=None if body.version is None else str(body.version),
                     job_id=body.job_id,
                     user_id=body.user_id,
-                    deadline=body.deadline,
+                    deadline=deadline,
                     facts=facts,
+                    budget_ms=budget_ms,
+                    identity=caller.name,
                 )
             )
         except ExamlopsError as exc:
             return error_response(exc, model=model, job_id=body.job_id)
         if call is not None:
             call.model, call.alias, call.version = result.model, result.alias, result.version
-        reply = InferReply(
-            model=result.model,
-            alias=result.alias,
-            version=result.version,
-            run_id=result.run_id,
-            prediction=result.prediction,
-            job_id=result.job_id,
-        )
+        reply = answer(result, budget_ms=budget_ms, deadline=deadline)
         return Response(reply.model_dump_json(exclude={"task"}), media_type="application/json")
 
     @app.post(

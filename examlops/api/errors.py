@@ -17,6 +17,7 @@ framework's, has the protocol's body: ``error``, ``code`` and
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -42,6 +43,7 @@ STATUS: tuple[tuple[type[errors.ExamlopsError], int], ...] = (
     (errors.NotFound, 404),
     (errors.Conflict, 409),
     (errors.NotReady, 503),
+    (errors.Refused, 503),
     (errors.InferenceTimeout, 504),
     (errors.DeadlineExceeded, 504),
     (errors.InferenceFailed, 500),
@@ -85,7 +87,8 @@ STATUS_TEXTS: dict[int, str] = {
     415: "the body is not JSON",
     422: "the payload does not match the model's schema (never a model failure)",
     500: "the model raised or returned nothing (inference_failed: true)",
-    503: "not ready, or a dependency is unavailable",
+    503: "not ready, a dependency is unavailable, or refused: no placement can meet the budget (refused: budget, "
+    "with the estimate and Retry-After) or it ran out while queued (refused: late); a refusal is a normal outcome",
     504: "the prediction ran past the hard limit, or the caller's deadline passed",
 }
 """What each error status of an inference route means, for the OpenAPI docs."""
@@ -114,6 +117,9 @@ def error_response(
         permission=error.permission if isinstance(error, errors.Forbidden) else None,
     )
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
+    if isinstance(error, errors.Refused):
+        body.refused, body.estimate_ms = error.reason, error.estimate_ms
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     content = body.model_dump(include=V2_KEYS) if v2 else body.model_dump()
     return JSONResponse(content, status_code=status_of(error), headers=headers)
 

@@ -12,6 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from examlops.core.budget import MAX_BUDGET_MS
+
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 ShortText = Annotated[StrictStr, Field(min_length=1, max_length=128)]
 
@@ -39,6 +41,10 @@ class CallBody(BaseModel):
     """Kept as metadata."""
     deadline: Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)] | None = None
     """Absolute UNIX time after which the caller no longer waits; work past it is refused, never done."""
+    budget_ms: Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_BUDGET_MS)] | None = None
+    """How long the caller can wait, in milliseconds from when serving received the call (the earlier of it
+    and ``deadline`` wins). A call that cannot be answered within it is refused at once (503, ``refused``).
+    Unset: the ``X-Examlops-Budget-Ms`` header, else the task's default budget, else no limit."""
 
 
 class TaskInferBody(CallBody):
@@ -90,6 +96,10 @@ class InferReply(BaseModel):
     prediction: float
     error: None = None
     job_id: str | None = None
+    budget_ms: float | None = None
+    """The budget the call declared or its task's default; None: the call had none."""
+    budget_remaining_ms: float | None = None
+    """What was left of the budget (or deadline) when the answer was ready."""
 
 
 class ErrorReply(BaseModel):
@@ -104,6 +114,11 @@ class ErrorReply(BaseModel):
     job_id: str | None = None
     permission: str | None = None
     """On a 403: the permission the identity lacks."""
+    refused: str | None = None
+    """On a refusal (503, code ``refused``): ``budget`` when no placement could meet the budget (answered at
+    once, nothing queued), ``late`` when it ran out while the call was queued (it was never run)."""
+    estimate_ms: float | None = None
+    """On an early refusal: the estimated answer time that exceeded the budget."""
 
 
 class HotSetEntry(BaseModel):

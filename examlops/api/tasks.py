@@ -9,6 +9,7 @@ it. The route takes the same dependencies as `/infer-pipeline/infer` (see ``task
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from fastapi import APIRouter, Request
@@ -16,9 +17,11 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import SECURED, request_caller
+from examlops.api.calls import answer, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.schemas import InferReply, TaskInferBody
 from examlops.api.tracing import call_of
+from examlops.core.budget import effective_deadline
 from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 
@@ -72,6 +75,7 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
     )
     async def infer_task(task: str, request: Request) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
+        received_at = time.time()
         call = call_of(request)
         if call is not None:
             call.task = task[:128]
@@ -88,8 +92,11 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             route = await tasks.resolve(task)
             model = route.model
             caller.may_call(task=route.task, model=route.model)
+            budget_ms = declared_budget(request, body.budget_ms, route.budget_ms)
+            deadline = effective_deadline(body.deadline, budget_ms, received_at)
             if call is not None:
                 call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
+                call.budget_ms = budget_ms
             result = await pipeline.infer(
                 InferenceRequest(
                     model=route.model,
@@ -98,24 +105,19 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
                     alias=route.alias,
                     job_id=body.job_id,
                     user_id=body.user_id,
-                    deadline=body.deadline,
+                    deadline=deadline,
                     metadata={"task": route.task},
                     facts=call.facts if call is not None else None,
+                    budget_ms=budget_ms,
+                    task=route.task,
+                    identity=caller.name,
                 )
             )
         except ExamlopsError as exc:
             return error_response(exc, model=model, job_id=body.job_id)
         if call is not None:
             call.model, call.alias, call.version = result.model, result.alias, result.version
-        reply = InferReply(
-            task=route.task,
-            model=result.model,
-            alias=result.alias,
-            version=result.version,
-            run_id=result.run_id,
-            prediction=result.prediction,
-            job_id=result.job_id,
-        )
+        reply = answer(result, budget_ms=budget_ms, deadline=deadline, task=route.task)
         return Response(reply.model_dump_json(), media_type="application/json")
 
     return router

@@ -28,6 +28,7 @@ error *means* lives here, as class attributes:
     ├── Conflict                        a change that contradicts the current state
     ├── NotReady                        the hot set is not loaded yet (503)
     ├── DeadlineExceeded                the caller's deadline passed before the work ran
+    ├── Refused                         no placement could meet the budget (early), or it ran out queued (late)
     ├── InferenceFailed                 the model raised or returned nothing  [model_failure]
     │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
     ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
@@ -144,6 +145,26 @@ class NotReady(ExamlopsError):
 
 class DeadlineExceeded(ExamlopsError):
     code = "deadline_exceeded"
+
+
+class Refused(ExamlopsError):
+    """The call's budget cannot be met: a normal outcome, not a failure (seed 001).
+
+    ``reason`` is ``"budget"`` for an early refusal (the estimate exceeded the budget; nothing was queued)
+    or ``"late"`` (the budget ran out while the call was queued; it never reached a worker).
+    ``estimate_ms`` is the estimated answer time that decided an early refusal; ``retry_after_s`` how long
+    the caller should wait before asking again (never at once: the pool has just said it is full).
+    """
+
+    code = "refused"
+
+    def __init__(
+        self, message: str, *, reason: str = "budget", estimate_ms: float | None = None, retry_after_s: float = 1.0
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.estimate_ms = estimate_ms
+        self.retry_after_s = retry_after_s
 
 
 class InferenceFailed(ExamlopsError):

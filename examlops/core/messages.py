@@ -68,7 +68,10 @@ class InferenceRequest:
     ``alias`` is None when the caller did not name one (the model's default
     alias applies, and with it the traffic split); ``version`` pins a raw
     version instead of an alias. ``deadline`` is an absolute UNIX time after
-    which nobody waits for the answer. ``routed`` says the alias was already
+    which nobody waits for the answer: the earlier of the caller's deadline and
+    the end of its budget (``examlops.core.budget``); ``budget_ms`` is the
+    budget the call declared (or its task's default), kept for the answer and
+    the trace. ``task`` and ``identity`` label refusals in the metrics. ``routed`` says the alias was already
     drawn from the traffic split for a call of several rows (``Pipeline.route``),
     so every row of that call is answered by the same alias: it is taken as is.
     """
@@ -85,6 +88,9 @@ class InferenceRequest:
     facts: ServingFacts | None = field(default=None, compare=False, repr=False)
     """Filled in by the pipeline when given (the trace reads it); None: nothing is noted."""
     routed: bool = False
+    budget_ms: float | None = None
+    task: str | None = None
+    identity: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

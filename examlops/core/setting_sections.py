@@ -51,6 +51,21 @@ class PredictSettings(_Section):
     """Hard limit of one prediction; past it the request gets a 504 and the worker is replaced."""
 
 
+class AdmissionSettings(_Section):
+    """Latency budgets and admission control at the ingress (seed 001)."""
+
+    enabled: bool = True
+    """Refuse at once a call whose estimated answer time exceeds its budget (off: every call is queued)."""
+    overhead_ms: float = Field(2.0, ge=0)
+    """Milliseconds added to every estimate for what the predict time does not see (HTTP, JSON, routing)."""
+    prior_ms: float = Field(5.0, gt=0)
+    """The predict time assumed for a model and batch size not observed yet."""
+    horizon_s: float = Field(30.0, gt=0)
+    """A call without a budget queues as if its deadline were this far off: budgeted calls go first."""
+    retry_after_s: float = Field(1.0, gt=0)
+    """The ``Retry-After`` of an early refusal when the queue gives no better hint (seconds)."""
+
+
 class HotSetSettings(_Section):
     """Models kept in memory and how they follow MLflow (seed 000, steps 7 and 11)."""
 

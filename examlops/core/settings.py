@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from examlops.core.setting_sections import (
+    AdmissionSettings,
     AuditSettings,
     AuthSettings,
     BatchSettings,
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
     batch: BatchSettings = BatchSettings()
     traffic: TrafficSettings = TrafficSettings()
     predict: PredictSettings = PredictSettings()
+    admission: AdmissionSettings = AdmissionSettings()
     hotset: HotSetSettings = HotSetSettings()
     failure: FailureSettings = FailureSettings()
     audit: AuditSettings = AuditSettings()
@@ -177,6 +179,7 @@ __all__ = [
     "DEV_SECRET",
     "ENV_PREFIX",
     "NESTED_DELIMITER",
+    "AdmissionSettings",
     "AuditSettings",
     "AuthSettings",
     "BatchSettings",

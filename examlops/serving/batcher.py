@@ -1,16 +1,23 @@
-"""The feature transformer's async micro-batcher (seed 000, step 5).
+"""The feature transformer's async micro-batcher (seed 000, step 5), ordered by deadline (seed 001).
 
 Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
 ``batching.py`` are the models):
 
 - Every submitted item gets its own future; ``submit`` returns that item's result or raises its error.
+- Waiting items are taken earliest ``key`` first (``submit``'s ``key``, else its ``due``, else the
+  arrival time plus ``horizon_s``); equal keys in arrival order. A tight budget therefore jumps the
+  queue, and work submitted with ``key=math.inf`` (offline jobs) only runs when nothing else waits,
+  in batches of its own.
 - A batch is flushed as soon as it holds ``max_size`` items, or ``max_wait_s`` after its first item
-  arrived, whichever comes first. With ``eager_below=N > 0`` it is also flushed as soon as no further
-  item is queued while fewer than N batches are being handled: an idle handler never makes a lone
-  request wait, and under load batches fill while earlier ones run. A batch is never empty: items
-  whose caller gave up (cancelled) are dropped before the handler sees them, and a batch left with
-  none is not sent.
-- The handler gets the items in arrival order and returns one outcome per item, in the same order. An
+  arrived, or earlier when waiting longer would break the tightest ``due`` in it (less the handler
+  time ``lead`` expects), whichever comes first. With ``eager_below=N > 0`` it is also flushed as soon
+  as no further item is queued while fewer than N batches are being handled: an idle handler never makes
+  a lone request wait, and under load batches fill while earlier ones run. With ``max_in_flight=M > 0``
+  no batch is formed while M are being handled: the rest wait here, in deadline order, not behind them.
+- An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
+  ``expired(item)``. Items whose caller gave up (cancelled) are dropped too, and a batch left with none
+  is not sent.
+- The handler gets the items in queue order and returns one outcome per item, in the same order. An
   outcome that is an exception fails that item alone.
 - If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
   the same error. Batches are handled concurrently: the next one is collected while earlier ones run.
@@ -18,16 +25,19 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
 - ``close`` refuses new items and fails the waiting ones with ``NotReady``; batches already handed to
   the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
 
-Queues and futures are created on the running loop (``start``), never in ``__init__``: a batcher built
-outside a loop must not bind to the wrong one.
+The wake-up future and timers are created on the running loop (``start``), never in ``__init__``: a
+batcher built outside a loop must not bind to the wrong one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
@@ -39,13 +49,27 @@ R = TypeVar("R")
 BatchHandler = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
 
 
+@dataclass(slots=True, order=True)
+class Waiter(Generic[T, R]):
+    """One submitted item in the queue: ordered by ``key``, then arrival (``seq``)."""
+
+    key: float
+    seq: int
+    item: T = field(compare=False)
+    future: asyncio.Future[R] = field(compare=False)
+    due: float = field(default=math.inf, compare=False)
+    """Loop time after which nobody waits for the answer (``math.inf``: no deadline)."""
+
+
 @dataclass(slots=True)
-class _Waiter(Generic[T, R]):
-    item: T
-    future: asyncio.Future[R]
+class InFlight(Generic[T]):
+    """A batch being handled: when it was handed over and its items (what the admission estimate reads)."""
+
+    started: float
+    items: list[T]
 
 
-def _fail(waiters: Sequence[_Waiter[Any, Any]], error: BaseException) -> None:
+def _fail(waiters: Sequence[Waiter[Any, Any]], error: BaseException) -> None:
     for waiter in waiters:
         if not waiter.future.done():
             waiter.future.set_exception(error)
@@ -61,20 +85,30 @@ class MicroBatcher(Generic[T, R]):
         max_size: int,
         max_wait_s: float,
         eager_below: int = 0,
+        max_in_flight: int = 0,
+        horizon_s: float = 30.0,
+        expired: Callable[[T], BaseException] | None = None,
+        lead: Callable[[Sequence[T]], float] | None = None,
         name: str = "batcher",
     ):
-        if max_size < 1 or max_wait_s < 0 or eager_below < 0:
-            raise ValueError("max_size must be >= 1, max_wait_s and eager_below >= 0")
+        if max_size < 1 or max_wait_s < 0 or eager_below < 0 or max_in_flight < 0 or horizon_s < 0:
+            raise ValueError("max_size must be >= 1; max_wait_s, eager_below, max_in_flight and horizon_s >= 0")
         self._handler = handler
         self._max_size = max_size
         self._max_wait_s = max_wait_s
         self._eager_below = eager_below
-        self._capacity: asyncio.Event | None = None
+        self._max_in_flight = max_in_flight
+        self._horizon_s = horizon_s
+        self._expired = expired or (lambda item: NotReady("the deadline passed while the item was queued"))
+        self._lead = lead
         self._name = name
-        self._queue: asyncio.Queue[_Waiter[T, R]] | None = None
+        self._heap: list[Waiter[T, R]] = []
+        self._seq = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._collecting: list[_Waiter[T, R]] = []
-        self._in_flight: dict[asyncio.Task[None], list[_Waiter[T, R]]] = {}
+        self._collecting: list[Waiter[T, R]] = []
+        self._in_flight: dict[asyncio.Task[None], InFlight[T]] = {}
         self._closed = False
         self._died: BaseException | None = None
 
@@ -82,24 +116,41 @@ class MicroBatcher(Generic[T, R]):
     def running(self) -> bool:
         return self._task is not None and not self._task.done() and not self._closed
 
+    def queued(self, key: float = math.inf) -> list[T]:
+        """The items waiting (not yet in a batch) whose key is at most ``key``: those a new item of that key
+        would wait behind."""
+        ahead = [waiter.item for waiter in self._collecting if waiter.key <= key]
+        ahead += [waiter.item for waiter in self._heap if waiter.key <= key and not waiter.future.done()]
+        return ahead
+
+    def in_flight(self) -> list[InFlight[T]]:
+        """The batches being handled now, oldest first."""
+        return list(self._in_flight.values())
+
     def start(self) -> None:
         """Start the batching task on the running loop; idempotent."""
         if self._closed:
             raise NotReady(f"{self._name} is closed")
         if self._task is None:
-            self._queue = asyncio.Queue()
-            self._capacity = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name=self._name)
             self._task.add_done_callback(self._on_task_done)
 
-    async def submit(self, item: T) -> R:
-        """Wait for ``item``'s outcome; ``NotReady`` once closed, ``ExamlopsError`` once the task died."""
+    async def submit(self, item: T, *, due: float | None = None, key: float | None = None) -> R:
+        """Wait for ``item``'s outcome; ``NotReady`` once closed, ``ExamlopsError`` once the task died.
+
+        ``due``: the loop time after which the item is not handed over (it fails with ``expired``);
+        ``key``: its place in the queue (default ``due``, else now + ``horizon_s``).
+        """
         if self._died is not None:
             raise ExamlopsError(f"{self._name} stopped: {type(self._died).__name__}") from self._died
         self.start()
-        assert self._queue is not None
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Waiter(item, future))
+        assert self._loop is not None
+        future: asyncio.Future[R] = self._loop.create_future()
+        if key is None:
+            key = due if due is not None else self._loop.time() + self._horizon_s
+        heapq.heappush(self._heap, Waiter(key, next(self._seq), item, future, math.inf if due is None else due))
+        self._poke()
         return await future
 
     async def close(self, grace_s: float = 0.0) -> None:
@@ -119,76 +170,84 @@ class MicroBatcher(Generic[T, R]):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def _sleep(self, until: float) -> None:
+        """Until something is submitted, a batch finishes, or loop time ``until`` (``math.inf``: no timer)."""
+        assert self._loop is not None
+        wake = self._wake = self._loop.create_future()
+        timer = None if until == math.inf else self._loop.call_at(until, self._poke)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    def _full(self) -> bool:
+        return self._max_in_flight > 0 and len(self._in_flight) >= self._max_in_flight
+
+    def _take(self, now: float) -> Waiter[T, R] | None:
+        """The next live item of the queue; items already answered are dropped, expired ones failed."""
+        while self._heap:
+            waiter = heapq.heappop(self._heap)
+            if waiter.future.done():
+                continue
+            if waiter.due <= now:
+                waiter.future.set_exception(self._expired(waiter.item))
+                continue
+            return waiter
+        return None
+
+    def _flush_at(self, batch: list[Waiter[T, R]], opened: float) -> float:
+        """When the batch must go: ``max_wait_s`` after it opened, or earlier for its tightest deadline."""
+        flush_at = opened + self._max_wait_s
+        tightest = min(waiter.due for waiter in batch)
+        if tightest < flush_at:
+            lead = self._lead([waiter.item for waiter in batch]) if self._lead is not None else 0.0
+            flush_at = min(flush_at, tightest - lead)
+        return flush_at
+
     async def _run(self) -> None:
-        assert self._queue is not None
-        queue = self._queue
         loop = asyncio.get_running_loop()
         while True:
-            batch = self._collecting = [await queue.get()]
-            flush_at = loop.time() + self._max_wait_s
+            while not self._heap or self._full():
+                await self._sleep(math.inf)
+            first = self._take(loop.time())
+            if first is None:
+                continue
+            batch = self._collecting = [first]
+            opened = loop.time()
+            flush_at = self._flush_at(batch, opened)
             while len(batch) < self._max_size:
+                now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
+                if self._heap:
+                    if self._heap[0].key == math.inf and first.key != math.inf:
+                        break  # background work never rides in an interactive batch
+                    waiter = self._take(now)
+                    if waiter is not None:
+                        batch.append(waiter)
+                        if waiter.due < flush_at:
+                            flush_at = self._flush_at(batch, opened)
                     continue
-                if len(self._in_flight) < self._eager_below:
+                if len(self._in_flight) < self._eager_below or now >= flush_at:
                     break
-                try:
-                    item = await self._next_or_capacity(queue, flush_at)
-                except TimeoutError:
-                    break
-                if item is None:
-                    continue
-                batch.append(item)
+                await self._sleep(flush_at)
             self._collecting = []
             live = [waiter for waiter in batch if not waiter.future.done()]
             if live:
                 task = loop.create_task(self._handle(live), name=f"{self._name}-batch")
-                self._in_flight[task] = live
+                self._in_flight[task] = InFlight(loop.time(), [waiter.item for waiter in live])
                 task.add_done_callback(self._forget)
-
-    async def _next_or_capacity(self, queue: asyncio.Queue[_Waiter[T, R]], flush_at: float) -> _Waiter[T, R] | None:
-        """The next queued item; None as soon as a running batch finishes first (eager mode only);
-        ``TimeoutError`` at ``flush_at``.
-
-        Nothing here is cancelled from outside on a timeout: an item that ``queue.get`` has already taken
-        must reach the batch, or its caller would wait for ever. ``asyncio.wait`` with a timeout cancels
-        nothing, and a ``queue.get`` that has not returned yet gives nothing up when it is cancelled.
-        """
-        remaining = flush_at - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            raise TimeoutError
-        getter = asyncio.ensure_future(queue.get())
-        waiting: set[asyncio.Future[Any]] = {getter}
-        freed: asyncio.Future[Any] | None = None
-        if self._eager_below > 0 and self._capacity is not None:
-            self._capacity.clear()
-            freed = asyncio.ensure_future(self._capacity.wait())
-            waiting.add(freed)
-        try:
-            await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            # Cancelled (the batcher is closing): keep a taken item where close() fails it.
-            if getter.done() and not getter.cancelled():
-                self._collecting.append(getter.result())
-            raise
-        finally:
-            if freed is not None:
-                freed.cancel()
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-        if freed is not None and freed.done():
-            return None
-        raise TimeoutError
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)
-        if self._capacity is not None:
-            self._capacity.set()
+        self._poke()
 
-    async def _handle(self, batch: list[_Waiter[T, R]]) -> None:
+    async def _handle(self, batch: list[Waiter[T, R]]) -> None:
         try:
             outcomes = await self._handler([waiter.item for waiter in batch])
             if len(outcomes) != len(batch):
@@ -209,11 +268,9 @@ class MicroBatcher(Generic[T, R]):
                 waiter.future.set_result(outcome)
 
     def _fail_waiting(self, error: BaseException) -> None:
-        waiting = self._collecting
-        self._collecting = []
-        if self._queue is not None:
-            while not self._queue.empty():
-                waiting.append(self._queue.get_nowait())
+        waiting, self._collecting = self._collecting, []
+        waiting += self._heap
+        self._heap = []
         _fail(waiting, error)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:

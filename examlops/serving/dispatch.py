@@ -4,8 +4,8 @@ Contract of ``Dispatcher.handle``: one ``Reply`` per request, in order. A bad pa
 ``InvalidInput`` alone; the others are routed each on its own (traffic split, pin, or the alias a
 ``routed`` request already carries, so the rows of one call share one alias), then the requests
 that resolved to the same loaded version are predicted together in ONE ``runtime.predict`` call and
-each gets its own row. A request whose ``deadline`` passed before its prediction gets
-``DeadlineExceeded``. A request keeps the version it was routed to (held in the hot set) until its
+each gets its own row. A request whose ``deadline`` passed before its prediction is not predicted:
+``Refused`` (reason ``late``). A request keeps the version it was routed to (held in the hot set) until its
 prediction ends, even across a reload.
 
 Failure mode: a failed group predict fails every request of that group with the same error; a
@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from examlops.core.errors import DeadlineExceeded, DependencyUnavailable, ExamlopsError, InferenceFailed, InvalidInput
+from examlops.core.errors import (
+    DeadlineExceeded,
+    DependencyUnavailable,
+    ExamlopsError,
+    InferenceFailed,
+    InvalidInput,
+    Refused,
+)
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.serving.features import Features, validate_features
@@ -60,6 +67,10 @@ def check_deadline(req: InferenceRequest, now: float) -> None:
         raise DeadlineExceeded("the caller's deadline passed before the prediction ran")
 
 
+def _late() -> Refused:
+    return Refused("the budget ran out before the prediction ran; it was not run", reason="late")
+
+
 @dataclass(slots=True)
 class Reply:
     """One request's outcome inside a batch, with the alias it was routed to (for the metrics)."""
@@ -90,6 +101,7 @@ class Dispatcher:
         *,
         route_retries: int,
         wall: Callable[[], float],
+        on_predict: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self._catalog = catalog
         self._router = router
@@ -97,6 +109,7 @@ class Dispatcher:
         self._runtime = runtime
         self._route_retries = route_retries
         self._wall = wall
+        self._on_predict = on_predict
 
     async def handle(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         specs = [self._catalog.get(req.model) for req in batch]
@@ -157,8 +170,8 @@ class Dispatcher:
                 try:
                     check_deadline(job.request, self._wall())
                     live.append((job, entry))
-                except DeadlineExceeded as exc:
-                    replies[job.index] = Reply(job.alias, error=exc)
+                except DeadlineExceeded:
+                    replies[job.index] = Reply(job.alias, error=_late())
             if not live:
                 return []
             rows = np.stack([job.features.row for job, _ in live])
@@ -171,6 +184,8 @@ class Dispatcher:
                 _note_batch(live, began)
                 return self._settle([job for job, _ in live], exc, replies, last=last)
             _note_batch(live, began)
+            if self._on_predict is not None:
+                self._on_predict(live[0][0].spec.name, len(live), (time.perf_counter() - began) * 1000.0)
             for (job, entry), value in zip(live, predictions, strict=True):
                 replies[job.index] = self._result(job, entry, float(value))
             return []

@@ -20,10 +20,12 @@ from examlops.core.errors import (
     ModelLoadError,
     NotFound,
     NotReady,
+    Refused,
 )
 from examlops.serving.hotset import HotSet
 
 PINNED_ALIAS = "pinned"
+ERROR_BUCKETS_MS = (-100, -50, -20, -10, -5, -2, 0, 2, 5, 10, 20, 50, 100, 250)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -31,6 +33,7 @@ def outcome_of(exc: BaseException) -> str:
     """The ``outcome`` label of a failed request."""
     checks: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
         (InvalidInput, "invalid"),
+        (Refused, "refused"),
         (NotFound, "not_found"),
         (InferenceTimeout, "timeout"),
         (DeadlineExceeded, "deadline"),
@@ -72,4 +75,17 @@ class PipelineMetrics:
             "examlops_batch_size", "Requests per flushed batch", buckets=(1, 2, 4, 8, 16, 24, 32, 64), registry=registry
         )
         self.in_flight = Gauge("examlops_requests_in_flight", "Requests being served", registry=registry)
+        self.refusals = Counter(
+            "examlops_refusals",
+            "Calls refused for their budget: early (estimate over budget) or late (ran out while queued)",
+            ["model", "task", "identity", "when"],
+            registry=registry,
+        )
+        self.estimate_error = Histogram(
+            "examlops_admission_error_ms",
+            "Answered calls' actual time minus the admission estimate, in milliseconds",
+            ["model"],
+            buckets=ERROR_BUCKETS_MS,
+            registry=registry,
+        )
         registry.register(HotSetCollector(hotset))

@@ -1,8 +1,11 @@
 """The inference pipeline (seed 000, steps 5-8): transformer, router, hot set and predict runtime composed.
 
-``infer`` contract: a request whose ``deadline`` (UNIX time) has passed is refused with
-``DeadlineExceeded`` on entry and again just before its prediction; an unknown model is
-``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
+``infer`` contract: a request whose ``deadline`` (UNIX time) has passed on entry is ``DeadlineExceeded``;
+one that has a deadline is admitted only when the estimate (``admission``) says it can be answered by
+then, else ``Refused`` (reason ``budget``) at once, before it is queued. Queued requests wait in deadline
+order; one whose deadline comes while it waits never reaches a worker: ``Refused`` (reason ``late``).
+``background=True`` work (offline jobs) queues behind every interactive call and is never refused early.
+An unknown model is ``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
 micro-batches (``settings.batch``, ``batcher``), then routed and predicted per batch as ``dispatch``
 says: one predict call per loaded version, a bad payload fails alone, a failed predict fails its group,
 and only transport errors re-route (up to ``settings.traffic.route_retries`` times).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -24,10 +28,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from examlops.core.backoff import Backoff
-from examlops.core.errors import InvalidInput, NotReady
+from examlops.core.errors import InvalidInput, NotReady, Refused
 from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceResult, canonical_alias
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
+from examlops.serving.admission import Estimator
 from examlops.serving.batcher import MicroBatcher
 from examlops.serving.dispatch import Dispatcher, Reply, check_deadline
 from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
@@ -37,6 +42,10 @@ from examlops.serving.router import Router, validate_split
 from examlops.serving.upkeep import load_missing_defaults, poll_reload
 
 log = logging.getLogger(__name__)
+
+
+def _late(req: InferenceRequest) -> Refused:
+    return Refused("the budget ran out while the call was queued; it was not run", reason="late")
 
 
 class Pipeline:
@@ -75,15 +84,29 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        self._dispatcher = Dispatcher(
-            catalog, self._router, self._hotset, runtime, route_retries=settings.traffic.route_retries, wall=wall
-        )
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
             max_wait_s=settings.batch.max_wait_ms / 1000,
             eager_below=settings.predict.workers,
+            # A batch per worker: the rest wait here, where deadlines order them and expired calls are dropped.
+            max_in_flight=settings.predict.workers,
+            horizon_s=settings.admission.horizon_s,
+            expired=_late,
+            lead=self._lead_s,
             name="feature-transformer",
+        )
+        self.estimator = Estimator(
+            settings.admission, self._batcher, workers=settings.predict.workers, max_size=settings.batch.max_size
+        )
+        self._dispatcher = Dispatcher(
+            catalog,
+            self._router,
+            self._hotset,
+            runtime,
+            route_retries=settings.traffic.route_retries,
+            wall=wall,
+            on_predict=self.estimator.costs.observe,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)
@@ -186,7 +209,7 @@ class Pipeline:
         await self._router.refresh_stale({spec.name})
         return self._router.choose(spec, alias, self._hotset.available_aliases(spec.name))
 
-    async def infer(self, req: InferenceRequest) -> InferenceResult:
+    async def infer(self, req: InferenceRequest, *, background: bool = False) -> InferenceResult:
         started = self._clock()
         model, alias = "unknown", "other"
         self._metrics.in_flight.inc()
@@ -201,15 +224,26 @@ class Pipeline:
                 raise NotReady("the pipeline is not started")
             if req.facts is not None:
                 req.facts.queued_at = self._clock()
-            reply = await self._batcher.submit(req)
+            now = asyncio.get_running_loop().time()
+            due = None if req.deadline is None else now + (req.deadline - self._wall())
+            estimate = None
+            if due is not None and not background:
+                estimate = self.estimator.admit(model, due, now)
+            reply = await self._batcher.submit(req, due=due, key=math.inf if background else None)
             alias = self._label(model, reply.alias) if reply.alias else alias
             if reply.error is not None:
                 raise reply.error
             assert reply.result is not None
             self._metrics.requests.labels(model, alias, "ok").inc()
+            if estimate is not None:
+                actual = (asyncio.get_running_loop().time() - now) * 1000.0
+                self._metrics.estimate_error.labels(model).observe(actual - estimate)
             return reply.result
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
+            if isinstance(exc, Refused):
+                when = "early" if exc.reason == "budget" else "late"
+                self._metrics.refusals.labels(model, req.task or "", req.identity or "", when).inc()
             raise
         finally:
             self._metrics.in_flight.dec()
@@ -228,6 +262,10 @@ class Pipeline:
             if req.facts is not None:
                 req.facts.queue_wait_ms = (now - req.facts.queued_at) * 1000
         return await self._dispatcher.handle(batch)
+
+    def _lead_s(self, batch: Sequence[InferenceRequest]) -> float:
+        """Seconds the batcher must flush ``batch`` ahead of its tightest deadline: its predict time."""
+        return (self.estimator.costs.lead_ms(batch) + self.settings.admission.overhead_ms) / 1000.0
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)

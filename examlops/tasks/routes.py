@@ -29,6 +29,8 @@ class TaskRoute:
     address: uuid.UUID
     adapter: str = ""
     changed_at: datetime | None = None
+    budget_ms: float | None = None
+    """The budget a call to this task gets when it declares none (None: no limit)."""
 
 
 @dataclass(frozen=True, slots=True)

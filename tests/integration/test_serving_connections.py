@@ -18,7 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from examlops.api.schemas import ErrorReply
 from tests.integration.servers import ServingProcess
+
+ERROR_KEYS = set(ErrorReply.model_fields)
+"""Every error body has every field of ``ErrorReply``, set or null."""
 
 pytestmark = [pytest.mark.integration]
 
@@ -66,7 +70,7 @@ async def connect(server: ServingProcess) -> tuple[asyncio.StreamReader, asyncio
 def error_body(response: bytes) -> dict[str, object]:
     _, _, body = response.partition(b"\r\n\r\n")
     data: dict[str, object] = json.loads(body)
-    assert set(data) == {"error", "prediction", "code", "field", "inference_failed", "model", "job_id", "permission"}
+    assert set(data) == ERROR_KEYS
     return data
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from examlops.api.schemas import ErrorReply
 from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
@@ -152,7 +153,7 @@ def test_unknown_models_aliases_and_versions_are_404(server: ServingProcess, bod
     assert reply.json()["prediction"] == 0.0
 
 
-ERROR_KEYS = {"error", "prediction", "code", "field", "inference_failed", "model", "job_id", "permission"}
+ERROR_KEYS = set(ErrorReply.model_fields)
 
 
 @pytest.mark.parametrize(

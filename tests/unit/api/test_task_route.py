@@ -58,6 +58,8 @@ async def test_a_task_call_goes_to_the_mapped_model_and_alias_and_the_reply_name
         "prediction": 0.5,
         "error": None,
         "job_id": "j-1",
+        "budget_ms": None,
+        "budget_remaining_ms": None,
     }
     [seen] = pipeline.seen
     assert (seen.model, seen.alias, seen.version, seen.metadata) == (

@@ -19,10 +19,11 @@ from examlops.core.errors import (
     ModelNotFound,
     NotReady,
     PipelineUnavailable,
+    Refused,
     WorkerLost,
 )
 from examlops.core.messages import InferenceRequest
-from examlops.core.settings import BatchSettings, HotSetSettings, Settings
+from examlops.core.settings import AdmissionSettings, BatchSettings, HotSetSettings, PredictSettings, Settings
 from examlops.serving.pipeline import Pipeline
 from tests.unit.serving.fakes import (
     DIM,
@@ -44,11 +45,20 @@ class World:
     metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
     pipelines: list[Pipeline] = field(default_factory=list)
 
-    def pipeline(self, *names: str, max_wait_ms: float = 20, **kw: Any) -> Pipeline:
+    def pipeline(
+        self,
+        *names: str,
+        max_wait_ms: float = 20,
+        predict: PredictSettings | None = None,
+        admission: AdmissionSettings | None = None,
+        **kw: Any,
+    ) -> Pipeline:
         settings = Settings(
             home=self.home,
             batch=BatchSettings(max_size=32, max_wait_ms=max_wait_ms),
             hotset=HotSetSettings(reload_poll_s=0),
+            predict=predict or PredictSettings(),
+            admission=admission or AdmissionSettings(),
         )
         catalog = make_catalog(*(names or ("JPCP",)))
         built = Pipeline(
@@ -195,11 +205,12 @@ async def test_a_deadline_that_passes_while_batching_is_refused_before_predictio
     on_time = asyncio.create_task(pipeline.infer(req(5)))
     await asyncio.sleep(0)
     world.wall.advance(2)  # the caller gives up while the request waits for its batch
-    with pytest.raises(DeadlineExceeded):
+    with pytest.raises(Refused) as refused:
         await late
+    assert refused.value.reason == "late"
     assert (await on_time).prediction == 1005
     assert world.runtime.predicts == [("JPCP/1", 1)]
-    assert world.sample("examlops_requests_total", model="JPCP", alias="Production", outcome="deadline") == 1
+    assert world.sample("examlops_requests_total", model="JPCP", alias="Production", outcome="refused") == 1
 
 
 async def test_a_transport_error_is_retried_on_another_route(world: World) -> None:

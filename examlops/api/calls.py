@@ -1,0 +1,45 @@
+"""What every inference route does around the pipeline call: the budget it declares and the answer it gets.
+
+``declared_budget``: the body's ``budget_ms``, else the ``X-Examlops-Budget-Ms`` header, else the default
+(a task's), else None; a header that is not a positive number of milliseconds is ``InvalidInput`` naming
+it. ``answer`` builds the reply of a call with what was left of its budget (``core.budget``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+
+from examlops.api.schemas import InferReply
+from examlops.core.budget import BUDGET_HEADER, parse_budget_header, remaining_ms
+from examlops.core.errors import InvalidInput
+from examlops.core.messages import InferenceResult
+
+
+def declared_budget(request: Request, body_budget: float | None, default_ms: float | None = None) -> float | None:
+    """The call's budget in milliseconds (see the module docstring)."""
+    if body_budget is not None:
+        return body_budget
+    try:
+        header = parse_budget_header(request.headers.get(BUDGET_HEADER))
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field=BUDGET_HEADER) from None
+    return header if header is not None else default_ms
+
+
+def answer(
+    result: InferenceResult, *, budget_ms: float | None, deadline: float | None, task: str | None = None
+) -> InferReply:
+    """The reply to an answered call: the result, the budget and what remained of it now."""
+    return InferReply(
+        task=task,
+        model=result.model,
+        alias=result.alias,
+        version=result.version,
+        run_id=result.run_id,
+        prediction=result.prediction,
+        job_id=result.job_id,
+        budget_ms=budget_ms,
+        budget_remaining_ms=remaining_ms(deadline, time.time()),
+    )

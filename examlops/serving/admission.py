@@ -1,0 +1,120 @@
+"""Admission control at the ingress (seed 001): estimate when a call would be answered, refuse it at once
+when that is past its budget.
+
+``Estimator`` learns, per model, the predict time by batch size (an exponentially weighted mean per
+power-of-two size bucket, fed by every predict call) and reads the queue as the micro-batcher holds it:
+the calls queued ahead of this one (deadline order: only those due no later), the batches being handled
+and how long they have run. The estimate of a call is::
+
+    (work queued ahead + work left in flight) / workers  +  its own batch's predict time  +  overhead
+
+It is a model, not a promise: ``error`` records how far each answered call's actual time was from its
+estimate (the ``examlops_admission_error_ms`` histogram), so an operator sees whether to trust it. A
+model or batch size never observed is assumed to take ``settings.admission.prior_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from examlops.core.errors import Refused
+from examlops.core.messages import InferenceRequest
+from examlops.core.setting_sections import AdmissionSettings
+from examlops.serving.batcher import InFlight
+
+ALPHA = 0.2
+"""Weight of the newest observation in a bucket's mean: recent enough to follow a load change."""
+
+
+class Queue(Protocol):
+    """What the estimate reads of the micro-batcher (``serving.batcher.MicroBatcher``)."""
+
+    def queued(self, key: float = math.inf) -> list[InferenceRequest]: ...
+
+    def in_flight(self) -> list[InFlight[InferenceRequest]]: ...
+
+
+def _bucket(size: int) -> int:
+    return max(1, size).bit_length()
+
+
+class CostModel:
+    """Predict time (ms) of one call of a model by batch size; see the module docstring."""
+
+    def __init__(self, prior_ms: float) -> None:
+        self._prior_ms = prior_ms
+        self._mean: dict[str, dict[int, float]] = {}
+
+    def observe(self, model: str, size: int, ms: float) -> None:
+        buckets = self._mean.setdefault(model, {})
+        bucket = _bucket(size)
+        old = buckets.get(bucket)
+        buckets[bucket] = ms if old is None else old + ALPHA * (ms - old)
+
+    def predict_ms(self, model: str, size: int) -> float:
+        """The mean of ``size``'s bucket; else the nearest observed bucket's; else the prior."""
+        buckets = self._mean.get(model)
+        if not buckets:
+            return self._prior_ms
+        bucket = _bucket(size)
+        found = buckets.get(bucket)
+        if found is not None:
+            return found
+        nearest = min(buckets, key=lambda known: (abs(known - bucket), -known))
+        return buckets[nearest]
+
+    def work_ms(self, counts: Iterable[tuple[str, int]], max_size: int) -> float:
+        """Predict time of ``counts`` (model, calls) in batches of at most ``max_size`` calls per model."""
+        total = 0.0
+        for model, count in counts:
+            full, rest = divmod(count, max_size)
+            total += full * self.predict_ms(model, max_size) + (self.predict_ms(model, rest) if rest else 0.0)
+        return total
+
+    def lead_ms(self, batch: Sequence[InferenceRequest]) -> float:
+        """Time to handle ``batch``: its models' groups are predicted side by side, so the slowest one."""
+        counts = Counter(request.model for request in batch)
+        return max((self.predict_ms(model, count) for model, count in counts.items()), default=0.0)
+
+
+class Estimator:
+    """Estimates a call's answer time from the cost model and the queue; decides admission."""
+
+    def __init__(self, settings: AdmissionSettings, queue: Queue, *, workers: int, max_size: int) -> None:
+        self.settings = settings
+        self.costs = CostModel(settings.prior_ms)
+        self._queue = queue
+        self._workers = max(1, workers)
+        self._max_size = max_size
+
+    def estimate_ms(self, model: str, due: float, now: float) -> tuple[float, float]:
+        """(the estimated answer time of a call to ``model`` due at loop time ``due``, the part of it spent
+        waiting for the calls ahead), in milliseconds from ``now``."""
+        ahead = Counter(request.model for request in self._queue.queued(due))
+        queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
+        running_ms = 0.0
+        for batch in self._queue.in_flight():
+            elapsed_ms = (now - batch.started) * 1000.0
+            running_ms += max(0.0, self.costs.lead_ms(batch.items) - elapsed_ms)
+        wait_ms = (queued_ms + running_ms) / self._workers
+        own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
+        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+
+    def admit(self, model: str, due: float, now: float) -> float:
+        """The estimate (ms) of a call that can be answered within its budget; ``Refused`` (reason
+        ``budget``) naming the estimate when it cannot."""
+        estimate, wait_ms = self.estimate_ms(model, due, now)
+        left_ms = (due - now) * 1000.0
+        if self.settings.enabled and estimate > left_ms:
+            retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
+            raise Refused(
+                f"no placement can answer within the budget: {estimate:.1f} ms estimated, "
+                f"{max(left_ms, 0):.1f} ms left",
+                reason="budget",
+                estimate_ms=round(estimate, 1),
+                retry_after_s=math.ceil(retry_after),
+            )
+        return estimate

@@ -1,0 +1,111 @@
+"""Admission control in the pipeline: early refusals are never queued, expired calls never reach a worker,
+the estimate follows what serving observes, background work goes last."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from examlops.core.errors import Refused
+from examlops.core.setting_sections import AdmissionSettings, PredictSettings
+from examlops.serving.admission import CostModel
+from tests.unit.serving.test_pipeline import World, eventually, req
+
+
+def test_the_cost_model_learns_by_batch_size_and_falls_back_to_the_nearest_size() -> None:
+    costs = CostModel(prior_ms=5.0)
+    assert costs.predict_ms("JPCP", 1) == 5.0
+    costs.observe("JPCP", 32, 40.0)
+    assert costs.predict_ms("JPCP", 1) == 40.0  # only size 32 seen so far
+    costs.observe("JPCP", 1, 2.0)
+    assert costs.predict_ms("JPCP", 1) == 2.0
+    assert costs.predict_ms("JPCP", 30) == 40.0
+    costs.observe("JPCP", 1, 12.0)
+    assert costs.predict_ms("JPCP", 1) == pytest.approx(2.0 + 0.2 * 10.0)
+    assert costs.work_ms([("JPCP", 65)], max_size=32) == pytest.approx(2 * 40.0 + 4.0)
+
+
+@pytest.fixture
+async def busy_world(tmp_path: Path) -> AsyncIterator[World]:
+    """One model on one worker whose predicts wait for ``runtime.gate``."""
+    world = World(tmp_path)
+    world.source.add("JPCP", "1", "Production")
+    world.runtime.gate = asyncio.Event()
+    yield world
+    world.runtime.gate.set()
+    for built in world.pipelines:
+        await built.close()
+
+
+async def test_a_call_whose_estimate_exceeds_its_budget_is_refused_at_once_and_never_queued(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline(predict=PredictSettings(workers=1))
+    await pipeline.start()
+    pipeline.estimator.costs.observe("JPCP", 1, 100.0)  # this model takes 100 ms a call
+    held = [asyncio.create_task(pipeline.infer(req(i))) for i in range(1, 4)]
+    await eventually(lambda: len(world.runtime.predicts) == 1)
+    predicts_before = list(world.runtime.predicts)
+    queued_before = pipeline._batcher.queued()
+
+    with pytest.raises(Refused) as refused:
+        await pipeline.infer(req(9, deadline=world.wall.now + 0.05, task="t.one", identity="robot-7"))
+    assert refused.value.reason == "budget"
+    assert refused.value.estimate_ms is not None and refused.value.estimate_ms > 50
+    assert refused.value.retry_after_s >= 1
+    assert pipeline._batcher.queued() == queued_before  # never queued
+    labels = {"model": "JPCP", "task": "t.one", "identity": "robot-7", "when": "early"}
+    assert world.sample("examlops_refusals_total", **labels) == 1
+
+    world.runtime.gate.set()  # type: ignore[union-attr]
+    await asyncio.gather(*held)
+    assert world.runtime.predicts[: len(predicts_before)] == predicts_before
+    assert all(count != 9 for _, count in world.runtime.predicts)  # never reached a worker
+    assert sum(n for _, n in world.runtime.predicts) == 3
+
+
+async def test_a_call_within_its_budget_is_admitted_and_the_estimate_error_is_recorded(busy_world: World) -> None:
+    world = busy_world
+    world.runtime.gate.set()  # type: ignore[union-attr]
+    pipeline = world.pipeline(predict=PredictSettings(workers=1))
+    await pipeline.start()
+    result = await pipeline.infer(req(4, deadline=world.wall.now + 5))
+    assert result.prediction == 1004
+    assert world.sample("examlops_admission_error_ms_count", model="JPCP") == 1
+
+
+async def test_with_admission_off_the_same_call_is_queued_and_refused_late(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline(predict=PredictSettings(workers=1), admission=AdmissionSettings(enabled=False))
+    await pipeline.start()
+    pipeline.estimator.costs.observe("JPCP", 1, 100.0)
+    held = [asyncio.create_task(pipeline.infer(req(i))) for i in range(1, 4)]
+    await eventually(lambda: len(world.runtime.predicts) == 1)
+    late = asyncio.create_task(pipeline.infer(req(9, deadline=world.wall.now + 0.05)))
+    await asyncio.sleep(0.1)  # its budget runs out while the worker is held
+    world.runtime.gate.set()  # type: ignore[union-attr]
+    with pytest.raises(Refused) as refused:
+        await late
+    assert refused.value.reason == "late"
+    await asyncio.gather(*held)
+    assert all(count != 9 for _, count in world.runtime.predicts)
+    assert world.sample("examlops_refusals_total", model="JPCP", task="", identity="", when="late") == 1
+
+
+async def test_background_work_waits_behind_every_interactive_call(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline(predict=PredictSettings(workers=1))
+    await pipeline.start()
+    first = asyncio.create_task(pipeline.infer(req(1)))
+    await eventually(lambda: len(world.runtime.predicts) == 1)
+    second = asyncio.create_task(pipeline.infer(req(2)))  # waits: the one worker's batch is in flight
+    background = asyncio.create_task(pipeline.infer(req(50), background=True))
+    await asyncio.sleep(0.01)
+    interactive = asyncio.create_task(pipeline.infer(req(60)))
+    await asyncio.sleep(0.01)
+    world.runtime.gate.set()  # type: ignore[union-attr]
+    results = await asyncio.gather(first, second, interactive, background)
+    assert [r.prediction for r in results] == [1001, 1002, 1060, 1050]
+    assert world.runtime.predicts[1:] == [("JPCP/1", 2), ("JPCP/1", 1)]  # the background call last, alone
