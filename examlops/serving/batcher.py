@@ -10,9 +10,11 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
   in batches of its own.
 - A batch is flushed as soon as it holds ``max_size`` items, or ``max_wait_s`` after its first item
   arrived, or earlier when waiting longer would break the tightest ``due`` in it (less the handler
-  time ``lead`` expects), whichever comes first. With ``eager_below=N > 0`` it is also flushed as soon
-  as no further item is queued while fewer than N batches are being handled: an idle handler never makes
-  a lone request wait, and under load batches fill while earlier ones run. With ``max_in_flight=M > 0``
+  time ``lead`` expects), whichever comes first. An item that would make the batch's handling time (as
+  ``lead`` expects it) run past the tightest deadline in it waits for the next batch instead. With
+  ``eager_below=N > 0`` it is also flushed as soon as no further item is queued while fewer than N
+  batches are being handled: an idle handler never makes a lone request wait, and under load batches
+  fill while earlier ones run. With ``max_in_flight=M > 0``
   no batch is formed while M are being handled: the rest wait here, in deadline order, not behind them.
 - An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
   ``expired(item)``. Items whose caller gave up (cancelled) are dropped too, and a batch left with none
@@ -210,6 +212,13 @@ class MicroBatcher(Generic[T, R]):
             flush_at = min(flush_at, tightest - lead)
         return flush_at
 
+    def _fits(self, batch: list[Waiter[T, R]], waiter: Waiter[T, R], now: float) -> bool:
+        """Whether ``batch`` with ``waiter`` in it can still be handled before its tightest deadline."""
+        tightest = min(waiter.due, min(member.due for member in batch))
+        if tightest == math.inf or self._lead is None:
+            return True
+        return now + self._lead([*(member.item for member in batch), waiter.item]) <= tightest
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -228,10 +237,14 @@ class MicroBatcher(Generic[T, R]):
                     if self._heap[0].key == math.inf and first.key != math.inf:
                         break  # background work never rides in an interactive batch
                     waiter = self._take(now)
-                    if waiter is not None:
-                        batch.append(waiter)
-                        if waiter.due < flush_at:
-                            flush_at = self._flush_at(batch, opened)
+                    if waiter is None:
+                        continue
+                    if not self._fits(batch, waiter, now):
+                        heapq.heappush(self._heap, waiter)  # it waits for the next batch
+                        break
+                    batch.append(waiter)
+                    if waiter.due < flush_at:
+                        flush_at = self._flush_at(batch, opened)
                     continue
                 if len(self._in_flight) < self._eager_below or now >= flush_at:
                     break

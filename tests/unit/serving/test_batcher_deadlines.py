@@ -99,3 +99,23 @@ async def test_a_tight_deadline_flushes_the_batch_before_max_wait() -> None:
     assert handler.batches == [[1, 2]]
     assert loop.time() == pytest.approx(start + 0.1 - lead_s)  # not the 1 s of max_wait
     await batcher.close()
+
+
+async def test_an_item_that_would_make_the_batch_miss_its_tightest_deadline_waits_for_the_next_one() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+
+    def lead(items: Sequence[int]) -> float:
+        return 0.1 * len(items)  # 100 ms an item
+
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=32, max_wait_s=0, max_in_flight=1, lead=lead)
+    first = await hold_one_batch(batcher, handler)
+    now = asyncio.get_running_loop().time()
+    tight = [asyncio.ensure_future(batcher.submit(i, due=now + 10.25)) for i in (1, 2)]
+    loose = [asyncio.ensure_future(batcher.submit(i, due=now + 60)) for i in (3, 4, 5)]
+    await asyncio.sleep(10)
+    gate.set()
+    await asyncio.gather(first, *tight, *loose)
+    # At 10 s two items take 200 ms and fit before 10.25 s; a third would not.
+    assert handler.batches == [[0], [1, 2], [3, 4, 5]]
+    await batcher.close()

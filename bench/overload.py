@@ -1,0 +1,240 @@
+"""Overload with admission control on and off, side by side in one run (issue 17, seed 001).
+
+Two `exa serve start` on one state folder (``.examlops/bench-overload`` by default), on free ports: one
+with the defaults (admission on), one with ``EXAMLOPS_ADMISSION__ENABLED=false`` (every call is queued;
+calls whose budget runs out while queued are still dropped). Both get ``--workers`` predict workers
+(1 by default), tracing off (the same for both, and not what is measured here) and one BLAS thread per
+process.
+
+So that the predict pool, where admission acts, is what saturates (not HTTP handling, which a Python
+client on the same two cores could not outrun), the state folder's JPCP Production is a heavy model: a
+brute-force k-nearest-neighbours regressor over ``--train-rows`` rows (about 2-3 ms of CPU per call
+here at 20,000 rows), registered once and marked with the alias ``Overload``.
+
+1. Capacity: a closed loop of ``--capacity-requests`` calls with the loose budget at c=32 on the
+   admission-on server; its throughput is the capacity C.
+2. For each load of ``--loads`` (0.5, 1, 2, 4 times C): ``--seconds`` of open-loop Poisson arrivals
+   (``openloop``) on each server in turn (the order alternates), half with the tight budget
+   (``--tight-ms``), half with the loose one (``--loose-ms``), the budget in the body's ``budget_ms``.
+   A call is given up by the client at its budget plus 1 s.
+
+Printed per load and server: calls sent; answered within their budget (client-side time, HTTP
+included); answered late; refused early and late; given up; the share of admitted calls (all but the
+early refusals) answered within budget, by budget kind; goodput (answered within budget per second) as a
+share of C; p99 time of an early refusal. The issue's bounds: with admission, >= 99 % of admitted calls
+within budget at every load, goodput at 2x >= 80 % of C, early refusals p99 < 10 ms.
+
+    .venv/bin/python bench/overload.py [--seconds 6] [--loads 0.5 1 2 4] [--tight-ms 150] [--loose-ms 2000] \
+        [--workers 1] [--train-rows 20000] [--capacity-requests 1500] [--home PATH] [--seed 1]
+
+Figures only: nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+from sklearn.neighbors import KNeighborsRegressor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, bodies, demo_state
+from loadgen import run_load
+from openloop import Sent, open_loop
+from procs import answers, free_port, quantile, start, stop, wait_until
+
+from examlops.core.settings import Settings
+from examlops.registry.catalog import Catalog
+from examlops.registry.mlflow_registry import MlflowRegistry
+from examlops.registry.registration import ensure_experiment, log_and_register
+
+MODEL = "JPCP"
+MARK = "Overload"
+PATH = f"/v1/models/{MODEL}/predict"
+
+
+def heavy_version(settings: Settings, catalog: Catalog, train_rows: int) -> str:
+    """The version of the heavy model (registered on first use): JPCP Production and ``Overload`` point at it."""
+    registry = MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+    have = registry.aliases(MODEL)
+    if MARK in have:
+        return have[MARK].version
+    spec = catalog.get(MODEL)
+    width = spec.embedding_dim + 1
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 0.05, (train_rows, width))
+    y = x[:, :8].sum(axis=1)
+    model = KNeighborsRegressor(n_neighbors=5, algorithm="brute").fit(x, y)
+    experiment = ensure_experiment(registry, settings, "examlops-bench")
+    params = {"model": "KNeighborsRegressor(brute)", "train_rows": str(train_rows)}
+    version = log_and_register(registry, settings, experiment, spec, model, "overload-knn", {}, params).version
+    registry.set_alias(MODEL, "Production", version)
+    registry.set_alias(MODEL, MARK, version)
+    return version
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+def start_server(home: Path, admission: bool, workers: int) -> Server:
+    port = free_port()
+    name = "on" if admission else "off"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {
+        "EXAMLOPS_HOME": str(home),
+        "EXAMLOPS_SERVING__PORT": str(port),
+        "EXAMLOPS_PREDICT__WORKERS": str(workers),
+        "EXAMLOPS_ADMISSION__ENABLED": "true" if admission else "false",
+        "EXAMLOPS_TRACING__ENABLED": "false",
+        "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / f"serving-{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            answers(f"{url}/readyz"), f"the admission-{name} server (see {home}/serving-{name}.log)", proc=process
+        )  # type: ignore[arg-type]
+    except BaseException:
+        stop(process)
+        raise
+    return Server(name, url, process)
+
+
+@dataclass
+class Tally:
+    load: float
+    server: str
+    seconds: float
+    records: list[Sent]
+
+    def summary(self, capacity: float) -> dict[str, object]:
+        sent = [r for r in self.records if r.sent]
+        within = [r for r in sent if r.status == 200 and r.latency_ms <= r.budget_ms]
+        early = [r for r in sent if r.status == 503 and r.refused == "budget"]
+        admitted = [r for r in sent if not (r.status == 503 and r.refused == "budget")]
+        by_kind = {}
+        for kind in ("tight", "loose"):
+            mine = [r for r in admitted if r.kind == kind]
+            ok = sum(1 for r in mine if r.status == 200 and r.latency_ms <= r.budget_ms)
+            by_kind[kind] = ok / len(mine) if mine else float("nan")
+        return {
+            "load": self.load,
+            "admission": self.server,
+            "offered": len(self.records),
+            "not_sent": len(self.records) - len(sent),
+            "within": len(within),
+            "late_answer": sum(1 for r in sent if r.status == 200 and r.latency_ms > r.budget_ms),
+            "refused_early": len(early),
+            "refused_late": sum(1 for r in sent if r.status == 503 and r.refused == "late"),
+            "given_up": sum(1 for r in sent if r.status == 0),
+            "other": sum(1 for r in sent if r.status not in (0, 200, 503)),
+            "admitted_within": len(within) / len(admitted) if admitted else float("nan"),
+            "tight_within": by_kind["tight"],
+            "loose_within": by_kind["loose"],
+            "goodput_of_capacity": len(within) / self.seconds / capacity if capacity else float("nan"),
+            "early_p99_ms": quantile([r.latency_ms for r in early], 0.99),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="Seconds of arrivals per load and server.")
+    parser.add_argument("--loads", type=float, nargs="+", default=[0.5, 1, 2, 4], help="Multiples of capacity.")
+    parser.add_argument("--tight-ms", type=float, default=150.0)
+    parser.add_argument("--loose-ms", type=float, default=2000.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--train-rows", type=int, default=20_000)
+    parser.add_argument("--capacity-requests", type=int, default=1500)
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-overload"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="Print the summaries as JSON lines too.")
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    settings, catalog = demo_state(home)
+    version = heavy_version(settings, catalog, args.train_rows)
+    headers = auth_headers(settings)
+    dim = catalog.get(MODEL).embedding_dim
+    pool = [orjson.dumps(b) for b in bodies(dim, 64, seed=args.seed)]
+    print(f"JPCP Production = version {version} (k-NN over {args.train_rows} rows); workers {args.workers}")
+
+    servers = [start_server(home, True, args.workers), start_server(home, False, args.workers)]
+    try:
+        loose = [orjson.dumps({**orjson.loads(b), "budget_ms": args.loose_ms}) for b in pool]
+        for server in servers:  # warm: connections, the estimator's cost table, the model's first calls
+            asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=200, concurrency=8,
+                                 headers=headers))  # fmt: skip
+        cap = asyncio.run(
+            run_load(
+                servers[0].url + PATH,
+                lambda i: loose[i % len(loose)],
+                total=args.capacity_requests,
+                concurrency=32,
+                headers=headers,
+            )
+        )
+        capacity = cap.rps
+        print(f"capacity: {capacity:.0f} calls/s at c=32 (p50 {cap.p50:.1f} ms, p99 {cap.p99:.1f} ms)")
+
+        def pick(rng: random.Random) -> tuple[str, float, bytes]:
+            kind, budget = ("tight", args.tight_ms) if rng.random() < 0.5 else ("loose", args.loose_ms)
+            body = dict(orjson.loads(pool[rng.randrange(len(pool))]))
+            body["budget_ms"] = budget
+            return kind, budget, orjson.dumps(body)
+
+        tallies: list[Tally] = []
+        for index, load in enumerate(args.loads):
+            order = servers if index % 2 == 0 else servers[::-1]
+            for server in order:
+                began = time.monotonic()
+                records = asyncio.run(
+                    open_loop(
+                        server.url + PATH, load * capacity, args.seconds, pick, headers=headers, seed=args.seed + index
+                    )
+                )
+                tallies.append(Tally(load, server.name, args.seconds, records))
+                print(f"  load {load:g}x on admission-{server.name}: {len(records)} calls, "
+                      f"{time.monotonic() - began:.1f} s", flush=True)  # fmt: skip
+                time.sleep(2.0)  # the queue drains before the next segment
+        report([t.summary(capacity) for t in tallies], args.json)
+    finally:
+        for server in servers:
+            stop(server.process)
+
+
+def report(rows: list[dict[str, object]], as_json: bool) -> None:
+    print()
+    print(
+        f"{'load':>5} {'adm':>4} {'offered':>7} {'within':>7} {'late':>5} {'ref.early':>9} {'ref.late':>8} "
+        f"{'gave up':>7} {'adm.within':>10} {'tight':>6} {'loose':>6} {'goodput/C':>9} {'early p99':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['load']:>5g} {r['admission']:>4} {r['offered']:>7} {r['within']:>7} {r['late_answer']:>5} "
+            f"{r['refused_early']:>9} {r['refused_late']:>8} {r['given_up']:>7} "
+            f"{r['admitted_within']:>10.1%} {r['tight_within']:>6.1%} {r['loose_within']:>6.1%} "
+            f"{r['goodput_of_capacity']:>9.1%} {r['early_p99_ms']:>8.1f}ms"
+        )
+    if as_json:
+        for r in rows:
+            print(orjson.dumps(r).decode())
+
+
+if __name__ == "__main__":
+    main()
