@@ -48,6 +48,7 @@ from examlops.api.schemas import (
     ReloadReply,
     TrafficReply,
 )
+from examlops.api.stream import stream_routes
 from examlops.api.tasks import Tasks, task_routes
 from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware, call_of, named_model
@@ -235,6 +236,7 @@ def create_app(
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
     app.include_router(v2_routes(pipeline))
+    app.include_router(stream_routes(pipeline, tasks, settings))
 
     @app.get("/v1/models", response_model=list[HotSetEntry], tags=["models"])
     async def models(caller: CurrentCaller) -> list[HotSetEntry]:

@@ -101,9 +101,8 @@ def documented(**overrides: str) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorReply, "description": text} for status, text in texts.items()}
 
 
-def error_response(
-    error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None, v2: bool = False
-) -> JSONResponse:
+def error_reply(error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> ErrorReply:
+    """The body of ``error``'s reply (also the ``error`` of a stream's last line)."""
     message = error.message
     if error.field and not message.startswith(error.field):
         message = f"{error.field}: {message}"
@@ -116,9 +115,17 @@ def error_response(
         job_id=job_id,  # at most 128 characters (schemas.ShortText), and the caller's key to the reply
         permission=error.permission if isinstance(error, errors.Forbidden) else None,
     )
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
     if isinstance(error, errors.Refused):
         body.refused, body.estimate_ms = error.reason, error.estimate_ms
+    return body
+
+
+def error_response(
+    error: errors.ExamlopsError, *, model: str | None = None, job_id: str | None = None, v2: bool = False
+) -> JSONResponse:
+    body = error_reply(error, model=model, job_id=job_id)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, errors.Unauthenticated) else None
+    if isinstance(error, errors.Refused):
         headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     content = body.model_dump(include=V2_KEYS) if v2 else body.model_dump()
     return JSONResponse(content, status_code=status_of(error), headers=headers)

@@ -8,7 +8,7 @@ catalog's business and is checked by the feature transformer.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -26,8 +26,16 @@ MAX_NODE_COUNT = 2**53
 own bound is its catalog maximum, checked by the feature transformer."""
 
 
-class CallBody(BaseModel):
-    """The input of one call, whatever names the model: what every inference body holds."""
+MAX_STREAM_INSTANCES = 10_000
+"""The most instances one stream may carry (the body limit, ``serving.max_body_bytes``, applies too);
+larger sets are offline work."""
+
+Deadline = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)]
+BudgetMs = Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_BUDGET_MS)]
+
+
+class Instance(BaseModel):
+    """One instance to predict: the input of a call, or one row of a stream."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -37,11 +45,18 @@ class CallBody(BaseModel):
     """The mesh node count, a positive integer within the model's catalog bounds."""
     job_id: ShortText | None = None
     """Kept as metadata and echoed in the reply."""
+
+
+class CallBody(Instance):
+    """The input of one call, whatever names the model: what every inference body holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
     user_id: ShortText | None = None
     """Kept as metadata."""
-    deadline: Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0)] | None = None
+    deadline: Deadline | None = None
     """Absolute UNIX time after which the caller no longer waits; work past it is refused, never done."""
-    budget_ms: Annotated[float, Field(allow_inf_nan=False, gt=0, le=MAX_BUDGET_MS)] | None = None
+    budget_ms: BudgetMs | None = None
     """How long the caller can wait, in milliseconds from when serving received the call (the earlier of it
     and ``deadline`` wins). A call that cannot be answered within it is refused at once (503, ``refused``).
     Unset: the ``X-Examlops-Budget-Ms`` header, else the task's default budget, else no limit."""
@@ -162,3 +177,74 @@ class ReloadChangeReply(BaseModel):
 class ReloadReply(BaseModel):
     changes: list[ReloadChangeReply]
     """What moved; empty when every alias in memory already matched MLflow."""
+
+
+class TaskStreamBody(BaseModel):
+    """Many instances through one stream (`POST /v1/tasks/{task}/stream`); the budget governs the whole."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"example": {"instances": [{"embedding": [0.01] * 4, "node_count": 12}], "budget_ms": 2000}},
+    )
+
+    instances: Annotated[list[Instance], Field(min_length=1, max_length=MAX_STREAM_INSTANCES)]
+    """The instances, answered in this order (each chunk names the index of its first)."""
+    user_id: ShortText | None = None
+    """Kept as metadata."""
+    deadline: Deadline | None = None
+    """Absolute UNIX time after which the caller no longer waits for any of the stream."""
+    budget_ms: BudgetMs | None = None
+    """How long the caller waits for the whole stream, in milliseconds from when serving received it (the
+    earlier of it and ``deadline`` wins). Unset: the ``X-Examlops-Budget-Ms`` header, else the task's default."""
+
+
+class ModelStreamBody(TaskStreamBody):
+    """Many instances through one stream to a model (`POST /v1/models/{model}/stream`)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "example": {"alias": "Production", "instances": [{"embedding": [0.01] * 4, "node_count": 12}]}
+        },
+    )
+
+    alias: ShortText | None = None
+    """Production, Canary or Staging, any case. Unset: drawn once from the model's traffic split."""
+    version: Annotated[StrictInt, Field(ge=1, le=MAX_VERSION)] | None = None
+    """Pin a raw registry version instead of an alias."""
+
+
+class StreamChunk(BaseModel):
+    """One line of a stream: the predictions of one finished batch of consecutive instances."""
+
+    chunk: int
+    """0, 1, 2, ... in order; no chunk is skipped."""
+    start: int
+    """The index (in ``instances``) of the first instance answered here; the others follow in order."""
+    predictions: list[float]
+    model: str
+    alias: str
+    versions: list[str]
+    """The version that answered each prediction (all the same unless a reload landed mid-chunk)."""
+    job_ids: list[str | None] | None = None
+    """Each instance's ``job_id``, when any instance of the chunk had one."""
+    budget_remaining_ms: float | None = None
+    """What was left of the stream's budget (or deadline) when the chunk was sent."""
+
+
+class StreamEnd(BaseModel):
+    """The last line of every stream that started."""
+
+    done: Literal[True] = True
+    answered: int
+    """How many instances the chunks before this line answered (the first ``answered``, in order)."""
+    instances: int
+    """How many the stream asked for."""
+    expired: bool = False
+    """The budget ran out (or could no longer be met) before every instance was answered; the rest were
+    never run."""
+    budget_ms: float | None = None
+    budget_remaining_ms: float | None = None
+    error: ErrorReply | None = None
+    """What stopped the stream, when something other than its budget did (a model failure, a bad
+    instance: ``field`` names it as ``instances.<i>.<field>``); None when every instance was answered."""

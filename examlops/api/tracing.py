@@ -1,6 +1,7 @@
 """The trace of every inference call over HTTP, as pure ASGI middleware.
 
-For a POST to an inference route (a path ending in ``/infer`` or ``/predict``), ``TraceMiddleware``:
+For a POST to an inference route (a path ending in ``/infer`` or ``/predict``, or a stream's ``/stream``: one
+trace for the whole stream), ``TraceMiddleware``:
 
 - opens a ``CallTrace`` before anything else runs (so a 413 from the body limit or an unexpected error is
   traced too) and puts it where the route finds it (``call_of(request)``); a call from the bridge
@@ -8,7 +9,8 @@ For a POST to an inference route (a path ending in ``/infer`` or ``/predict``), 
   (``X-Examlops-Trace``) and is traced as a bus call;
 - adds ``X-Examlops-Trace`` to the reply, whatever its status;
 - once the reply is sent, finishes the trace: answered for a 200, else refused or failed as the error
-  body's ``code`` says (``tracing.outcome_of``). The route notes model, alias, version and job id on the
+  body's ``code`` says (``tracing.outcome_of``); a stream that stopped early notes its code on the call
+  (``CallTrace.ended``), which then decides. The route notes model, alias, version and job id on the
   call, and hands the pipeline ``call.facts`` for queue wait, batch and predict time.
 
 The request and reply bodies are kept for the payload policy only when it keeps something.
@@ -31,7 +33,7 @@ _IDENTITY_HEADER = IDENTITY_HEADER.lower().encode()
 
 def is_inference(scope: Scope) -> bool:
     path: str = scope.get("path", "")
-    return scope.get("method") == "POST" and (path.endswith("/infer") or path.endswith("/predict"))
+    return scope.get("method") == "POST" and path.endswith(("/infer", "/predict", "/stream"))
 
 
 def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
@@ -108,7 +110,7 @@ class TraceMiddleware:
             await self.app(scope, traced_receive if keep else receive, traced_send)
         finally:
             output = b"".join(body_out)
-            code = None if status == 200 else _error_code(output, status)
+            code = call.ended if status == 200 else _error_code(output, status)
             self.tracer.finish(call, error_code=code, status=status, input=b"".join(body_in), output=output)
 
 

@@ -56,6 +56,9 @@ class CallTrace:
     adapter: str | None = None
     budget_ms: float | None = None
     job_id: str | None = None
+    ended: str | None = None
+    """A streamed call that answered 200 but stopped early: the code it stopped with (``refused`` when its
+    budget ran out); the trace records that outcome instead of answered."""
     finished: bool = False
 
 
