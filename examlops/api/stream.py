@@ -64,9 +64,10 @@ def _body_schema(kind: type[TaskStreamBody]) -> dict[str, object]:
 
 def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) -> APIRouter:
     """The stream routes (the task route only with ``tasks``); chunks of ``settings.batch.max_size``, with
-    one chunk per predict worker submitted ahead of the one being answered, plus one."""
+    one chunk per predict worker submitted ahead of the one being answered (the batcher holds a batch per
+    worker: more ahead would only wait in its queue and weigh on admission)."""
     router = APIRouter(tags=["inference"])
-    size, window = settings.batch.max_size, settings.predict.workers + 1
+    size, window = settings.batch.max_size, settings.predict.workers
 
     def check_ready(request: Request) -> None:
         if not pipeline.ready or request.app.state.draining:

@@ -72,14 +72,14 @@ class StreamRun:
         its last line is sent; None when it answered every instance."""
 
     def _fill(self, upto: int) -> None:
-        """Submit every chunk below ``upto`` (bounded by the window ahead of the chunk being answered)."""
+        """Submit every chunk below ``upto``: the one being answered and the window ahead of it."""
         loop = asyncio.get_running_loop()
         while len(self._submitted) < min(upto, len(self._chunks)):
             chunk = self._chunks[len(self._submitted)]
             self._submitted.append([loop.create_task(self._infer(req)) for req in chunk])
 
     async def _outcomes(self, n: int) -> list[Outcome]:
-        self._fill(n + self._window)
+        self._fill(n + 1 + self._window)
         return list(await asyncio.gather(*self._submitted[n], return_exceptions=True))
 
     def _error(self, n: int, outcomes: Sequence[Outcome]) -> tuple[int, BaseException] | None:
