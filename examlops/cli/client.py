@@ -1,14 +1,17 @@
 """A small HTTP client for the serving API, used by `exa serve ...` and `exa predict`.
 
 httpx errors are translated here: an unreachable server is ``PipelineUnavailable``
-(exit 3), and an error reply becomes the error its ``code`` names.
+(exit 3), and an error reply becomes the error its ``code`` names (a refusal is ``Refused``). ``stream``
+reads a stream route's NDJSON lines as they arrive.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 
 from examlops.core import errors
 
@@ -27,6 +30,7 @@ class ServingClient:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> None:
         """``token`` is sent as ``Authorization: Bearer``; it is never printed, even in an error."""
         self.base_url = base_url.rstrip("/")
+        self._timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self._http = httpx.Client(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers
@@ -43,20 +47,49 @@ class ServingClient:
             response = self._http.request(method, path, json=json)
         except httpx.TransportError as exc:
             raise errors.PipelineUnavailable(f"serving at {self.base_url} cannot be reached ({exc})") from exc
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"error": response.text[:200]}
+        body = _json_of(response)
         if response.status_code in ok:
             return body
-        message = body.get("error") if isinstance(body, dict) else None
-        text = message or f"HTTP {response.status_code} from {path}"
-        if response.status_code == 401:
-            raise errors.Unauthenticated(f"{text} (set EXAMLOPS_TOKEN, or run `exa up` for the admin token)")
-        if response.status_code == 403:
-            raise errors.Forbidden(text, permission=str((body or {}).get("permission") or ""))
-        kind = _BY_STATUS.get(response.status_code, errors.InferenceFailed)
-        raise kind(text, field=(body or {}).get("field"))
+        raise _error_of(response.status_code, body, path)
+
+    def stream(self, path: str, *, json: Any, read_timeout_s: float | None = None) -> Iterator[dict[str, Any]]:
+        """POST ``json`` to a stream route and yield each NDJSON line as it arrives; an error reply (sent
+        before any line) raises as ``request`` does. ``read_timeout_s``: the longest wait for one line."""
+        timeout = httpx.Timeout(self._timeout_s if read_timeout_s is None else read_timeout_s, connect=5.0)
+        try:
+            with self._http.stream("POST", path, json=json, timeout=timeout) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _error_of(response.status_code, _json_of(response), path)
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield orjson.loads(line)
+        except httpx.TransportError as exc:
+            raise errors.PipelineUnavailable(f"serving at {self.base_url} cannot be reached ({exc})") from exc
 
     def get(self, path: str, *, ok: tuple[int, ...] = (200,)) -> Any:
         return self.request("GET", path, ok=ok)
+
+
+def _json_of(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"error": response.text[:200]}
+
+
+def _error_of(status: int, body: Any, path: str) -> errors.ExamlopsError:
+    """The error an error reply names (its ``code``, else its status)."""
+    message = body.get("error") if isinstance(body, dict) else None
+    text = message or f"HTTP {status} from {path}"
+    details = body if isinstance(body, dict) else {}
+    if status == 401:
+        return errors.Unauthenticated(f"{text} (set EXAMLOPS_TOKEN, or run `exa up` for the admin token)")
+    if status == 403:
+        return errors.Forbidden(text, permission=str(details.get("permission") or ""))
+    if details.get("code") == "refused":
+        return errors.Refused(
+            text, reason=str(details.get("refused") or "budget"), estimate_ms=details.get("estimate_ms")
+        )
+    kind = _BY_STATUS.get(status, errors.InferenceFailed)
+    return kind(text, field=details.get("field"))

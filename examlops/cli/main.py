@@ -17,8 +17,9 @@ from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
 from examlops.cli.identity import identity_app
 from examlops.cli.output import JsonOption, console, err_console, errors_as_exit, load_settings, print_json
+from examlops.cli.predict import predict
 from examlops.cli.retrain import retrain
-from examlops.cli.serve import predict, serve_app
+from examlops.cli.serve import serve_app
 from examlops.cli.tasks import task_app
 from examlops.cli.trace import trace_app
 from examlops.core.setting_sources import setting_description, setting_sources
@@ -36,7 +37,9 @@ demo_app = typer.Typer(help="Demo models and data: register JPCP, CRCP and AC in
 app.add_typer(config_app, name="config")
 app.add_typer(demo_app, name="demo")
 app.add_typer(serve_app, name="serve")
-app.command("predict", help="One prediction through the direct API (records nothing).")(predict)
+app.command(
+    "predict", help="One prediction through the direct API (records nothing); with --stream, many from a file."
+)(predict)
 app.add_typer(bus_app, name="bus")
 bridge_app.command("status")(bridge_status)
 app.add_typer(bridge_app, name="bridge")

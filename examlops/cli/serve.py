@@ -1,4 +1,4 @@
-"""`exa serve ...` and `exa predict`: run the serving process and talk to it."""
+"""`exa serve ...`: run the serving process and talk to it (the client and embedding helpers `exa predict` uses)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import typer
 
@@ -188,63 +187,6 @@ def read_embedding(path: Path) -> list[float]:
     if not isinstance(data, list):
         fail(f"{path} must hold a JSON list of numbers", BAD_INPUT)
     return data
-
-
-def predict(
-    node_count: Annotated[int, typer.Option("--node-count", help="Mesh node count, a positive integer.")],
-    model: Annotated[
-        str | None, typer.Argument(help="Catalog model name (any case); or name a task with --task instead.")
-    ] = None,
-    task: Annotated[
-        str | None,
-        typer.Option("--task", help="Ask for a task (e.g. pavement.distress.jpcp): the site picks the model."),
-    ] = None,
-    alias: Annotated[
-        str | None, typer.Option(help="Production, Canary or Staging; default: the traffic split.")
-    ] = None,
-    version: Annotated[int | None, typer.Option(help="Pin a raw registry version instead of an alias.")] = None,
-    embedding_file: Annotated[
-        Path | None, typer.Option("--embedding-file", help="JSON list (or plain numbers) of the embedding.")
-    ] = None,
-    random: Annotated[bool, typer.Option("--random", help="Use a random embedding of the model's length.")] = False,
-    url: UrlOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """One prediction through the direct API (records nothing), for a model or, with --task, for a task."""
-    from examlops.bootstrap import catalog
-
-    if (model is None) == (task is None):
-        fail("give exactly one of MODEL and --task T", BAD_INPUT)
-    if task is not None and (alias is not None or version is not None):
-        fail("--task picks the model and alias itself: --alias and --version go with MODEL only", BAD_INPUT)
-    if (embedding_file is None) == (not random):
-        fail("give exactly one of --embedding-file F and --random", BAD_INPUT)
-    settings = load_settings()
-    with errors_as_exit():
-        if embedding_file is not None:
-            embedding = read_embedding(embedding_file)
-        else:
-            # A task's model is the site's choice, so its length is the catalog's default length.
-            dim = catalog(settings).get(model).embedding_dim if model else settings.embedding_dim
-            embedding = _random_embedding(dim)
-        body: dict[str, Any] = {"embedding": embedding, "node_count": node_count}
-        if alias:
-            body["alias"] = alias
-        if version is not None:
-            body["version"] = version
-        with _client(url) as client:
-            if task is not None:
-                reply = client.request("POST", f"/v1/tasks/{quote(task, safe='')}/infer", json=body)
-            else:
-                spec = catalog(settings).get(model or "")
-                reply = client.request("POST", f"/v1/models/{spec.name}/predict", json=body)
-    if as_json:
-        print_json(reply)
-    else:
-        columns = ["model", "alias", "version", "run_id", "prediction"]
-        if task is not None:
-            columns.insert(0, "task")
-        print_table(None, [c.replace("_", " ") for c in columns], [[reply.get(c) for c in columns]])
 
 
 @serve_app.command("reload")
