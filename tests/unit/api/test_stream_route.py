@@ -108,7 +108,7 @@ def lines(reply: httpx.Response) -> list[dict[str, Any]]:
 
 
 async def test_chunks_come_in_order_one_per_batch_and_a_last_line_counts_them(
-    client: httpx.AsyncClient, pipeline: StreamingPipeline
+    client: httpx.AsyncClient, pipeline: StreamingPipeline, tracer: RecordingTracer
 ) -> None:
     reply = await client.post("/v1/tasks/pavement.distress.jpcp/stream", json={"instances": instances(20)})
     assert reply.status_code == 200, reply.text
@@ -129,6 +129,8 @@ async def test_chunks_come_in_order_one_per_batch_and_a_last_line_counts_them(
     assert {(r.model, r.alias, r.routed, r.task) for r in pipeline.seen} == {
         ("JPCP", "Production", True, "pavement.distress.jpcp")
     }
+    [(call, code)] = tracer.finished
+    assert (code, call.model, call.alias, call.version) == (None, "JPCP", "Production", "1")
 
 
 async def test_every_instance_carries_the_streams_deadline_and_budget_and_chunks_say_what_is_left(
@@ -209,7 +211,7 @@ async def test_an_unknown_task_is_a_404_before_anything_is_submitted(
 
 
 async def test_a_client_that_disconnects_mid_stream_stops_the_work_still_queued(
-    app: Any, pipeline: StreamingPipeline
+    app: Any, pipeline: StreamingPipeline, tracer: RecordingTracer
 ) -> None:
     total = 2000
     # Short embeddings keep the body under the limit; the fake does not check their length.
@@ -249,6 +251,8 @@ async def test_a_client_that_disconnects_mid_stream_stops_the_work_still_queued(
     assert pipeline.done < total // 10
     assert pipeline.cancelled > 0
     assert pipeline.submitted == pipeline.done + pipeline.cancelled  # nothing left pending
+    [(_, code)] = tracer.finished
+    assert code == "client_disconnected"
 
 
 async def test_the_openapi_document_shows_both_stream_routes_with_their_bodies(client: httpx.AsyncClient) -> None:
