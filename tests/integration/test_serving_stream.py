@@ -98,8 +98,10 @@ def test_exa_predict_stream_prints_every_chunk_as_ndjson(server: ServingProcess,
     runner = CliRunner(env={"EXAMLOPS_TOKEN": server.token})
     result = runner.invoke(
         exa,
-        ["predict", "--task", "pavement.distress.jpcp", "--file", str(path), "--stream", "--budget-ms", "60000"]
-        + ["--url", server.url, "--json"],
+        [
+            *("predict", "--task", "pavement.distress.jpcp", "--file", str(path), "--stream"),
+            *("--budget-ms", "60000", "--url", server.url, "--json"),
+        ],
     )
     assert result.exit_code == 0, result.output
     *chunks, end = [json.loads(line) for line in result.stdout.splitlines()]
