@@ -158,10 +158,20 @@ class StreamRun:
         )
 
     def cancel(self) -> None:
-        """Cancel every request still pending; idempotent."""
+        """Cancel every request still pending; idempotent. The outcomes nobody will read are marked read,
+        so a refusal that came back for a chunk no longer wanted is not logged as an unhandled error."""
         for chunk in self._submitted:
             for task in chunk:
-                task.cancel()
+                if task.done():
+                    _read(task)
+                else:
+                    task.cancel()
+                    task.add_done_callback(_read)
+
+
+def _read(task: asyncio.Task[InferenceResult]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _located(index: int, error: E) -> E:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import pytest
@@ -74,3 +75,19 @@ async def test_a_bad_instance_in_the_first_chunk_is_raised_naming_its_index_and_
     with pytest.raises(InvalidInput) as caught:
         await run.first()
     assert caught.value.field == "instances.2.embedding"
+
+
+async def test_outcomes_of_chunks_no_longer_wanted_are_not_left_unread(caplog: pytest.LogCaptureFixture) -> None:
+    async def infer(request: InferenceRequest) -> InferenceResult:
+        if request.node_count > 2:
+            raise InvalidInput("bad", field="embedding")
+        return InferenceResult(request.model, "Production", "1", None, 0.5)
+
+    run = StreamRun(infer, requests(12, None), size=2, window=4, deadline=None, budget_ms=None)
+    await run.first()
+    out = [json.loads(line) async for line in run.lines()]
+    assert out[-1]["error"]["field"] == "instances.2.embedding"
+    del run, out
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text
