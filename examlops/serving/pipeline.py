@@ -1,6 +1,7 @@
 """The inference pipeline (seed 000, steps 5-8): transformer, router, hot set and predict runtime composed.
 
-``infer`` contract: a request whose ``deadline`` (UNIX time) has passed on entry is ``DeadlineExceeded``;
+``infer`` contract: a request whose ``deadline`` (UNIX time) has passed on entry is ``DeadlineExceeded``,
+or ``Refused`` (reason ``budget``) when it declared a budget (a refusal, not an error, for a budgeted call);
 one that has a deadline is admitted only when the estimate (``admission``) says it can be answered by
 then, else ``Refused`` (reason ``budget``) at once, before it is queued. Queued requests wait in deadline
 order; one whose deadline comes while it waits never reaches a worker: ``Refused`` (reason ``late``).
@@ -219,6 +220,8 @@ class Pipeline:
             alias = self._label(spec.name, PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias)
             if req.alias is not None and req.version is not None:
                 raise InvalidInput("give either alias or version, not both", field="version")
+            if req.budget_ms is not None and req.deadline is not None and req.deadline <= self._wall():
+                raise Refused("the budget ran out before the call reached serving's queue", reason="budget")
             check_deadline(req, self._wall())
             if not self._started or self._closed:
                 raise NotReady("the pipeline is not started")

@@ -109,3 +109,13 @@ async def test_background_work_waits_behind_every_interactive_call(busy_world: W
     results = await asyncio.gather(first, second, interactive, background)
     assert [r.prediction for r in results] == [1001, 1002, 1060, 1050]
     assert world.runtime.predicts[1:] == [("JPCP/1", 2), ("JPCP/1", 1)]  # the background call last, alone
+
+
+async def test_a_budgeted_call_whose_budget_is_gone_on_entry_is_refused_not_an_error(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline()
+    await pipeline.start()
+    with pytest.raises(Refused) as refused:
+        await pipeline.infer(req(3, deadline=world.wall.now - 0.001, budget_ms=5))
+    assert refused.value.reason == "budget"
+    assert world.runtime.predicts == []
