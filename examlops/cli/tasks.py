@@ -76,7 +76,7 @@ def map_(
 
     if no_budget and budget_ms is not None:
         fail("give at most one of --budget-ms N and --no-budget", BAD_INPUT)
-    budget: float | None | Keep = None if no_budget else KEEP if budget_ms is None else budget_ms
+    budget: float | Keep | None = None if no_budget else KEEP if budget_ms is None else budget_ms
     settings = load_settings()
     with errors_as_exit(), task_map(settings) as tasks:
         actor = acting_identity(settings, Permission.SET_TRAFFIC)  # Forbidden without the permission

@@ -29,7 +29,7 @@ class TaskMap(Protocol):
         ...
 
     def map(
-        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | None | Keep = KEEP
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
     ) -> TaskChange:
         """Point the task at the model and alias, in one transaction. A new task gets a new address; a
         mapped one keeps its address. ``budget_ms`` sets the task's default budget (None clears it);

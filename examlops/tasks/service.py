@@ -9,9 +9,10 @@ the audit trail as ``task.mapped`` naming who did it (``actor``); when the audit
 change stays (it is already in SQL) and ``TaskMapped.audited`` says so, so the caller reports it.
 
 ``seed_tasks`` maps every task a catalog model lists that the map does not hold yet to that model's
-default alias, with the default budget the model's ``task_budgets_ms`` names for it (none otherwise), and audits each one it created (best effort, as ``"system:catalog"``). A mapped task is never
-touched: an operator's remap survives every restart. A task two catalog models list goes to the first
-in catalog order (files sorted by name).
+default alias, with the default budget the model's ``task_budgets_ms`` names for it (none otherwise),
+and audits each one it created (best effort, as ``"system:catalog"``). A mapped task is never touched:
+an operator's remap survives every restart. A task two catalog models list goes to the first in catalog
+order (files sorted by name).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def map_task(
     *,
     actor: str,
     audit: AuditHook,
-    budget_ms: float | None | Keep = KEEP,
+    budget_ms: float | Keep | None = KEEP,
 ) -> TaskMapped:
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
     key = task_name(task)

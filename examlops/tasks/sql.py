@@ -72,7 +72,7 @@ class SqlTaskMap:
             return [_route(row) for row in rows]
 
     def map(
-        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | None | Keep = KEEP
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
     ) -> TaskChange:
         key = task.lower()
         with self._session("change") as session:

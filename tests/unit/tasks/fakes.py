@@ -35,7 +35,7 @@ class InMemoryTaskMap:
         return sorted(self.rows.values(), key=lambda r: r.task)
 
     def map(
-        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | None | Keep = KEEP
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
     ) -> TaskChange:
         self._check()
         key = task.lower()
