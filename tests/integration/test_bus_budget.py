@@ -9,6 +9,7 @@ over the bus, and a real early refusal reach the bus client as ``Refused``.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -220,3 +221,35 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert early.value.reason == "budget" and early.value.estimate_ms is not None and early.value.estimate_ms >= 5000
     assert early.value.reply["budget_ms"] == 3000.0  # type: ignore[attr-defined]  # the bus client's RefusedJob
     assert all(record.job_id != "tight-bus" for record in recorded(redis_url))
+
+
+async def test_exa_bus_send_with_a_budget_prints_a_refusal_with_its_estimate_and_exits_unavailable(
+    tmp_path: Path,
+    redis_url: str,  # noqa: F811
+    standin: BudgetStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from examlops.cli.main import app as exa
+
+    standin.refuse = True
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    assert settings.token is not None
+    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("EXAMLOPS_REDIS__URL", redis_url)
+    monkeypatch.setenv("EXAMLOPS_TOKEN", settings.token.get_secret_value())
+    argv = ["bus", "send", "JPCP", "--random", "--node-count", "12", "--budget-ms", "750"]
+    async with running_bridge(settings):
+        as_json = await asyncio.to_thread(CliRunner().invoke, exa, [*argv, "--json"])
+        as_text = await asyncio.to_thread(CliRunner().invoke, exa, argv)
+    assert as_json.exit_code == as_text.exit_code == 3, as_json.output
+    reply = json.loads(as_json.stdout)
+    assert (reply["code"], reply["refused"], reply["estimate_ms"], reply["budget_ms"]) == (
+        "refused",
+        "budget",
+        812.5,
+        750,
+    )
+    assert "refused (budget)" in as_text.output and "812.5" in as_text.output
+    assert 0 < standin.calls[0][2]["budget_ms"] < 750
