@@ -31,9 +31,10 @@ before it believes anything else in the job.
 
 A reply entry's fields: ``job_id``, ``status`` (the HTTP status from serving,
 0 when serving was not asked), ``body`` (the HTTP reply's JSON: model, alias,
-version, run_id, prediction, error, job_id, and task for a task's address; or
-an error body: error, prediction 0.0, code, field, inference_failed, model,
-job_id), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
+version, run_id, prediction, error, job_id, budget_ms, budget_remaining_ms, and
+task for a task's address; or an error body: error, prediction 0.0, code, field,
+inference_failed, model, job_id; a refusal adds refused, estimate_ms and
+retry_after_s), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
 bus key over the canonical JSON array of the reply format tag, job id, status,
 body and key id. Only the bridge that verified the job (it holds the key) and
 the job's sender can make it; the client ignores a reply it cannot verify.

@@ -253,3 +253,28 @@ async def test_exa_bus_send_with_a_budget_prints_a_refusal_with_its_estimate_and
     )
     assert "refused (budget)" in as_text.output and "812.5" in as_text.output
     assert 0 < standin.calls[0][2]["budget_ms"] < 750
+
+
+async def test_the_bus_trace_of_a_job_whose_budget_ran_out_before_serving_records_its_budget(
+    tmp_path: Path,
+    redis_url: str,  # noqa: F811
+    standin: BudgetStandIn,
+) -> None:
+    from examlops.bootstrap.tracing import call_tracer
+    from examlops.tracing import trace_id_for_job
+    from examlops.tracing.sql_store import SqlTraceStore
+
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    engine = sql_engine(settings)
+    tracer = call_tracer(settings, engine)
+    tracer.start()
+    try:
+        async with running_bridge(settings, tracer=tracer), bus_client(settings) as client:
+            reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="spent", budget_ms=0.5)
+    finally:
+        await asyncio.to_thread(tracer.close)
+    assert reply["code"] == "deadline_exceeded" and standin.calls == []  # never reached serving
+    record = SqlTraceStore(engine).get(trace_id_for_job("spent"))
+    engine.dispose()
+    assert record is not None
+    assert (record.channel, record.outcome, record.budget_ms, record.job_id) == ("bus", "refused", 0.5, "spent")
