@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from examlops.bus import budget
 from examlops.bus.wire import Job, error_body
-from examlops.core.budget import remaining_ms
 from examlops.core.errors import (
     DeadlineExceeded,
     ExamlopsError,
@@ -202,7 +202,7 @@ class ModelHandler:
         """Serve ``job`` on behalf of ``identity``; both it and ``trace_id`` travel to serving in the hop's
         headers (``trace_headers``), and serving traces the call under that id."""
         now = self.clock()
-        left_ms = None if job.budget_ms is None else math.floor((job.deadline - now) * 10_000.0) / 10.0
+        left_ms = None if job.budget_ms is None else budget.left_ms(job.deadline, now)
         if left_ms is not None and left_ms <= 0:
             return self._error(
                 DeadlineExceeded("the job's budget ran out before it reached serving"), job, recorded=False
@@ -223,27 +223,11 @@ class ModelHandler:
         return self._reply(job, response)
 
     def _budget(self, job: Job) -> dict[str, Any]:
-        """What a reply says of the job's budget, as serving's answers do: the budget and what is left now."""
-        return {"budget_ms": job.budget_ms, "budget_remaining_ms": remaining_ms(job.deadline, self.clock())}
+        return budget.reply_budget(job.budget_ms, job.deadline, self.clock())
 
     def _refused(self, job: Job, data: dict[str, Any], response: httpx.Response) -> Outcome:
         """Serving's refusal passed on as a normal outcome: never recorded, so never counted as a failure."""
-        try:
-            retry_after_s = float(response.headers.get("retry-after", ""))
-        except ValueError:
-            retry_after_s = None
-        message = data.get("error")
-        body = {
-            **data,
-            "error": message if isinstance(message, str) and message else "refused: the budget cannot be met",
-            "prediction": 0.0,
-            "code": Refused.code,
-            "inference_failed": False,
-            "refused": data.get("refused") or "budget",
-            "estimate_ms": data.get("estimate_ms"),
-            "retry_after_s": retry_after_s,
-            **self._budget(job),
-        }
+        body = {**budget.refused_body(data, response.headers.get("retry-after")), **self._budget(job)}
         return Outcome(self._named(body), response.status_code, False)
 
     def _transport_error(self, exc: Exception, job: Job) -> Outcome:

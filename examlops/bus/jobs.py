@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from examlops.bus import wire
+from examlops.bus import budget, wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.ports import BusCaller, BusKeys
 from examlops.bus.store import BusStore
@@ -112,7 +112,7 @@ class JobRunner:
         handler = self.handler_of(address)
         if handler is not None:
             trace.model, trace.task = handler.spec.name, handler.task
-            job = handler.budgeted(job, wire.entry_time(entry_id))
+            job = handler.budgeted(job, budget.entry_time(entry_id))
         trace.budget_ms = job.budget_ms
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(

@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from examlops.bus import budget
 from examlops.core import keys
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, Forbidden, InvalidInput
 from examlops.core.jsoncodec import ascii_array, canonical
@@ -85,7 +86,6 @@ _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FIELDS = ("v", "job_id", "reply_to", "key", "deadline", "payload", "sig")
 _BUDGET_FIELDS = ("submitted", "budget_ms")
 """Optional signed fields: a job without them has no budget of its own (its task's default may apply)."""
-MAX_JOB_BUDGET_MS = MAX_JOB_TTL_S * 1000.0
 _JOB_TAG = "examlops.bus.v" + FORMAT
 _REPLY_TAG = "examlops.bus.reply.v" + FORMAT
 
@@ -148,13 +148,6 @@ def is_reply_stream(name: str) -> bool:
     return name.startswith(REPLIES_PREFIX) and bool(_CLIENT_ID.match(name.removeprefix(REPLIES_PREFIX)))
 
 
-def entry_time(entry_id: str) -> float | None:
-    """The UNIX time Redis gave a stream entry id (``<ms>-<seq>``): when a job without ``submitted`` was
-    put on its stream; None for an id that is not one."""
-    millis, _, _ = entry_id.partition("-")
-    return int(millis) / 1000.0 if millis.isdigit() else None
-
-
 @dataclass(frozen=True, slots=True)
 class Job:
     """One verified job. ``payload`` holds ``embedding``, ``node_count`` and optionally ``alias``;
@@ -181,7 +174,7 @@ class Job:
         start = self.submitted_at if self.submitted_at is not None else submitted_at
         if start is None:
             return self
-        deadline = min(self.deadline, start + budget_ms / 1000.0)
+        deadline = budget.deadline_of(self.deadline, start, budget_ms)
         return replace(self, deadline=deadline, budget_ms=budget_ms, submitted_at=start)
 
     def expired(self, now: float) -> DeadlineExceeded | None:
@@ -225,13 +218,10 @@ def encode_job(
     (the client's clock now) is required with a ``budget_ms``.
 
     ``InvalidInput`` for a payload that is not plain finite JSON, or a budget that is not a positive number
-    of milliseconds up to ``MAX_JOB_BUDGET_MS``.
+    of milliseconds up to ``budget.MAX_JOB_BUDGET_MS``.
     """
     if budget_ms is not None:
-        if not (math.isfinite(budget_ms) and 0 < budget_ms <= MAX_JOB_BUDGET_MS):
-            raise InvalidInput(
-                f"the budget must be more than 0 and at most {MAX_JOB_BUDGET_MS:.0f} ms", field="budget_ms"
-            )
+        budget.check_budget(budget_ms)
         if submitted is None:
             raise InvalidInput("a job's budget needs its submission time", field="submitted")
     try:
@@ -290,25 +280,13 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
         raise MalformedJob("the deadline must be a finite number and the payload an object")
     if deadline - now > MAX_JOB_TTL_S:
         raise MalformedJob(f"the deadline lies more than {MAX_JOB_TTL_S:.0f} s ahead")
-    submitted, budget_ms = _budget_fields(raw)
-    if budget_ms is not None and submitted is not None:
-        deadline = min(deadline, submitted + budget_ms / 1000.0)
-    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted)
-
-
-def _budget_fields(raw: Mapping[str, str]) -> tuple[float | None, float | None]:
-    """``(submitted, budget_ms)`` of a verified job, each None when not sent; ``MalformedJob`` when one
-    cannot be read, or a budget comes without its submission time."""
     try:
-        submitted = float(raw["submitted"]) if raw.get("submitted") else None
-        budget_ms = float(raw["budget_ms"]) if raw.get("budget_ms") else None
+        submitted, budget_ms = budget.read_budget(raw)
     except ValueError as exc:
         raise MalformedJob(f"the submission time or budget cannot be read ({exc})") from exc
-    if submitted is not None and not math.isfinite(submitted):
-        raise MalformedJob("the submission time must be a finite number")
-    if budget_ms is not None and (submitted is None or not (math.isfinite(budget_ms) and budget_ms > 0)):
-        raise MalformedJob("the budget must be a positive number of milliseconds, sent with its submission time")
-    return submitted, budget_ms
+    if budget_ms is not None and submitted is not None:
+        deadline = budget.deadline_of(deadline, submitted, budget_ms)
+    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted)
 
 
 def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pydantic import SecretStr
 
 from examlops.bootstrap import sql_engine
 from examlops.bootstrap.bridge import bus_client
+from examlops.bus.client import RefusedJob
 from examlops.core.errors import Refused
 from examlops.monitoring.failures import Outcome, classify
 from examlops.tasks.sql import SqlTaskMap
@@ -157,7 +158,8 @@ async def test_a_refused_bus_reply_carries_the_reason_and_estimate_the_client_ra
             await client.request(ADDRESS, PAYLOAD, 10, job_id="refused", budget_ms=500)
     error = refused.value
     assert (error.code, error.reason, error.estimate_ms, error.retry_after_s) == ("refused", "budget", 812.5, 3.0)
-    reply = error.reply  # type: ignore[attr-defined]  # the bus client's RefusedJob
+    assert isinstance(error, RefusedJob)  # a Refused that keeps the whole reply
+    reply = error.reply
     assert (reply["refused"], reply["estimate_ms"], reply["budget_ms"]) == ("budget", 812.5, 500.0)
     assert reply["job_id"] == "refused" and reply["inference_failed"] is False
     assert recorded(redis_url) == []  # no record: the recorder never counts it toward the retrain trigger
@@ -219,7 +221,7 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert over_bus["error"] is None and over_bus["budget_ms"] == 60_000.0 and over_bus["task"] == "t.loose"
     assert 25_000 < over_bus["budget_remaining_ms"] < 30_000  # the 30 s timeout is the earlier end
     assert early.value.reason == "budget" and early.value.estimate_ms is not None and early.value.estimate_ms >= 5000
-    assert early.value.reply["budget_ms"] == 3000.0  # type: ignore[attr-defined]  # the bus client's RefusedJob
+    assert isinstance(early.value, RefusedJob) and early.value.reply["budget_ms"] == 3000.0
     assert all(record.job_id != "tight-bus" for record in recorded(redis_url))
 
 

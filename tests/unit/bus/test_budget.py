@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from examlops.bus import wire
+from examlops.bus import budget, wire
 from examlops.bus.hop import ModelHandler
 from examlops.core.errors import InvalidInput
 from examlops.core.settings import HttpSettings
@@ -65,7 +65,7 @@ def test_a_job_without_a_budget_signs_as_before_and_has_none() -> None:
     assert (job.deadline, job.budget_ms) == (NOW + 5, None)
 
 
-@pytest.mark.parametrize("budget", [0.0, -1.0, float("nan"), wire.MAX_JOB_BUDGET_MS + 1])
+@pytest.mark.parametrize("budget", [0.0, -1.0, float("nan"), budget.MAX_JOB_BUDGET_MS + 1])
 def test_a_budget_that_is_not_a_positive_number_of_milliseconds_cannot_be_sent(budget: float) -> None:
     with pytest.raises(InvalidInput, match="budget"):
         signed(budget_ms=budget)
@@ -79,7 +79,7 @@ def test_a_tasks_default_budget_counts_from_the_submission_and_never_replaces_th
     assert (defaulted.budget_ms, defaulted.deadline) == (50.0, NOW + 0.05)
     assert bare.with_default_budget(50_000.0, NOW).deadline == NOW + 5  # a long default never extends it
     legacy = wire.decode_job(SECRET, ADDRESS, signed(submitted=None, budget_ms=None), NOW)
-    assert legacy.with_default_budget(50.0, wire.entry_time("1700000000100-0")).deadline == NOW + 0.1 + 0.05
+    assert legacy.with_default_budget(50.0, budget.entry_time("1700000000100-0")).deadline == NOW + 0.1 + 0.05
 
 
 def job(*, budget_ms: float | None, deadline_in: float = 30.0) -> wire.Job:
@@ -144,7 +144,8 @@ async def test_a_task_job_without_a_budget_is_given_the_tasks_default_from_its_s
     handler = serving.handler(task="pavement.distress.jpcp", budget_ms=400.0)
     bare = job(budget_ms=None)
     defaulted = handler.budgeted(bare, None)
-    assert defaulted.budget_ms == 400.0 and defaulted.deadline == pytest.approx(bare.submitted_at + 0.4)  # type: ignore[operator]
+    assert bare.submitted_at is not None
+    assert defaulted.budget_ms == 400.0 and defaulted.deadline == pytest.approx(bare.submitted_at + 0.4)
     await handler.handle(defaulted)
     assert 0 < serving.bodies[0]["budget_ms"] <= 400.0
     assert handler.budgeted(job(budget_ms=100.0), None).budget_ms == 100.0  # the job's own budget stays
