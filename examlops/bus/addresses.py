@@ -8,6 +8,8 @@ Contract:
 - ``refresh()`` reads the whole task map (off the event loop) and swaps in the new handlers at once; the
   bridge calls it at start and whenever ``due`` says the copy is ``ttl_s`` old. A job takes its address's
   handler when it starts, so a remap changes where new jobs go and never fails one in flight.
+- A task's handler carries the task's default budget (``ModelHandler.budgeted``); a changed budget takes
+  effect like a remap.
 - A task map that cannot be read keeps the last copy (logged); a task mapped to a model that is not in the
   catalog is left to the bridges that have it.
 """
@@ -26,8 +28,9 @@ from examlops.registry.catalog import Catalog, ModelSpec
 
 log = logging.getLogger(__name__)
 
-HandlerFactory = Callable[[ModelSpec, str | None], ModelHandler]
-"""Builds the handler of a model (task None) or of a task that the model answers."""
+HandlerFactory = Callable[[ModelSpec, str | None, float | None], ModelHandler]
+"""Builds the handler of a model (task None) or of a task that the model answers, with the task's default
+budget in milliseconds (None: none)."""
 
 
 class Addresses:
@@ -45,7 +48,9 @@ class Addresses:
         self._tasks = tasks
         self._ttl_s = ttl_s
         self._clock = clock
-        self.models: Mapping[str, ModelHandler] = {str(spec.seanerbus_uuid): handler(spec, None) for spec in catalog}
+        self.models: Mapping[str, ModelHandler] = {
+            str(spec.seanerbus_uuid): handler(spec, None, None) for spec in catalog
+        }
         self.tasks: Mapping[str, ModelHandler] = {}
         self._next_refresh = 0.0
 
@@ -82,8 +87,15 @@ class Addresses:
                 continue
             address = str(route.address)
             current = self.tasks.get(address)
-            same = current is not None and current.task == route.task and current.spec.name == spec.name
-            fresh[address] = current if same and current is not None else self._handler(spec, route.task)
+            same = (
+                current is not None
+                and current.task == route.task
+                and current.spec.name == spec.name
+                and current.budget_ms == route.budget_ms
+            )
+            fresh[address] = (
+                current if same and current is not None else self._handler(spec, route.task, route.budget_ms)
+            )
         added = [wire.jobs_stream(address) for address in fresh if address not in self.tasks]
         for address, handler in fresh.items():
             if address in self.tasks and self.tasks[address] is not handler:

@@ -88,8 +88,8 @@ class Bridge:
         self.clock = clock
         url = serving_url or settings.serving.local_url
 
-        def handler(spec: ModelSpec, task: str | None) -> ModelHandler:
-            return ModelHandler(spec, http_client, url, http, clock, task=task)
+        def handler(spec: ModelSpec, task: str | None, budget_ms: float | None) -> ModelHandler:
+            return ModelHandler(spec, http_client, url, http, clock, task=task, budget_ms=budget_ms)
 
         self.addresses = Addresses(catalog, handler, tasks, ttl_s=settings.traffic.rules_ttl_s, clock=clock)
         self.jobs = JobRunner(

@@ -8,8 +8,15 @@ Contract of ``request``:
   address's stream (a model's or a task's); the deadline it carries is
   ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``), and bridges and serving
   refuse work past it;
+- ``budget_ms`` (seed 001) travels signed with the submission time: the job's
+  deadline is then the earlier of the two, the bridge passes serving only what
+  is left of it, and the reply carries ``budget_ms`` and ``budget_remaining_ms``;
 - returns the reply body: a prediction (``error`` is None) or an error body
-  (``error``, ``prediction`` 0.0, ``code``); an error reply is not raised;
+  (``error``, ``prediction`` 0.0, ``code``); an error reply is not raised,
+  except a refusal (code ``refused``: no placement could meet the budget, or it
+  ran out while queued), raised as ``Refused`` with the reply's ``refused``
+  reason, ``estimate_ms`` and ``retry_after_s``: a normal outcome the caller
+  falls back from, and does not retry at once;
 - raises ``DeadlineExceeded`` when no reply came within ``timeout``, and
   ``StoreUnavailable`` when Redis cannot be reached to send the job (after the
   connection's retries with backoff).
@@ -45,7 +52,7 @@ from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
-from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, StoreUnavailable
+from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, Refused, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +100,7 @@ class BusClient:
         timeout: float,  # noqa: ASYNC109  # it is also the job's deadline on the wire, not only a local wait
         *,
         job_id: str | None = None,
+        budget_ms: float | None = None,
     ) -> Reply:
         try:
             address = str(uuid.UUID(str(address)))
@@ -103,7 +111,8 @@ class BusClient:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
         job_id = job_id or uuid.uuid4().hex
-        deadline = self._clock() + timeout
+        submitted = self._clock()
+        deadline = submitted + timeout
         fields = wire.encode_job(
             self.key_id,
             self._key,
@@ -112,16 +121,21 @@ class BusClient:
             reply_to=self.reply_stream,
             deadline=deadline,
             payload=payload,
+            submitted=submitted,
+            budget_ms=budget_ms,
         )
         waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[job_id] = waiter
         try:
             await self.store.submit(address, fields)
-            return await asyncio.wait_for(waiter, max(0.0, deadline - self._clock()))
+            reply = await asyncio.wait_for(waiter, max(0.0, deadline - self._clock()))
         except TimeoutError:
             raise DeadlineExceeded(f"no reply to job {job_id} within {timeout:g} s") from None
         finally:
             self._waiting.pop(job_id, None)
+        if reply.get("code") == Refused.code:
+            raise RefusedJob(reply)
+        return reply
 
     async def _read_replies(self) -> None:
         outage = Outage(f"bus client {self.client_id}", log)
@@ -178,6 +192,20 @@ class BusClient:
         await self.store.aclose()
 
 
+class RefusedJob(Refused):
+    """A bus job's refusal: ``Refused`` with the whole reply (``reply``: its job id, trace, budget)."""
+
+    def __init__(self, reply: Mapping[str, Any]) -> None:
+        estimate, retry_after = reply.get("estimate_ms"), reply.get("retry_after_s")
+        super().__init__(
+            str(reply.get("error") or "refused: the budget cannot be met"),
+            reason=str(reply.get("refused") or "budget"),
+            estimate_ms=float(estimate) if isinstance(estimate, int | float) else None,
+            retry_after_s=float(retry_after) if isinstance(retry_after, int | float) else 1.0,
+        )
+        self.reply: Reply = dict(reply)
+
+
 class SyncBusClient:
     """A ``BusClient`` for sync code: its own event loop in a daemon thread; ``close()`` stops both."""
 
@@ -196,9 +224,15 @@ class SyncBusClient:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def request(
-        self, address: str | uuid.UUID, payload: Mapping[str, Any], timeout: float, *, job_id: str | None = None
+        self,
+        address: str | uuid.UUID,
+        payload: Mapping[str, Any],
+        timeout: float,
+        *,
+        job_id: str | None = None,
+        budget_ms: float | None = None,
     ) -> Reply:
-        return self._run(self._client.request(address, payload, timeout, job_id=job_id))
+        return self._run(self._client.request(address, payload, timeout, job_id=job_id, budget_ms=budget_ms))
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -8,7 +8,14 @@ proves the bridge's own credential to serving is the shared client's (``bootstra
 Contract of ``ModelHandler.handle``: it never raises for a job (every outcome is
 a reply body with ``prediction`` and ``error``), posts at most once (no retry
 at this hop, seed 000 step 3) with the job's deadline in the body, and waits
-no longer than the job's remaining time. The HTTP reply's body is kept as it
+no longer than the job's remaining time. Budgets only tighten on the way (seed
+001): a job with a budget (its own, or its task's default: ``budgeted``) is
+posted with ``budget_ms`` = what is left of it at the hop, rounded down, never
+more, and one with nothing left is not posted (``deadline_exceeded``). An answer
+carries the job's ``budget_ms`` and ``budget_remaining_ms``; serving's refusal
+(503, code ``refused``) is passed on with its ``refused`` reason, ``estimate_ms``
+and ``retry_after_s`` (from ``Retry-After``) and is never recorded, so it
+never counts toward the retrain trigger. The HTTP reply's body is kept as it
 came, so ``code`` and ``inference_failed`` still tell a schema error (422) from
 a model failure (5xx marked ``inference_failed``, or an empty prediction).
 
@@ -31,8 +38,16 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from examlops.bus import budget
 from examlops.bus.wire import Job, error_body
-from examlops.core.errors import DeadlineExceeded, ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
+from examlops.core.errors import (
+    DeadlineExceeded,
+    ExamlopsError,
+    InferenceFailed,
+    InvalidInput,
+    PipelineUnavailable,
+    Refused,
+)
 from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
@@ -99,9 +114,12 @@ class ModelHandler:
         clock: Callable[[], float],
         *,
         task: str | None = None,
+        budget_ms: float | None = None,
     ) -> None:
         self.spec = spec
         self.task = task
+        self.budget_ms = budget_ms
+        """The task's default budget (a task's address only): a job that declares none gets it."""
         self.http = http
         self.url = serving_url.rstrip("/") + (INFER_PATH if task is None else task_path(task))
         self._url = httpx.URL(self.url)  # parsed once, not on every post
@@ -109,7 +127,12 @@ class ModelHandler:
         self.clock = clock
         self._slowest = max(timeouts.read_timeout_s, timeouts.connect_timeout_s)
 
-    def features(self, job: Job, identity: str = "") -> dict[str, Any]:
+    def budgeted(self, job: Job, entry_time: float | None) -> Job:
+        """``job`` with this address's default budget when it declared none, counted from its submission (the
+        job's ``submitted``, else ``entry_time``: when Redis took the entry)."""
+        return job.with_default_budget(self.budget_ms, entry_time)
+
+    def features(self, job: Job, identity: str = "", budget_left_ms: float | None = None) -> dict[str, Any]:
         """The request body, from the fields the model's input schema names; ``InvalidInput`` when they don't fit.
 
         Without an alias in the job none is sent, so serving applies the model's default alias (Production)
@@ -135,6 +158,8 @@ class ModelHandler:
             "job_id": job.job_id,
             "deadline": job.deadline,
         }
+        if budget_left_ms is not None:
+            body["budget_ms"] = budget_left_ms
         if identity:
             body["user_id"] = identity[:128]
         if self.task is not None:
@@ -147,9 +172,9 @@ class ModelHandler:
             body["alias"] = canonical_alias(alias)
         return body
 
-    def encoded(self, job: Job, identity: str = "") -> bytes:
+    def encoded(self, job: Job, identity: str = "", budget_left_ms: float | None = None) -> bytes:
         """The request body as bytes; ``InvalidInput`` when the job's fields don't fit or a number is not finite."""
-        body = self.features(job, identity)
+        body = self.features(job, identity, budget_left_ms)
         try:
             return dumps(body)
         except ValueError as exc:  # inf or nan (a payload's 1e309 parses as inf)
@@ -176,11 +201,17 @@ class ModelHandler:
     async def handle(self, job: Job, identity: str = "", trace_id: str = "") -> Outcome:
         """Serve ``job`` on behalf of ``identity``; both it and ``trace_id`` travel to serving in the hop's
         headers (``trace_headers``), and serving traces the call under that id."""
+        now = self.clock()
+        left_ms = None if job.budget_ms is None else budget.left_ms(job.deadline, now)
+        if left_ms is not None and left_ms <= 0:
+            return self._error(
+                DeadlineExceeded("the job's budget ran out before it reached serving"), job, recorded=False
+            )
         try:
-            content = self.encoded(job, identity)
+            content = self.encoded(job, identity, left_ms)
         except InvalidInput as exc:
             return self._error(exc, job)
-        timeout = self._timeout(job.deadline - self.clock())
+        timeout = self._timeout(job.deadline - now)
         headers = trace_headers(trace_id, identity)
         try:
             response = await self.http.post(self._url, content=content, headers=headers, timeout=timeout)
@@ -190,6 +221,14 @@ class ModelHandler:
         # the garbage collector frees; the body is read, so cut it: the response goes by reference counting.
         response.stream = _READ
         return self._reply(job, response)
+
+    def _budget(self, job: Job) -> dict[str, Any]:
+        return budget.reply_budget(job.budget_ms, job.deadline, self.clock())
+
+    def _refused(self, job: Job, data: dict[str, Any], response: httpx.Response) -> Outcome:
+        """Serving's refusal passed on as a normal outcome: never recorded, so never counted as a failure."""
+        body = {**budget.refused_body(data, response.headers.get("retry-after")), **self._budget(job)}
+        return Outcome(self._named(body), response.status_code, False)
 
     def _transport_error(self, exc: Exception, job: Job) -> Outcome:
         if not _timed_out(exc):
@@ -209,6 +248,8 @@ class ModelHandler:
         if not isinstance(data, dict):
             error = ExamlopsError(f"serving answered HTTP {status} without a JSON object")
             return self._error(error, job, status)
+        if data.get("code") == Refused.code:  # before the deadline check: a late refusal is still a refusal
+            return self._refused(job, data, response)
         if self.clock() > job.deadline or data.get("code") == DeadlineExceeded.code:
             # Its caller gave up: a late answer is refused like an early one, and never recorded.
             return self._error(
@@ -218,7 +259,7 @@ class ModelHandler:
             prediction: Any = data.get("prediction")
             if type(prediction) not in (int, float) or not math.isfinite(prediction):
                 return self._error(InferenceFailed("serving returned an empty prediction"), job, status)
-            return Outcome(self._named({**data, "error": None}), status, True)
+            return Outcome(self._named({**data, "error": None, **self._budget(job)}), status, True)
         message = data.get("error")
         return Outcome(
             self._named(

@@ -12,6 +12,9 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
 - A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
   call the address's model (or task, or the model the task maps to now) a ``forbidden`` reply naming the
   permission; neither reaches serving nor is recorded, so neither counts in the failure windows.
+- A job without a budget of its own, on a task's address, gets the task's default budget counted from its
+  submission (``ModelHandler.budgeted``); from then on its deadline is the earlier of the two, and the
+  trace records its budget.
 - Otherwise the address's handler answers, and the reply (signed with the job's bus key), the job's record
   (``core.records.ServedInference``, with the embedding's statistics, when ``record`` is on and the
   handler asks for it), the done key, XACK and XDEL are one script (``scripts.REPLY_SCRIPT``): a job is
@@ -30,7 +33,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from examlops.bus import wire
+from examlops.bus import budget, wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.ports import BusCaller, BusKeys
 from examlops.bus.store import BusStore
@@ -109,6 +112,8 @@ class JobRunner:
         handler = self.handler_of(address)
         if handler is not None:
             trace.model, trace.task = handler.spec.name, handler.task
+            job = handler.budgeted(job, budget.entry_time(entry_id))
+        trace.budget_ms = job.budget_ms
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"

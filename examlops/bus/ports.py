@@ -67,10 +67,15 @@ class TaskAddress(Protocol):
         """The task's bus address: kept across remaps, so callers never follow the model."""
         ...
 
+    @property
+    def budget_ms(self) -> float | None:
+        """The task's default budget (milliseconds): a job to the task that declares none gets it."""
+        ...
+
 
 class TaskAddresses(Protocol):
     """The task map, read whole: the bridge refreshes its copy within ``settings.traffic.rules_ttl_s``."""
 
     def routes(self) -> Sequence[TaskAddress]:
-        """Every mapped task with its model, alias and bus address."""
+        """Every mapped task with its model, alias, bus address and default budget."""
         ...

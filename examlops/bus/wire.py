@@ -18,18 +18,23 @@ every job stream it finds with one SCAN when it starts).
 A job entry's fields: ``v`` (format version), ``job_id``, ``reply_to`` (a reply
 stream key), ``key`` (the key id of the identity that sends it), ``deadline``
 (absolute UNIX seconds, also the signature's expiry), ``payload`` (canonical
-JSON) and ``sig``: hex HMAC-SHA256 with that identity's bus key over the
-canonical JSON array of the format tag, job id, address, reply stream, key id,
-deadline and payload, exactly as they travel. The address is not a field: it
+JSON), optionally ``submitted`` (the client's UNIX time at submission) and
+``budget_ms`` (the job's latency budget, seed 001), and ``sig``: hex
+HMAC-SHA256 with that identity's bus key over the canonical JSON array of the
+format tag, job id, address, reply stream, key id, deadline and payload, then
+``submitted`` and ``budget_ms`` (``""`` for one not sent) when either is sent,
+exactly as they travel: a budget can be neither stripped nor loosened. The
+job's deadline is the earlier of ``deadline`` and ``submitted`` + ``budget_ms``. The address is not a field: it
 is the stream the job was read from, so a job copied onto another address's
 stream fails its signature. The bridge looks the key id up (``ports.BusKeys``)
 before it believes anything else in the job.
 
 A reply entry's fields: ``job_id``, ``status`` (the HTTP status from serving,
 0 when serving was not asked), ``body`` (the HTTP reply's JSON: model, alias,
-version, run_id, prediction, error, job_id, and task for a task's address; or
-an error body: error, prediction 0.0, code, field, inference_failed, model,
-job_id), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
+version, run_id, prediction, error, job_id, budget_ms, budget_remaining_ms, and
+task for a task's address; or an error body: error, prediction 0.0, code, field,
+inference_failed, model, job_id; a refusal adds refused, estimate_ms and
+retry_after_s), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
 bus key over the canonical JSON array of the reply format tag, job id, status,
 body and key id. Only the bridge that verified the job (it holds the key) and
 the job's sender can make it; the client ignores a reply it cannot verify.
@@ -42,11 +47,12 @@ import hmac
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
+from examlops.bus import budget
 from examlops.core import keys
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, Forbidden, InvalidInput
 from examlops.core.jsoncodec import ascii_array, canonical
@@ -78,6 +84,8 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FIELDS = ("v", "job_id", "reply_to", "key", "deadline", "payload", "sig")
+_BUDGET_FIELDS = ("submitted", "budget_ms")
+"""Optional signed fields: a job without them has no budget of its own (its task's default may apply)."""
 _JOB_TAG = "examlops.bus.v" + FORMAT
 _REPLY_TAG = "examlops.bus.reply.v" + FORMAT
 
@@ -143,7 +151,11 @@ def is_reply_stream(name: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Job:
     """One verified job. ``payload`` holds ``embedding``, ``node_count`` and optionally ``alias``;
-    ``key_id`` names the identity whose key signed it."""
+    ``key_id`` names the identity whose key signed it.
+
+    ``deadline`` is the job's own: the earlier of the signed deadline and ``submitted_at`` + ``budget_ms``.
+    ``budget_ms`` is the budget the job declared, or the one its task gave it (``with_default_budget``);
+    None: the job has only its deadline."""
 
     job_id: str
     address: str
@@ -151,6 +163,19 @@ class Job:
     key_id: str
     deadline: float
     payload: Mapping[str, Any]
+    budget_ms: float | None = None
+    submitted_at: float | None = None
+
+    def with_default_budget(self, budget_ms: float | None, submitted_at: float | None) -> Job:
+        """This job with ``budget_ms`` (a task's default) when it declared none, counted from its submission
+        (``submitted_at``, else the given time): the deadline only ever moves earlier."""
+        if budget_ms is None or self.budget_ms is not None:
+            return self
+        start = self.submitted_at if self.submitted_at is not None else submitted_at
+        if start is None:
+            return self
+        deadline = budget.deadline_of(self.deadline, start, budget_ms)
+        return replace(self, deadline=deadline, budget_ms=budget_ms, submitted_at=start)
 
     def expired(self, now: float) -> DeadlineExceeded | None:
         """The refusal of a job whose deadline has passed (its caller gave up), else None."""
@@ -171,7 +196,10 @@ def _sign(key: bytes, items: list[str | int]) -> str:
 
 
 def _job_signature(key: bytes, address: str, f: Mapping[str, str]) -> str:
-    return _sign(key, [_JOB_TAG, f["job_id"], address, f["reply_to"], f["key"], f["deadline"], f["payload"]])
+    items: list[str | int] = [_JOB_TAG, f["job_id"], address, f["reply_to"], f["key"], f["deadline"], f["payload"]]
+    if any(name in f for name in _BUDGET_FIELDS):
+        items += [f.get(name, "") for name in _BUDGET_FIELDS]
+    return _sign(key, items)
 
 
 def encode_job(
@@ -183,11 +211,19 @@ def encode_job(
     reply_to: str,
     deadline: float,
     payload: Mapping[str, Any],
+    submitted: float | None = None,
+    budget_ms: float | None = None,
 ) -> dict[str, str]:
-    """The stream fields of a job signed with ``key`` (the bus key of ``key_id``'s identity).
+    """The stream fields of a job signed with ``key`` (the bus key of ``key_id``'s identity); ``submitted``
+    (the client's clock now) is required with a ``budget_ms``.
 
-    ``InvalidInput`` for a payload that is not plain finite JSON.
+    ``InvalidInput`` for a payload that is not plain finite JSON, or a budget that is not a positive number
+    of milliseconds up to ``budget.MAX_JOB_BUDGET_MS``.
     """
+    if budget_ms is not None:
+        budget.check_budget(budget_ms)
+        if submitted is None:
+            raise InvalidInput("a job's budget needs its submission time", field="submitted")
     try:
         body = canonical(payload)
     except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
@@ -200,6 +236,10 @@ def encode_job(
         "deadline": repr(float(deadline)),
         "payload": body,
     }
+    if submitted is not None:
+        fields["submitted"] = repr(float(submitted))
+    if budget_ms is not None:
+        fields["budget_ms"] = repr(float(budget_ms))
     fields["sig"] = _job_signature(key, address, fields)
     return fields
 
@@ -240,7 +280,13 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
         raise MalformedJob("the deadline must be a finite number and the payload an object")
     if deadline - now > MAX_JOB_TTL_S:
         raise MalformedJob(f"the deadline lies more than {MAX_JOB_TTL_S:.0f} s ahead")
-    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload)
+    try:
+        submitted, budget_ms = budget.read_budget(raw)
+    except ValueError as exc:
+        raise MalformedJob(f"the submission time or budget cannot be read ({exc})") from exc
+    if budget_ms is not None and submitted is not None:
+        deadline = budget.deadline_of(deadline, submitted, budget_ms)
+    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted)
 
 
 def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> dict[str, Any]:

@@ -63,14 +63,27 @@ def send(
     random: Annotated[bool, typer.Option("--random", help="Use a random embedding of the model's length.")] = False,
     alias: Annotated[str | None, typer.Option(help="Production, Canary or Staging; default: the split.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply (the job's deadline).", min=0.1)] = 30.0,
+    budget_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--budget-ms",
+            help="How long the caller can wait, in milliseconds from now (the earlier of it and --timeout wins). "
+            "A job that cannot be answered within it is refused at once (exit 3, with the estimate). "
+            "Unset: a task's default budget, else none.",
+            min=0.001,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Send one job to a model's or a task's bus address and print the reply; exits non-zero on an error reply.
+
+    A refusal (no placement could meet the budget) is a normal outcome: fall back, do not retry at once.
 
     Signs with the bus key of EXAMLOPS_TOKEN, or of the admin token `exa up` keeps in the state folder.
     """
     from examlops.bootstrap import catalog
     from examlops.bootstrap.bridge import sync_bus_client, task_route
+    from examlops.bus.client import RefusedJob
     from examlops.cli.serve import _random_embedding, read_embedding
 
     if (embedding_file is None) == (not random):
@@ -96,19 +109,44 @@ def send(
         if alias:
             payload["alias"] = alias
         with sync_bus_client(settings) as client:
-            reply = client.request(address, payload, timeout)
+            try:
+                reply = client.request(address, payload, timeout, budget_ms=budget_ms)
+            except RefusedJob as refused:
+                reply = refused.reply
     if as_json:
         print_json(reply)
     elif reply.get("error") is None:
         print_table(
             f"bus reply from {address}",
-            ["task", "model", "alias", "version", "run id", "prediction", "job id"],
-            [[reply.get(k) for k in ("task", "model", "alias", "version", "run_id", "prediction", "job_id")]],
+            ["task", "model", "alias", "version", "run id", "prediction", "job id", "budget ms", "left ms"],
+            [
+                [
+                    reply.get(k)
+                    for k in (
+                        "task",
+                        "model",
+                        "alias",
+                        "version",
+                        "run_id",
+                        "prediction",
+                        "job_id",
+                        "budget_ms",
+                        "budget_remaining_ms",
+                    )
+                ]
+            ],
         )
     if reply.get("error") is not None:
         error = _error_of(reply)
         if as_json:
             raise typer.Exit(exit_code_of(error))
+        if reply.get("code") == errors.Refused.code:
+            fail(
+                f"refused ({reply.get('refused')}): estimated {reply.get('estimate_ms')} ms against a budget of "
+                f"{reply.get('budget_ms')} ms; retry after {reply.get('retry_after_s')} s at the earliest "
+                f"(job {reply.get('job_id')})",
+                exit_code_of(error),
+            )
         fail(f"{reply['error']} (code {reply.get('code')}, job {reply.get('job_id')})", exit_code_of(error))
 
 

@@ -36,7 +36,7 @@ err_console = Console(stderr=True)
 def exit_code_of(error: errors.ExamlopsError) -> int:
     if isinstance(error, errors.InvalidInput | errors.ConfigError):
         return BAD_INPUT
-    if isinstance(error, errors.DependencyUnavailable | errors.NotReady):
+    if isinstance(error, errors.DependencyUnavailable | errors.NotReady | errors.Refused):
         return UNAVAILABLE
     if isinstance(error, errors.NotFound):
         return NOT_FOUND

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
+from examlops.core.budget import MAX_BUDGET_MS
 from examlops.core.errors import CatalogError, ModelNotFound
 from examlops.core.messages import DEFAULT_ALIAS, TASK_NAME_MAX, TASK_NAME_PATTERN, canonical_alias
 from examlops.core.settings import DEFAULT_EMBEDDING_DIM
@@ -88,6 +89,30 @@ class ModelSpec(BaseModel):
     input_schema: InputSchema
     tasks: tuple[Annotated[str, Field(pattern=TASK_NAME_PATTERN, max_length=TASK_NAME_MAX)], ...] = ()
     """The tasks this model serves: they seed the task map (``examlops.tasks``) where a task is not mapped yet."""
+    task_budgets_ms: tuple[tuple[str, Annotated[float, Field(gt=0, le=MAX_BUDGET_MS, allow_inf_nan=False)]], ...] = ()
+    """Optional, a mapping in YAML (``task: milliseconds``): the default budget a task this model lists is
+    seeded with; every key must be a task in ``tasks``. A task not named has no default budget. Kept as
+    sorted ``(task, ms)`` pairs, lower-cased, so that the entry stays hashable; ``budget_of`` reads it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budgets_as_pairs(cls, data: Any) -> Any:
+        budgets = data.get("task_budgets_ms") if isinstance(data, dict) else None
+        if isinstance(budgets, dict):
+            pairs = sorted((str(task).lower(), budget) for task, budget in budgets.items())
+            return {**data, "task_budgets_ms": tuple(pairs)}
+        return data
+
+    @model_validator(mode="after")
+    def _budgets_name_listed_tasks(self) -> ModelSpec:
+        unknown = sorted({task for task, _ in self.task_budgets_ms} - {task.lower() for task in self.tasks})
+        if unknown:
+            raise ValueError(f"task_budgets_ms names tasks the model does not list in tasks: {', '.join(unknown)}")
+        return self
+
+    def budget_of(self, task: str) -> float | None:
+        """The default budget the catalog names for ``task`` (any case), in milliseconds; None: none."""
+        return dict(self.task_budgets_ms).get(task.lower())
 
     @property
     def embedding_dim(self) -> int:

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Protocol
 
-from examlops.tasks.routes import TaskChange, TaskRoute
+from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed
 
 
 class TaskMap(Protocol):
@@ -28,13 +28,16 @@ class TaskMap(Protocol):
         """Every mapped task, sorted by name; each carries its bus address."""
         ...
 
-    def map(self, task: str, model: str, alias: str, adapter: str = "") -> TaskChange:
+    def map(
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
+    ) -> TaskChange:
         """Point the task at the model and alias, in one transaction. A new task gets a new address; a
-        mapped one keeps its address."""
+        mapped one keeps its address. ``budget_ms`` sets the task's default budget (None clears it);
+        ``KEEP`` leaves a mapped task's as it is (a new task then has none)."""
         ...
 
-    def add_missing(self, routes: Iterable[tuple[str, str, str]]) -> list[TaskRoute]:
-        """Map each ``(task, model, alias)`` whose task is not mapped yet; a mapped task is left exactly as it
-        is (an operator's remap is never overwritten). Returns the routes it created. Safe when several
-        processes seed at once: a task another process created meanwhile counts as mapped."""
+    def add_missing(self, routes: Iterable[TaskSeed]) -> list[TaskRoute]:
+        """Map each ``(task, model, alias[, budget_ms])`` whose task is not mapped yet; a mapped task is left
+        exactly as it is (an operator's remap is never overwritten). Returns the routes it created. Safe when
+        several processes seed at once: a task another process created meanwhile counts as mapped."""
         ...

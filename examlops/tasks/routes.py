@@ -8,15 +8,29 @@ the model behind it.
 
 from __future__ import annotations
 
+import enum
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from examlops.core.errors import InvalidInput
 from examlops.core.messages import TASK_NAME_MAX, TASK_NAME_PATTERN
 
 _TASK_NAME = re.compile(TASK_NAME_PATTERN)
+
+
+class Keep(enum.Enum):
+    """The type of ``KEEP``: a remap that leaves the task's default budget as it is."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
+
+TaskSeed = tuple[str, str, str] | tuple[str, str, str, float | None]
+"""What seeding maps: ``(task, model, alias)``, or with the task's default budget in milliseconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +44,8 @@ class TaskRoute:
     adapter: str = ""
     changed_at: datetime | None = None
     budget_ms: float | None = None
-    """The budget a call to this task gets when it declares none (None: no limit)."""
+    """The budget a call to this task gets when it declares none (None: no limit): over HTTP
+    (``api/tasks.py``) and over the bus (the bridge applies it from the job's submission)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,18 @@
 """Changing the task map: seeding it from the catalog, and an operator's remap, each one audited.
 
 ``map_task`` contract: the task name must be one (``InvalidInput``), the model must be in the catalog
-(``ModelNotFound`` naming the known ones), and the alias defaults to the model's default alias; any of
-those refused, nothing is changed and nothing is audited. The change is stored first, then appended to
+(``ModelNotFound`` naming the known ones), and the alias defaults to the model's default alias; the
+default budget is set (``budget_ms``), cleared (None) or left as it is (``KEEP``, the default; a new task
+then has the catalog's default for it, if any); any of those refused, nothing is changed and nothing is
+audited. The change is stored first, then appended to
 the audit trail as ``task.mapped`` naming who did it (``actor``); when the audit trail cannot be written the
 change stays (it is already in SQL) and ``TaskMapped.audited`` says so, so the caller reports it.
 
 ``seed_tasks`` maps every task a catalog model lists that the map does not hold yet to that model's
-default alias, and audits each one it created (best effort, as ``"system:catalog"``). A mapped task is never
-touched: an operator's remap survives every restart. A task two catalog models list goes to the first
-in catalog order (files sorted by name).
+default alias, with the default budget the model's ``task_budgets_ms`` names for it (none otherwise),
+and audits each one it created (best effort, as ``"system:catalog"``). A mapped task is never touched:
+an operator's remap survives every restart. A task two catalog models list goes to the first in catalog
+order (files sorted by name).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from examlops.core.budget import MAX_BUDGET_MS
+from examlops.core.errors import InvalidInput
 from examlops.core.messages import canonical_alias
 from examlops.registry.catalog import Catalog
 from examlops.tasks.ports import TaskMap
-from examlops.tasks.routes import TaskChange, TaskRoute, task_name
+from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed, task_name
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,14 @@ def event_data(route: TaskRoute, previous: TaskRoute | None, actor: str) -> dict
     """The data of a ``task.mapped`` event: the route now, what it was, and who changed it."""
 
     def plain(r: TaskRoute) -> dict[str, Any]:
-        return {"task": r.task, "model": r.model, "alias": r.alias, "adapter": r.adapter, "address": str(r.address)}
+        return {
+            "task": r.task,
+            "model": r.model,
+            "alias": r.alias,
+            "adapter": r.adapter,
+            "address": str(r.address),
+            "budget_ms": r.budget_ms,
+        }
 
     return {**plain(route), "previous": None if previous is None else plain(previous), "actor": actor}
 
@@ -57,12 +69,17 @@ def map_task(
     *,
     actor: str,
     audit: AuditHook,
+    budget_ms: float | Keep | None = KEEP,
 ) -> TaskMapped:
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
     key = task_name(task)
     spec = catalog.get(model)
     chosen = canonical_alias(alias) if alias and alias.strip() else spec.default_alias_canonical
-    change = task_map.map(key, spec.name, chosen)
+    if budget_ms is not KEEP and budget_ms is not None and not 0 < budget_ms <= MAX_BUDGET_MS:
+        raise InvalidInput(f"the budget must be more than 0 and at most {MAX_BUDGET_MS:.0f} ms", field="budget_ms")
+    if budget_ms is KEEP and task_map.get(key) is None:
+        budget_ms = spec.budget_of(key)
+    change = task_map.map(key, spec.name, chosen, budget_ms=budget_ms)
     try:
         audit(TASK_MAPPED, key, event_data(change.route, change.previous, actor))
     except Exception as exc:
@@ -73,10 +90,11 @@ def map_task(
 
 def seed_tasks(task_map: TaskMap, catalog: Catalog, audit: AuditHook | None = None) -> list[TaskRoute]:
     """Map the catalog's tasks the map lacks (contract above); the routes created, in catalog order."""
-    wanted: dict[str, tuple[str, str, str]] = {}
+    wanted: dict[str, TaskSeed] = {}
     for spec in catalog:
         for task in spec.tasks:
-            wanted.setdefault(task.lower(), (task.lower(), spec.name, spec.default_alias_canonical))
+            budget = spec.budget_of(task)
+            wanted.setdefault(task.lower(), (task.lower(), spec.name, spec.default_alias_canonical, budget))
     created = task_map.add_missing(wanted.values())
     for route in created:
         log.info("task %s mapped to %s@%s from the catalog", route.task, route.model, route.alias)

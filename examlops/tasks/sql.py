@@ -1,7 +1,8 @@
 """The task map in SQL (SQLModel): the adapter behind the ``TaskMap`` port.
 
 One row per task, the task name its key (stored lower-cased). The bus address is a random UUID written
-with the task's first row and never rewritten: a remap changes model, alias and adapter only. What the map
+with the task's first row and never rewritten: a remap changes model, alias, adapter and default budget
+(``budget_ms``, migration ``0005``; NULL: calls without a budget get no limit) only. What the map
 was and who changed it is on the audit trail (``task.mapped`` events), not in this table.
 """
 
@@ -18,7 +19,7 @@ from sqlmodel import Field, Session, SQLModel, select
 
 from examlops.core.errors import Conflict
 from examlops.db.session import store_session
-from examlops.tasks.routes import TaskChange, TaskRoute
+from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed
 
 
 class TaskMapping(SQLModel, table=True):
@@ -29,6 +30,8 @@ class TaskMapping(SQLModel, table=True):
     address: str = Field(unique=True)
     """The task's bus address, a UUID in its canonical text form."""
     changed_at: datetime
+    budget_ms: float | None = None
+    """The task's default budget in milliseconds (NULL: none)."""
 
 
 def _route(row: TaskMapping) -> TaskRoute:
@@ -40,6 +43,7 @@ def _route(row: TaskMapping) -> TaskRoute:
         address=uuid.UUID(row.address),
         adapter=row.adapter,
         changed_at=changed,
+        budget_ms=row.budget_ms,
     )
 
 
@@ -67,7 +71,9 @@ class SqlTaskMap:
             rows = session.exec(select(TaskMapping).order_by(TaskMapping.task)).all()
             return [_route(row) for row in rows]
 
-    def map(self, task: str, model: str, alias: str, adapter: str = "") -> TaskChange:
+    def map(
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
+    ) -> TaskChange:
         key = task.lower()
         with self._session("change") as session:
             row = session.get(TaskMapping, key, with_for_update=True)
@@ -75,6 +81,8 @@ class SqlTaskMap:
             if row is None:
                 row = TaskMapping(task=key, model=model, alias=alias, address=str(uuid.uuid4()), changed_at=_now())
             row.model, row.alias, row.adapter, row.changed_at = model, alias, adapter, _now()
+            if budget_ms is not KEEP:
+                row.budget_ms = budget_ms
             session.add(row)
             try:
                 session.commit()
@@ -83,14 +91,23 @@ class SqlTaskMap:
             session.refresh(row)
             return TaskChange(_route(row), previous)
 
-    def add_missing(self, routes: Iterable[tuple[str, str, str]]) -> list[TaskRoute]:
+    def add_missing(self, routes: Iterable[TaskSeed]) -> list[TaskRoute]:
         created: list[TaskRoute] = []
-        for task, model, alias in routes:
+        for seed in routes:
+            task, model, alias = seed[:3]
+            budget_ms = seed[3] if len(seed) > 3 else None
             key = task.lower()
             with self._session("seed") as session:
                 if session.get(TaskMapping, key) is not None:
                     continue
-                row = TaskMapping(task=key, model=model, alias=alias, address=str(uuid.uuid4()), changed_at=_now())
+                row = TaskMapping(
+                    task=key,
+                    model=model,
+                    alias=alias,
+                    address=str(uuid.uuid4()),
+                    changed_at=_now(),
+                    budget_ms=budget_ms,
+                )
                 session.add(row)
                 try:
                     session.commit()

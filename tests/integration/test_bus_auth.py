@@ -55,6 +55,7 @@ class Route:
     model: str
     alias: str
     address: uuid.UUID
+    budget_ms: float | None = None
 
 
 @dataclass

@@ -221,7 +221,8 @@ async def test_a_job_is_answered_with_the_models_reply(
     settings = bus_settings(tmp_path, redis_url, standin.port, http_client)
     async with running_bridge(settings), bus_client(settings) as client:
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="job-one")
-    assert reply == {
+    assert 0 < reply["budget_remaining_ms"] <= 10_000  # what was left of the job's 10 s when it was answered
+    assert {k: v for k, v in reply.items() if k != "budget_remaining_ms"} == {
         "model": "JPCP",
         "alias": "Production",
         "version": "1",
@@ -229,6 +230,7 @@ async def test_a_job_is_answered_with_the_models_reply(
         "prediction": 0.5,
         "error": None,
         "job_id": "job-one",
+        "budget_ms": None,
         "trace": trace_id_for_job("job-one"),
     }
     assert standin.seen == ["job-one"] and standin.identities == ["tests"]  # the token's identity, by name

@@ -24,6 +24,7 @@ class Route:
     model: str
     alias: str
     address: uuid.UUID
+    budget_ms: float | None = None
 
 
 @dataclass
@@ -52,8 +53,8 @@ class Clock:
 def addresses(tasks: InMemoryTaskMap | None, clock: Clock, catalog: object = CATALOG) -> Addresses:
     http = httpx.AsyncClient()
 
-    def handler(spec: ModelSpec, task: str | None) -> ModelHandler:
-        return ModelHandler(spec, http, "http://serving", HttpSettings(), clock, task=task)
+    def handler(spec: ModelSpec, task: str | None, budget_ms: float | None) -> ModelHandler:
+        return ModelHandler(spec, http, "http://serving", HttpSettings(), clock, task=task, budget_ms=budget_ms)
 
     return Addresses(catalog, handler, tasks, ttl_s=30.0, clock=clock)  # type: ignore[arg-type]  # a Catalog
 
@@ -113,3 +114,17 @@ async def test_a_task_map_that_cannot_be_read_keeps_the_last_copy_and_is_asked_a
     assert not served.due()
     clock.now += 30
     assert served.due()
+
+
+async def test_a_tasks_default_budget_reaches_its_handler_and_a_changed_budget_applies_at_the_next_refresh() -> None:
+    clock = Clock()
+    tasks = InMemoryTaskMap({"t": Route("t", "JPCP", "Production", TASK_ADDRESS, budget_ms=50.0)})
+    served = addresses(tasks, clock)
+    await served.refresh()
+    first = served.handler_of(str(TASK_ADDRESS))
+    assert first is not None and first.budget_ms == 50.0
+    tasks.routes_by_task["t"] = Route("t", "JPCP", "Production", TASK_ADDRESS, budget_ms=20.0)
+    clock.now += 31
+    await served.refresh()
+    now = served.handler_of(str(TASK_ADDRESS))
+    assert now is not None and now.budget_ms == 20.0 and first.budget_ms == 50.0

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from examlops.core.errors import StoreUnavailable
-from examlops.tasks.routes import TaskChange, TaskRoute
+from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed
 
 
 class InMemoryTaskMap:
@@ -34,7 +34,9 @@ class InMemoryTaskMap:
         self._check()
         return sorted(self.rows.values(), key=lambda r: r.task)
 
-    def map(self, task: str, model: str, alias: str, adapter: str = "") -> TaskChange:
+    def map(
+        self, task: str, model: str, alias: str, adapter: str = "", budget_ms: float | Keep | None = KEEP
+    ) -> TaskChange:
         self._check()
         key = task.lower()
         previous = self.rows.get(key)
@@ -43,13 +45,16 @@ class InMemoryTaskMap:
             route = TaskRoute(key, model, alias, uuid.uuid4(), adapter, now)
         else:
             route = replace(previous, model=model, alias=alias, adapter=adapter, changed_at=now)
+        if budget_ms is not KEEP:
+            route = replace(route, budget_ms=budget_ms)
         self.rows[key] = route
         return TaskChange(route, previous)
 
-    def add_missing(self, routes: Iterable[tuple[str, str, str]]) -> list[TaskRoute]:
+    def add_missing(self, routes: Iterable[TaskSeed]) -> list[TaskRoute]:
         self._check()
         created = []
-        for task, model, alias in routes:
+        for seed in routes:
+            task, model, alias = seed[:3]
             if task.lower() not in self.rows:
-                created.append(self.map(task, model, alias).route)
+                created.append(self.map(task, model, alias, budget_ms=seed[3] if len(seed) > 3 else None).route)
         return created

@@ -107,3 +107,36 @@ def test_a_remap_whose_audit_cannot_be_written_stays_done_and_says_so(catalog: C
     done = map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", None, actor="x", audit=Audit(fail=True))
     assert not done.audited and done.audit_error == "redis is down"
     assert tasks.rows["pavement.distress.jpcp"].model == "JPCP"
+
+
+def test_a_catalog_budget_seeds_the_task_default_and_a_remap_keeps_or_changes_it_audited() -> None:
+    jpcp = spec("JPCP", "pavement.distress.jpcp").model_copy(
+        update={"task_budgets_ms": (("pavement.distress.jpcp", 80.0),)}
+    )
+    catalog, tasks, audit = Catalog((jpcp, spec("AC"))), InMemoryTaskMap(), Audit()
+    (seeded,) = seed_tasks(tasks, catalog, audit)
+    assert seeded.budget_ms == 80.0
+    assert audit.events[-1][2]["budget_ms"] == 80.0
+    kept = map_task(tasks, catalog, "pavement.distress.jpcp", "AC", None, actor="op", audit=audit)
+    assert kept.change.route.budget_ms == 80.0
+    changed = map_task(tasks, catalog, "pavement.distress.jpcp", "AC", None, actor="op", audit=audit, budget_ms=25.0)
+    assert (changed.change.route.budget_ms, changed.change.previous and changed.change.previous.budget_ms) == (25, 80)
+    assert audit.events[-1][2]["budget_ms"] == 25.0
+    assert audit.events[-1][2]["previous"]["budget_ms"] == 80.0
+    cleared = map_task(tasks, catalog, "pavement.distress.jpcp", "AC", None, actor="op", audit=audit, budget_ms=None)
+    assert cleared.change.route.budget_ms is None
+
+
+def test_a_budget_out_of_range_changes_nothing_and_audits_nothing(catalog: Catalog) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    with pytest.raises(InvalidInput, match="budget"):
+        map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", None, actor="op", audit=audit, budget_ms=0.0)
+    assert tasks.rows == {} and audit.events == []
+
+
+def test_a_catalog_budget_must_name_a_task_the_model_lists() -> None:
+    data = spec("JPCP", "pavement.distress.jpcp").model_dump()
+    with pytest.raises(ValueError, match="does not list"):
+        ModelSpec.model_validate({**data, "task_budgets_ms": {"pavement.distress.crcp": 50}})
+    read = ModelSpec.model_validate({**data, "task_budgets_ms": {"Pavement.Distress.JPCP": 50}})
+    assert read.budget_of("pavement.distress.jpcp") == 50.0
