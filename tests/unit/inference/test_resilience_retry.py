@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ async def test_backoff_doubles_up_to_its_cap() -> None:
     adapter = resilient(inner, max_attempts=5, backoff_s=0.1, max_backoff_s=0.3)
     await adapter.predict_batch("r", ROWS, call())
     at = [seen.at for seen in inner.calls]
-    gaps = [later - earlier for earlier, later in zip(at, at[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in pairwise(at)]
     assert gaps == pytest.approx([0.1, 0.2, 0.3, 0.3])
 
 
