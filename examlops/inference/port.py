@@ -34,7 +34,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, cast
 
@@ -105,7 +105,7 @@ class InferencePort(Generic[I, O]):
         *,
         chunk_size: int | None = None,
         options: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[list[O]]:
+    ) -> AsyncGenerator[list[O], None]:
         """Chunks of outputs; the refusals (feature, option, chunk size) are raised here, before any I/O."""
         caps = self.adapter.capabilities
         size = chunk_size or caps.max_batch or DEFAULT_CHUNK_SIZE
@@ -120,7 +120,7 @@ class InferencePort(Generic[I, O]):
 
     async def _emulated_stream(
         self, source: Iterator[I | Mapping[str, Any]], size: int, call: Call
-    ) -> AsyncIterator[list[O]]:
+    ) -> AsyncGenerator[list[O], None]:
         """One ``predict_batch`` per chunk, the instances read lazily, chunk by chunk."""
         while chunk_in := list(itertools.islice(source, size)):
             await asyncio.sleep(0)  # a cancellation point at every boundary, even when the backend never waits
@@ -195,7 +195,7 @@ class InferencePort(Generic[I, O]):
         self._capture(call, rows, raw, started, None)
         return shaped
 
-    async def _native_stream(self, rows: list[dict[str, Any]], size: int, call: Call) -> AsyncIterator[list[O]]:
+    async def _native_stream(self, rows: list[dict[str, Any]], size: int, call: Call) -> AsyncGenerator[list[O], None]:
         """The adapter's own stream, re-chunked to ``size``, checked and shaped chunk by chunk."""
         if not rows:
             return

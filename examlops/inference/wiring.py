@@ -143,7 +143,10 @@ class Inference:
         adapters = build_adapters(wiring)
         if policy is not None:
             wrapped: dict[int, Adapter] = {}
-            adapters = {r: wrapped.setdefault(id(a), policy(a)) for r, a in adapters.items()}
+            for adapter in adapters.values():
+                if id(adapter) not in wrapped:
+                    wrapped[id(adapter)] = policy(adapter)
+            adapters = {route: wrapped[id(adapter)] for route, adapter in adapters.items()}
         return cls(adapters, emulate_streaming=wiring.emulate_streaming, on_capture=on_capture)
 
     def _distinct(self) -> list[Adapter]:
