@@ -16,54 +16,36 @@ Contract:
   ``offline_jobs``, ``deterministic`` needs the determinism promise, any other option must be in
   ``capabilities.options``) is ``FeatureUnsupported`` naming the feature and the backend.
 - ``capabilities.max_batch`` is a cap on one backend call, not on the caller: the port sends a larger
-  batch as consecutive calls of at most ``max_batch`` instances, one after the other under the same
-  deadline, and still returns all or raises for all. This is not a degradation: the outputs are the ones
-  one call would give (instances are independent), only the number of round trips differs.
+  batch as consecutive calls of at most ``max_batch`` instances (one instance per call to a backend
+  without ``native_batching``), one after the other under the same deadline, and still returns all or
+  raises for all. This is not a degradation: the outputs are the ones one call would give (instances are
+  independent), only the number of round trips differs.
 - ``options={"timeout": timedelta(...) | seconds}`` binds the earlier of it and the ambient deadline
   (``examlops.inference.context``), never a later one. The port gives up by the deadline itself
   (``Kind.TIMEOUT``, the backend call cancelled) even when an adapter does not.
 - An adapter's non-``InferenceError`` exception is INFRASTRUCTURE ``inference_adapter_error``, chained.
-- ``on_capture`` (the caller's hook; the port writes nothing itself) gets one ``Capture`` per call (per
-  chunk for streams): route, backend, inputs (each field ``"<redacted>"`` unless ``spec.capture_inputs``),
-  outputs, duration, error. A hook that raises is logged and ignored: capture never fails a prediction.
+- ``on_capture`` (the caller's hook; the port writes nothing itself) gets one ``Capture`` per backend
+  call (per chunk for streams): route, backend, inputs (each field ``"<redacted>"`` unless
+  ``spec.capture_inputs``), outputs, duration, error (``examlops.inference.capture``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, cast
 
+from examlops.inference.capture import CaptureHook, emit
 from examlops.inference.context import current_criticality, current_trace_id, tightened
 from examlops.inference.errors import FeatureUnsupported, InferenceError, Kind
 from examlops.inference.ports import Adapter, Call, Row, StreamingAdapter
-from examlops.inference.shaping import input_rows, output_models, redacted
+from examlops.inference.shaping import input_rows, output_models
 from examlops.inference.spec import I, InferenceSpec, O
-
-log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 64
 _PORT_OPTIONS = frozenset({"timeout", "offline", "deterministic"})
-
-
-@dataclass(frozen=True, slots=True)
-class Capture:
-    """One call as the port saw it, for the caller's trace capture."""
-
-    route: str
-    backend: str
-    trace_id: str | None
-    inputs: tuple[Mapping[str, Any], ...]
-    outputs: tuple[Mapping[str, Any], ...] | None
-    duration_s: float
-    error: InferenceError | None
-
-
-CaptureHook = Callable[[Capture], None]
 
 
 class InferencePort(Generic[I, O]):
@@ -168,8 +150,8 @@ class InferencePort(Generic[I, O]):
         )
 
     async def _predict_rows(self, rows: list[dict[str, Any]], call: Call) -> list[O]:
-        cap = self.adapter.capabilities.max_batch
-        step = cap if cap and cap > 0 else len(rows)
+        caps = self.adapter.capabilities
+        step = (caps.max_batch or len(rows)) if caps.native_batching else 1
         outputs: list[O] = []
         for start in range(0, len(rows), step):
             outputs.extend(await self._one_call(rows[start : start + step], call))
@@ -222,6 +204,7 @@ class InferencePort(Generic[I, O]):
                 pending = pending[len(chunk_rows) :]
                 done += len(chunk_rows)
                 started = time.monotonic()
+                await asyncio.sleep(0)  # a cancellation point at every boundary
             if pending or await self._has_more(stream, call):
                 error = InferenceError(
                     Kind.VALIDATION,
@@ -291,13 +274,4 @@ class InferencePort(Generic[I, O]):
         started: float,
         error: InferenceError | None,
     ) -> None:
-        if self._on_capture is None:
-            return
-        inputs = tuple(dict(row) if self.spec.capture_inputs else redacted(row) for row in rows)
-        captured = None if outputs is None else tuple(dict(row) for row in outputs)
-        try:
-            self._on_capture(
-                Capture(call.route, self.backend, call.trace_id, inputs, captured, time.monotonic() - started, error)
-            )
-        except Exception:
-            log.exception("the inference capture hook failed for %s; the call is not affected", call.route)
+        emit(self._on_capture, self.spec, self.backend, call, rows, outputs, started, error)

@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from examlops.inference.capture import CaptureHook
 from examlops.inference.errors import InferenceError, Kind
-from examlops.inference.port import CaptureHook, InferencePort
+from examlops.inference.port import InferencePort
 from examlops.inference.ports import Adapter
 from examlops.inference.spec import I, InferenceSpec, O
 

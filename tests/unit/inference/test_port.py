@@ -174,3 +174,12 @@ async def test_an_adapter_exception_outside_the_taxonomy_becomes_infrastructure(
         True,
     )
     assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+
+async def test_a_backend_without_native_batching_gets_one_instance_per_call_in_order() -> None:
+    from examlops.inference import Capabilities
+
+    adapter = RecordingAdapter(scoring_registry(), Capabilities())
+    scores = await InferencePort(FRAUD, adapter).predict_many([features(float(a)) for a in range(4)])
+    assert [s.risk for s in scores] == [0.0, 0.001, 0.002, 0.003]
+    assert [len(rows) for _, rows in adapter.inner.calls] == [1, 1, 1, 1]
