@@ -9,7 +9,8 @@ Contract:
   closing the iterator early closes the backend's stream. It uses the adapter's ``stream_batches`` when
   ``capabilities.streaming``; a backend without it is refused (``inference_feature_unsupported``) unless
   the wiring allowed chunk emulation for the route (``emulate_streaming``): then each chunk is one
-  ``predict_batch`` call.
+  ``predict_batch`` call. A streaming backend is handed every instance at once (all validated before
+  the first call); an emulated stream reads and validates the instances chunk by chunk.
 - Instances are the spec's input model or mappings validated into it; outputs are validated into the
   spec's output model (``examlops.inference.shaping``).
 - Refusals come before any I/O: a per-call option the backend does not offer (``offline`` needs

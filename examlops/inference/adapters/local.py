@@ -65,13 +65,15 @@ class LocalInferenceAdapter:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._models: dict[str, BatchPredictor] = {}
         self._loading: dict[str, asyncio.Future[BatchPredictor]] = {}
-        self._call_locks = {route: asyncio.Lock() for route, t in self._targets.items() if t.serialize_calls}
-        self._thread_locks = {route: threading.Lock() for route in self._call_locks}
+        self._serialized = [route for route, target in self._targets.items() if target.serialize_calls]
+        self._call_locks: dict[str, asyncio.Lock] = {}  # made in start(), on the loop that uses them
+        self._thread_locks = {route: threading.Lock() for route in self._serialized}
 
     async def start(self) -> None:
         if self._executor is not None:
             return
         self._executor = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="examlops-inference")
+        self._call_locks = {route: asyncio.Lock() for route in self._serialized}
         try:
             for route, target in self._targets.items():
                 if target.warm_on_startup:
