@@ -191,7 +191,6 @@ class InferencePort(Generic[I, O]):
             trace_id=call.trace_id,
             options={**call.options, "chunk_size": min(size, cap) if cap else size},
         )
-        self._remaining(call)
         stream = adapter.stream_batches(self.spec.name, rows, stream_call)
         pending: list[Row] = []
         done = 0
@@ -199,6 +198,11 @@ class InferencePort(Generic[I, O]):
         try:
             while done < len(rows):
                 chunk_rows = rows[done : done + size]
+                try:
+                    self._remaining(call)  # a deadline check at every boundary, even for outputs already here
+                except InferenceError as error:
+                    self._capture(call, chunk_rows, None, started, error)
+                    raise
                 while len(pending) < len(chunk_rows):
                     pending.extend(await self._next(stream, call, rows[done + len(pending) :], started))
                 yield self._shape_chunk(call, chunk_rows, pending[: len(chunk_rows)], started)

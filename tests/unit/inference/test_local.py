@@ -130,3 +130,23 @@ async def test_a_loader_returning_no_predict_batch_fails_start() -> None:
     with pytest.raises(InferenceError) as caught:
         await adapter.start()
     assert "no predict_batch" in caught.value.message
+
+
+async def test_a_serialized_route_never_runs_two_predictions_even_after_a_timeout() -> None:
+    gate = threading.Event()
+    model = Doubler(gate)
+    adapter = LocalInferenceAdapter({"fraud_scorer": LocalTarget(lambda: model, serialize_calls=True)}, workers=2)
+    await adapter.start()
+    try:
+        port = InferencePort(FRAUD, adapter)
+        with pytest.raises(InferenceError):
+            await port.predict(features(1.0), options={"timeout": 0.05})  # still running on its worker
+        second = asyncio.create_task(port.predict(features(2.0), options={"timeout": 30}))
+        await asyncio.sleep(0.05)
+        assert not second.done() and model.calls == 1  # waiting for the stale one to end
+        gate.set()
+        assert await second == FraudScore(risk=0.002)
+        assert model.most_at_once == 1
+    finally:
+        gate.set()
+        await adapter.close()

@@ -117,3 +117,17 @@ async def test_a_stream_that_ends_short_fails_with_the_missing_count() -> None:
         async for _ in InferencePort(FRAUD, registry).predict_stream([features(1.0)] * 4, chunk_size=4):
             pass
     assert caught.value.code == "inference_output_invalid"
+
+
+async def test_a_native_stream_checks_the_deadline_at_every_boundary_even_for_outputs_already_received() -> None:
+    class AllAtOnce(RecordingAdapter):
+        async def stream_batches(self, route, rows, call):  # type: ignore[no-untyped-def]
+            yield [{"risk": 0.0} for _ in rows]
+
+    adapter = AllAtOnce(scoring_registry(), scoring_registry().capabilities)
+    stream = InferencePort(FRAUD, adapter).predict_stream([features(1.0)] * 6, chunk_size=2, options={"timeout": 0.02})
+    got = [await anext(stream)]
+    await asyncio.sleep(0.05)  # the consumer is slow: the deadline passes between two chunks
+    with pytest.raises(InferenceError) as caught:
+        got.append(await anext(stream))
+    assert caught.value.kind is Kind.TIMEOUT and len(got) == 1
