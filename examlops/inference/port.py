@@ -200,8 +200,8 @@ class InferencePort(Generic[I, O]):
                 chunk_rows = rows[done : done + size]
                 try:
                     self._remaining(call)  # a deadline check at every boundary, even for outputs already here
-                except InferenceError as error:
-                    self._capture(call, chunk_rows, None, started, error)
+                except InferenceError as late:
+                    self._capture(call, chunk_rows, None, started, late)
                     raise
                 while len(pending) < len(chunk_rows):
                     pending.extend(await self._next(stream, call, rows[done + len(pending) :], started))
@@ -211,15 +211,15 @@ class InferencePort(Generic[I, O]):
                 started = time.monotonic()
                 await asyncio.sleep(0)  # a cancellation point at every boundary
             if pending or await self._has_more(stream, call):
-                error = InferenceError(
+                extra = InferenceError(
                     Kind.VALIDATION,
                     f"the {self.backend} backend streamed more outputs than the {len(rows)} instances",
                     code="inference_output_invalid",
                     backend=self.backend,
                     route=self.spec.name,
                 )
-                self._capture(call, [], None, started, error)
-                raise error
+                self._capture(call, [], None, started, extra)
+                raise extra
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:

@@ -131,3 +131,16 @@ async def test_a_native_stream_checks_the_deadline_at_every_boundary_even_for_ou
     with pytest.raises(InferenceError) as caught:
         got.append(await anext(stream))
     assert caught.value.kind is Kind.TIMEOUT and len(got) == 1
+
+
+async def test_a_stream_that_answers_more_than_it_was_asked_fails() -> None:
+    class Chatty(RecordingAdapter):
+        async def stream_batches(self, route, rows, call):  # type: ignore[no-untyped-def]
+            yield [{"risk": 0.0} for _ in rows]
+            yield [{"risk": 0.0}]
+
+    adapter = Chatty(scoring_registry(), scoring_registry().capabilities)
+    with pytest.raises(InferenceError) as caught:
+        async for _ in InferencePort(FRAUD, adapter).predict_stream([features(1.0)] * 2):
+            pass
+    assert caught.value.code == "inference_output_invalid" and "more outputs" in caught.value.message
