@@ -18,6 +18,7 @@ from examlops.inference import (
     Wiring,
     register_adapter,
 )
+from examlops.inference import wiring as wiring_module
 from examlops.inference.adapters.local import LocalTarget
 from examlops.inference.adapters.mock import MockInferenceRegistry
 from tests.unit.inference.fakes import FRAUD, FraudScore, features, scoring_registry
@@ -123,13 +124,16 @@ async def test_a_start_that_fails_closes_the_adapters_already_started() -> None:
     assert Tracked.closed == 1
 
 
-async def test_a_registered_adapter_gets_its_routes_and_shared_settings(tmp_path: Path) -> None:
+async def test_a_registered_adapter_gets_its_routes_and_shared_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     def factory(targets: Mapping[str, Any], settings: Mapping[str, Any]) -> MockInferenceRegistry:
         seen.append((dict(targets), dict(settings)))
         return scoring_registry()
 
+    monkeypatch.setattr(wiring_module, "_FACTORIES", dict(wiring_module._FACTORIES))
     register_adapter("test-remote", factory)
     (tmp_path / "w.yaml").write_text(
         "routes: {fraud_scorer: {adapter: test-remote, url: 'http://x', emulate_streaming: true}}\n"
