@@ -21,7 +21,8 @@ Contract:
   thread lock, so the next one waits on its worker until the stale one ends: never two at once.
 - A model that raises, or returns something that is not a sequence, is MODEL_FAILURE
   ``inference_model_failed``; the port's shaping judges the outputs' count and shape.
-- ``close()`` cancels queued work and releases the pool without waiting for running predictions.
+- ``close()`` cancels queued work and releases the pool without waiting for running predictions (the
+  interpreter still joins the pool's threads at exit, so a stuck prediction delays exit until it ends).
 """
 
 from __future__ import annotations
