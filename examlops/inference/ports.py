@@ -10,8 +10,10 @@ Adapter contract:
 - ``predict_batch(route, rows, call)`` returns exactly one mapping per row, in row order, or raises
   ``InferenceError`` (``examlops.inference.errors``) for the whole batch; it never returns a partial
   result. It must give up by ``call.deadline`` (``Kind.TIMEOUT``) and be cancellable.
-- ``stream_batches`` exists only on adapters whose ``capabilities.streaming`` is true: it yields one list
-  of output mappings per chunk of ``rows``, in order.
+- ``stream_batches`` exists only on adapters whose ``capabilities.streaming`` is true: it yields lists
+  of output mappings for consecutive chunks of ``rows``, in order, one output per row in all (the port
+  passes its chunk size as ``call.options["chunk_size"]`` and re-chunks what it gets, so an adapter may
+  yield smaller or larger lists).
 - ``start`` warms what the adapter needs (a local adapter loads its models and fails closed on a loader
   error); ``close`` releases it. Both are idempotent.
 """
@@ -42,6 +44,9 @@ class Capabilities:
     """The backend takes non-interactive jobs."""
     deterministic: bool = False
     """The same input always gives the same output."""
+    options: frozenset[str] = frozenset()
+    """Per-call options beyond the port's own (``timeout``, ``offline``, ``deterministic``) that this
+    backend understands; the port refuses any other option before I/O."""
 
 
 @dataclass(frozen=True, slots=True)
