@@ -126,14 +126,22 @@ class ExamlopsAdapter:
         self._http = HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ExamlopsAdapter:
+    def from_config(
+        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> ExamlopsAdapter:
         """From plain data (a wiring file): ``url``, ``token``, ``max_batch``, ``routes: {route: {task | model,
         alias, version, outputs}}``."""
         routes = {
             name: ExamlopsTarget(**{**target, "outputs": tuple(target.get("outputs", ("prediction",)))})
             for name, target in config["routes"].items()
         }
-        return cls(config["url"], routes, token=config.get("token"), max_batch=int(config.get("max_batch", 64)))
+        return cls(
+            config["url"],
+            routes,
+            token=config.get("token"),
+            max_batch=int(config.get("max_batch", 64)),
+            transport=transport,
+        )
 
     async def start(self) -> None:
         await self._http.start()

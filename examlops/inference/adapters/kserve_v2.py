@@ -113,7 +113,9 @@ class KserveV2Adapter:
         )
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> KserveV2Adapter:
+    def from_config(
+        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> KserveV2Adapter:
         """From plain data: ``url``, ``token`` (sent as a bearer token), ``max_batch``, ``routes: {route:
         {model, version, inputs: [{name, fields, datatype, flat}] | "examlops", output, outputs, parameters}}``."""
         routes = {}
@@ -137,7 +139,7 @@ class KserveV2Adapter:
             )
         token = config.get("token")
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        return cls(config["url"], routes, headers=headers, max_batch=config.get("max_batch"))
+        return cls(config["url"], routes, headers=headers, max_batch=config.get("max_batch"), transport=transport)
 
     async def start(self) -> None:
         await self._http.start()

@@ -94,7 +94,9 @@ class MlflowAdapter:
         )
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> MlflowAdapter:
+    def from_config(
+        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> MlflowAdapter:
         """From plain data: ``url``, ``max_batch``, ``routes: {route: {format, fields, columns, outputs}}``."""
         routes = {
             name: MlflowTarget(
@@ -105,7 +107,7 @@ class MlflowAdapter:
             )
             for name, raw in config["routes"].items()
         }
-        return cls(config["url"], routes, max_batch=config.get("max_batch"))
+        return cls(config["url"], routes, max_batch=config.get("max_batch"), transport=transport)
 
     async def start(self) -> None:
         await self._http.start()
