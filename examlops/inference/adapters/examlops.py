@@ -38,7 +38,7 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
@@ -185,6 +185,7 @@ class ExamlopsAdapter:
         target = self._target(route)
         if not rows:
             return []
+        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
         if len(rows) > 1:
             return [out for chunk in [c async for c in self.stream_batches(route, rows, call)] for out in chunk]
         body = self._body(target, call, **rows[0])
@@ -201,6 +202,7 @@ class ExamlopsAdapter:
     async def stream_batches(self, route: str, rows: Sequence[Row], call: Call) -> AsyncIterator[Sequence[Row]]:
         """One list of outputs per chunk serving sends, in order; the stream's end is checked (module docstring)."""
         target = self._target(route)
+        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
         body = self._body(target, call, instances=[dict(row) for row in rows])
         answered = 0
         async with self._http.stream_lines(target.path("many"), call, json=body, headers=self._headers(call)) as (

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
@@ -159,6 +159,7 @@ class KserveV2Adapter:
             )
         if not rows:
             return []
+        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
         try:
             inputs = [tensor.encode(rows, route) for tensor in target.inputs]
         except InferenceError as exc:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
@@ -127,6 +127,7 @@ class MlflowAdapter:
             )
         if not rows:
             return []
+        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
         try:
             body = target.body(rows)
         except InferenceError as exc:

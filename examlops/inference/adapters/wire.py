@@ -15,9 +15,10 @@ Failure mapping (``error_of`` for a reply, ``transport_error`` for what httpx ra
 - 500 whose body says ``inference_failed: true`` -> ``MODEL_FAILURE``; any other 5xx, a refused or reset
   connection, a reply that is not what the protocol promises -> ``INFRASTRUCTURE``.
 
-The error's ``code`` is the body's ``code`` when it has one (examlops' bodies), else ``inference_<kind>``;
-its message is the body's ``error`` cut to 256 characters (examlops' bodies never echo the input). httpx's
-exceptions are chained with ``from``.
+A batch over the adapter's declared ``max_batch`` is ``FeatureUnsupported`` before any I/O
+(``check_batch``). The error's ``code`` is the body's ``code`` when it has one (examlops' bodies), else
+``inference_<kind>``; its message is the body's ``error`` cut to 256 characters (examlops' bodies never
+echo the input). httpx's exceptions are chained with ``from``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from examlops.inference.errors import InferenceError, Kind
-from examlops.inference.ports import Call
+from examlops.inference.errors import FeatureUnsupported, InferenceError, Kind
+from examlops.inference.ports import Call, Capabilities
 
 MAX_MESSAGE = 256
 DEFAULT_TIMEOUT_S = 30.0
@@ -109,6 +110,12 @@ def malformed(what: str, *, backend: str, route: str) -> InferenceError:
         backend=backend,
         route=route,
     )
+
+
+def check_batch(capabilities: Capabilities, count: int, *, backend: str, route: str) -> None:
+    """``FeatureUnsupported`` (before any I/O) for a batch over the declared ``max_batch``."""
+    if capabilities.max_batch is not None and count > capabilities.max_batch:
+        raise FeatureUnsupported(f"batches over {capabilities.max_batch} rows", backend=backend, route=route)
 
 
 class HttpBackend:

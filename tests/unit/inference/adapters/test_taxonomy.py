@@ -13,7 +13,7 @@ import pytest
 from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget
 from examlops.inference.adapters.kserve_v2 import KserveV2Adapter, V2Target
 from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget
-from examlops.inference.errors import InferenceError, Kind
+from examlops.inference.errors import FeatureUnsupported, InferenceError, Kind
 from examlops.inference.ports import Adapter, Call
 from tests.unit.inference.adapters.fakes import Handler, Network, refuse, reply
 
@@ -21,9 +21,11 @@ ROW = {"embedding": [0.1, 0.2], "node_count": 3}
 
 Build = Callable[[httpx.AsyncBaseTransport], Adapter]
 BUILDERS: dict[str, Build] = {
-    "examlops": lambda t: ExamlopsAdapter("http://s", {"r": ExamlopsTarget(task="t")}, token="k", transport=t),
-    "kserve_v2": lambda t: KserveV2Adapter("http://s", {"r": V2Target(model="m")}, transport=t),
-    "mlflow": lambda t: MlflowAdapter("http://s", {"r": MlflowTarget()}, transport=t),
+    "examlops": lambda t: ExamlopsAdapter(
+        "http://s", {"r": ExamlopsTarget(task="t")}, token="k", max_batch=4, transport=t
+    ),
+    "kserve_v2": lambda t: KserveV2Adapter("http://s", {"r": V2Target(model="m")}, max_batch=4, transport=t),
+    "mlflow": lambda t: MlflowAdapter("http://s", {"r": MlflowTarget()}, max_batch=4, transport=t),
 }
 
 
@@ -144,3 +146,15 @@ async def test_every_remote_adapter_declares_itself_non_deterministic(build: Bui
     assert isinstance(adapter, Adapter)
     assert adapter.capabilities.deterministic is False
     assert adapter.capabilities.native_batching is True
+
+
+async def test_a_batch_over_the_declared_cap_is_refused_as_unsupported_before_any_io(build: Build) -> None:
+    network = Network(reply(200, {}))
+    adapter = build(network.transport)
+    await adapter.start()
+    with pytest.raises(FeatureUnsupported) as caught:
+        await adapter.predict_batch("r", [ROW] * 5, Call(route="r"))
+    await adapter.close()
+    assert (caught.value.kind, caught.value.code) == (Kind.PRECONDITION, "inference_feature_unsupported")
+    assert caught.value.backend == adapter.backend
+    assert network.requests == []
