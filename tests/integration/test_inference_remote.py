@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from examlops.core.settings import Settings
-from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, served_trace
-from examlops.inference.adapters.kserve_v2 import EXAMLOPS_V2, KserveV2Adapter, V2Target
-from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget
+from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, examlops_adapter, served_trace
+from examlops.inference.adapters.kserve_v2 import EXAMLOPS_V2, KserveV2Adapter, V2Target, kserve_v2_adapter
+from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget, mlflow_adapter
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Adapter, Call
 from examlops.registry.catalog import load_catalog
@@ -144,17 +144,15 @@ def model_route(serving: ServingProcess, rows: list[dict[str, Any]]) -> list[flo
 @pytest.fixture
 async def adapters(servers: Servers) -> AsyncIterator[dict[str, Adapter]]:
     serving, scoring = servers.serving, servers.scoring
+    # Built as a wiring file would have them: the factories, each route's mapping and the shared settings.
+    ours = {"url": serving.url, "token": serving.token}
     built: dict[str, Adapter] = {
-        "examlops-task": ExamlopsAdapter(serving.url, {"score": ExamlopsTarget(task=TASK)}, token=serving.token),
-        "examlops-model": ExamlopsAdapter(
-            serving.url, {"score": ExamlopsTarget(model="JPCP", alias="Production")}, token=serving.token
+        "examlops-task": examlops_adapter({"score": {"task": TASK}}, ours),
+        "examlops-model": examlops_adapter({"score": {"model": "JPCP", "alias": "Production"}}, ours),
+        "kserve_v2": kserve_v2_adapter(
+            {"score": {"model": "JPCP", "inputs": "examlops", "parameters": {"alias": "Production"}}}, ours
         ),
-        "kserve_v2": KserveV2Adapter(
-            serving.url,
-            {"score": V2Target(model="JPCP", inputs=EXAMLOPS_V2, parameters={"alias": "Production"})},
-            headers=serving.auth,
-        ),
-        "mlflow": MlflowAdapter(scoring.url, {"score": MlflowTarget()}),
+        "mlflow": mlflow_adapter({"score": {"url": scoring.url, "format": "tensor"}}, {}),
     }
     for adapter in built.values():
         await adapter.start()

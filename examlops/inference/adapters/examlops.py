@@ -32,7 +32,7 @@ import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import httpx
@@ -67,6 +67,7 @@ def served_trace() -> str | None:
 class ExamlopsTarget:
     """Where a route's calls go: a ``task``, or a ``model`` with an optional ``alias`` or ``version``."""
 
+    adapter: ClassVar[str] = BACKEND
     task: str | None = None
     model: str | None = None
     alias: str | None = None
@@ -89,6 +90,13 @@ class ExamlopsTarget:
             return f"/v1/tasks/{quote(self.task, safe='')}/{'infer' if kind == 'one' else 'stream'}"
         assert self.model is not None
         return f"/v1/models/{quote(self.model, safe='')}/{'predict' if kind == 'one' else 'stream'}"
+
+    @classmethod
+    def of(cls, raw: ExamlopsTarget | Mapping[str, Any]) -> ExamlopsTarget:
+        """A target, or one from a wiring file's mapping (``task`` | ``model``, ``alias``, ``version``, ``outputs``)."""
+        if isinstance(raw, ExamlopsTarget):
+            return raw
+        return cls(**{**raw, "outputs": tuple(raw.get("outputs", ("prediction",)))})
 
     def pins(self) -> dict[str, Any]:
         return {k: v for k, v in (("alias", self.alias), ("version", self.version)) if v is not None}
@@ -124,24 +132,6 @@ class ExamlopsAdapter:
         self.token = token
         self.capabilities = Capabilities(native_batching=True, max_batch=max_batch, streaming=True)
         self._http = HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
-    ) -> ExamlopsAdapter:
-        """From plain data (a wiring file): ``url``, ``token``, ``max_batch``, ``routes: {route: {task | model,
-        alias, version, outputs}}``."""
-        routes = {
-            name: ExamlopsTarget(**{**target, "outputs": tuple(target.get("outputs", ("prediction",)))})
-            for name, target in config["routes"].items()
-        }
-        return cls(
-            config["url"],
-            routes,
-            token=config.get("token"),
-            max_batch=int(config.get("max_batch", 64)),
-            transport=transport,
-        )
 
     async def start(self) -> None:
         await self._http.start()
@@ -255,3 +245,21 @@ def _parse(line: str, route: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise malformed("a line that is not an object", backend=BACKEND, route=route)
     return message
+
+
+def examlops_adapter(
+    targets: Mapping[str, ExamlopsTarget | Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> ExamlopsAdapter:
+    """The wiring's factory (``register_adapter("examlops", examlops_adapter)``): every route wired to
+    examlops, and the shared ``settings``: ``url`` (required), ``token``, ``max_batch``, ``default_timeout_s``."""
+    return ExamlopsAdapter(
+        settings["url"],
+        {route: ExamlopsTarget.of(raw) for route, raw in targets.items()},
+        token=settings.get("token"),
+        max_batch=int(settings.get("max_batch", 64)),
+        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        transport=transport,
+    )

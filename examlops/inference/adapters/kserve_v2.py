@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import httpx
@@ -74,6 +74,7 @@ def _typed(value: float, tensor: Tensor, route: str) -> float | int:
 class V2Target:
     """A model on the server, the tensors rows become, and the output fields its reply fills."""
 
+    adapter: ClassVar[str] = BACKEND
     model: str
     version: str | None = None
     inputs: tuple[Tensor, ...] = (Tensor(),)
@@ -81,6 +82,31 @@ class V2Target:
     """The output tensor to read (None: the first of the reply)."""
     outputs: tuple[str, ...] = ("prediction",)
     parameters: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, raw: V2Target | Mapping[str, Any]) -> V2Target:
+        """A target, or one from a wiring file's mapping: ``model``, ``version``, ``inputs`` (a list of
+        ``{name, fields, datatype, flat}``, or ``"examlops"`` for ``EXAMLOPS_V2``), ``output``, ``outputs``,
+        ``parameters``."""
+        if isinstance(raw, V2Target):
+            return raw
+        inputs = raw.get("inputs")
+        tensors = (
+            EXAMLOPS_V2
+            if inputs == "examlops"
+            else tuple(
+                Tensor(**{**t, "fields": None if t.get("fields") is None else tuple(t["fields"])})
+                for t in inputs or [{}]
+            )
+        )
+        return cls(
+            model=raw["model"],
+            version=None if raw.get("version") is None else str(raw["version"]),
+            inputs=tensors,
+            output=raw.get("output"),
+            outputs=tuple(raw.get("outputs", ("prediction",))),
+            parameters=dict(raw.get("parameters", {})),
+        )
 
     def path(self) -> str:
         base = f"/v2/models/{quote(self.model, safe='')}"
@@ -111,35 +137,6 @@ class KserveV2Adapter:
         self._http = HttpBackend(
             url, backend=BACKEND, headers=headers, default_timeout_s=default_timeout_s, transport=transport
         )
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
-    ) -> KserveV2Adapter:
-        """From plain data: ``url``, ``token`` (sent as a bearer token), ``max_batch``, ``routes: {route:
-        {model, version, inputs: [{name, fields, datatype, flat}] | "examlops", output, outputs, parameters}}``."""
-        routes = {}
-        for name, raw in config["routes"].items():
-            inputs = raw.get("inputs")
-            tensors = (
-                EXAMLOPS_V2
-                if inputs == "examlops"
-                else tuple(
-                    Tensor(**{**t, "fields": None if t.get("fields") is None else tuple(t["fields"])})
-                    for t in inputs or [{}]
-                )
-            )
-            routes[name] = V2Target(
-                model=raw["model"],
-                version=None if raw.get("version") is None else str(raw["version"]),
-                inputs=tensors,
-                output=raw.get("output"),
-                outputs=tuple(raw.get("outputs", ("prediction",))),
-                parameters=dict(raw.get("parameters", {})),
-            )
-        token = config.get("token")
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        return cls(config["url"], routes, headers=headers, max_batch=config.get("max_batch"), transport=transport)
 
     async def start(self) -> None:
         await self._http.start()
@@ -211,3 +208,24 @@ def _product(dims: Sequence[int]) -> int:
     for d in dims:
         out *= d
     return out
+
+
+def kserve_v2_adapter(
+    targets: Mapping[str, V2Target | Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> KserveV2Adapter:
+    """The wiring's factory (``register_adapter("kserve_v2", kserve_v2_adapter)``): every route wired to
+    kserve_v2, and the shared ``settings``: ``url`` (required), ``token`` (sent as a bearer token),
+    ``max_batch``, ``default_timeout_s``."""
+    token = settings.get("token")
+    max_batch = settings.get("max_batch")
+    return KserveV2Adapter(
+        settings["url"],
+        {route: V2Target.of(raw) for route, raw in targets.items()},
+        headers={"Authorization": f"Bearer {token}"} if token else None,
+        max_batch=None if max_batch is None else int(max_batch),
+        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        transport=transport,
+    )

@@ -1,7 +1,8 @@
 """The mlflow adapter: ``mlflow models serve``'s scoring server, ``POST /invocations`` (MLflow 2 and 3).
 
-One scoring server serves one model, so an adapter is one server (``url``); its routes say how rows are
-sent (``MlflowTarget.format``):
+One scoring server serves one model: each route's target names its server (``url``, else the adapter's
+``url``), and all of them share the adapter's one client. The target says how rows are sent
+(``MlflowTarget.format``):
 
 - ``tensor`` (a tensor signature): ``{"inputs": [[...], ...]}``, each row flattened by
   ``codec.row_vector`` in ``fields`` order (None: the row's, which is the spec input's).
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 
@@ -41,6 +42,10 @@ MODEL_RAISED = "unexpected error while evaluating the model"
 
 @dataclass(frozen=True, slots=True)
 class MlflowTarget:
+    """How a route's rows go to a scoring server: ``url`` (else the adapter's), the body's format."""
+
+    adapter: ClassVar[str] = BACKEND
+    url: str | None = None
     format: Literal["tensor", "dataframe"] = "tensor"
     fields: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
@@ -52,6 +57,20 @@ class MlflowTarget:
             raise ValueError("an mlflow target's format is tensor or dataframe")
         if self.columns is not None and self.format != "dataframe":
             raise ValueError("columns belong to the dataframe format")
+
+    @classmethod
+    def of(cls, raw: MlflowTarget | Mapping[str, Any]) -> MlflowTarget:
+        """A target, or one from a wiring file's mapping: ``url``, ``format``, ``fields``, ``columns``,
+        ``outputs``."""
+        if isinstance(raw, MlflowTarget):
+            return raw
+        return cls(
+            url=raw.get("url"),
+            format=raw.get("format", "tensor"),
+            fields=None if raw.get("fields") is None else tuple(raw["fields"]),
+            columns=None if raw.get("columns") is None else tuple(raw["columns"]),
+            outputs=tuple(raw.get("outputs", ("prediction",))),
+        )
 
     def body(self, rows: Sequence[Row]) -> dict[str, Any]:
         if self.format == "tensor":
@@ -73,13 +92,13 @@ class MlflowTarget:
 
 
 class MlflowAdapter:
-    """One ``mlflow models serve`` at ``url``; ``routes`` maps each route to its target (module docstring)."""
+    """Scoring servers: each route's target names its own (``url``), else every route goes to ``url``."""
 
     backend = BACKEND
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         routes: Mapping[str, MlflowTarget],
         *,
         headers: Mapping[str, str] | None = None,
@@ -88,26 +107,15 @@ class MlflowAdapter:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.routes = dict(routes)
+        self._urls = {route: (target.url or url or "").rstrip("/") for route, target in routes.items()}
+        unplaced = sorted(route for route, where in self._urls.items() if not where)
+        if unplaced:
+            raise ValueError(f"no scoring server url for the routes {unplaced}")
         self.capabilities = Capabilities(native_batching=True, max_batch=max_batch)
+        # One client for every scoring server (one per model): requests name absolute URLs.
         self._http = HttpBackend(
-            url, backend=BACKEND, headers=headers, default_timeout_s=default_timeout_s, transport=transport
+            "", backend=BACKEND, headers=headers, default_timeout_s=default_timeout_s, transport=transport
         )
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], *, transport: httpx.AsyncBaseTransport | None = None
-    ) -> MlflowAdapter:
-        """From plain data: ``url``, ``max_batch``, ``routes: {route: {format, fields, columns, outputs}}``."""
-        routes = {
-            name: MlflowTarget(
-                format=raw.get("format", "tensor"),
-                fields=None if raw.get("fields") is None else tuple(raw["fields"]),
-                columns=None if raw.get("columns") is None else tuple(raw["columns"]),
-                outputs=tuple(raw.get("outputs", ("prediction",))),
-            )
-            for name, raw in config["routes"].items()
-        }
-        return cls(config["url"], routes, max_batch=config.get("max_batch"), transport=transport)
 
     async def start(self) -> None:
         await self._http.start()
@@ -133,7 +141,7 @@ class MlflowAdapter:
         except InferenceError as exc:
             exc.backend, exc.route = BACKEND, route
             raise
-        response = await self._http.post("/invocations", call, json=body)
+        response = await self._http.post(f"{self._urls[route]}/invocations", call, json=body)
         if response.status_code != 200:
             raise _failure(response, route)
         try:
@@ -183,3 +191,22 @@ def _failure(response: httpx.Response, route: str) -> InferenceError:
         else f"the scoring server refused the call (HTTP {response.status_code})"
     )
     return InferenceError(kind, what, code=f"mlflow_{error_code}" if error_code else None, backend=BACKEND, route=route)
+
+
+def mlflow_adapter(
+    targets: Mapping[str, MlflowTarget | Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> MlflowAdapter:
+    """The wiring's factory (``register_adapter("mlflow", mlflow_adapter)``): every route wired to mlflow
+    (each naming its server's ``url``, or sharing ``settings["url"]``), and the shared ``settings``: ``url``,
+    ``max_batch``, ``default_timeout_s``."""
+    max_batch = settings.get("max_batch")
+    return MlflowAdapter(
+        settings.get("url"),
+        {route: MlflowTarget.of(raw) for route, raw in targets.items()},
+        max_batch=None if max_batch is None else int(max_batch),
+        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        transport=transport,
+    )

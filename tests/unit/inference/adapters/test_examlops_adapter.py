@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, served_trace
+from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, examlops_adapter, served_trace
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call
 from tests.unit.inference.adapters.fakes import Handler, Network, reply
@@ -157,9 +157,12 @@ def test_a_target_names_a_task_or_a_model_never_both_nor_pins_on_a_task() -> Non
             ExamlopsTarget(**bad)  # type: ignore[arg-type]  # each a bad combination on purpose
 
 
-def test_the_adapter_is_built_from_plain_wiring_data() -> None:
-    adapter = ExamlopsAdapter.from_config(
-        {"url": "http://s", "token": "k", "max_batch": 32, "routes": {"score": {"task": "t", "outputs": ["risk"]}}}
+def test_the_wiring_factory_takes_target_objects_and_file_mappings() -> None:
+    adapter = examlops_adapter(
+        {"score": {"task": "t", "outputs": ["risk"]}, "other": ExamlopsTarget(model="m", alias="Canary")},
+        {"url": "http://s", "token": "k", "max_batch": 32},
     )
     assert adapter.routes["score"] == ExamlopsTarget(task="t", outputs=("risk",))
+    assert adapter.routes["other"] == ExamlopsTarget(model="m", alias="Canary")
+    assert ExamlopsTarget.adapter == "examlops" == adapter.backend
     assert adapter.capabilities.max_batch == 32 and adapter.capabilities.streaming

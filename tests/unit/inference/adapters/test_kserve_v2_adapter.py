@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from examlops.inference.adapters.kserve_v2 import EXAMLOPS_V2, KserveV2Adapter, Tensor, V2Target
+from examlops.inference.adapters.kserve_v2 import EXAMLOPS_V2, KserveV2Adapter, Tensor, V2Target, kserve_v2_adapter
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call
 from tests.unit.inference.adapters.fakes import Network, reply
@@ -93,16 +93,13 @@ async def test_a_reply_that_is_not_the_protocols_is_infrastructure(body: dict[st
     assert (caught.value.kind, caught.value.code) == (Kind.INFRASTRUCTURE, "inference_bad_reply")
 
 
-def test_the_adapter_is_built_from_plain_wiring_data() -> None:
-    adapter = KserveV2Adapter.from_config(
+def test_the_wiring_factory_takes_file_mappings() -> None:
+    adapter = kserve_v2_adapter(
         {
-            "url": "http://s",
-            "token": "k",
-            "routes": {
-                "a": {"model": "JPCP", "version": 1, "inputs": "examlops"},
-                "b": {"model": "m", "inputs": [{"name": "x", "fields": ["f"]}], "outputs": ["y"]},
-            },
-        }
+            "a": {"model": "JPCP", "version": 1, "inputs": "examlops"},
+            "b": {"model": "m", "inputs": [{"name": "x", "fields": ["f"]}], "outputs": ["y"]},
+        },
+        {"url": "http://s", "token": "k"},
     )
     assert adapter.routes["a"] == V2Target(model="JPCP", version="1", inputs=EXAMLOPS_V2)
     assert adapter.routes["b"] == V2Target(model="m", inputs=(Tensor("x", ("f",)),), outputs=("y",))
@@ -111,8 +108,7 @@ def test_the_adapter_is_built_from_plain_wiring_data() -> None:
 
 async def test_the_token_goes_as_a_bearer_header() -> None:
     network = Network(reply(200, outputs([1], [0.5])))
-    config = {"url": "http://s", "token": "k", "routes": {"a": {"model": "m"}}}
-    adapter = KserveV2Adapter.from_config(config, transport=network.transport)
+    adapter = kserve_v2_adapter({"a": {"model": "m"}}, {"url": "http://s", "token": "k"}, transport=network.transport)
     await adapter.start()
     await adapter.predict_batch("a", ROWS[:1], Call(route="a"))
     await adapter.close()

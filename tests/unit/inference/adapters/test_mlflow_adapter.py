@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget
+from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget, mlflow_adapter
 from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call
 from tests.unit.inference.adapters.fakes import Network, reply
@@ -108,8 +108,24 @@ async def test_a_reply_with_a_prediction_missing_is_refused_whole() -> None:
     assert (caught.value.kind, caught.value.code) == (Kind.VALIDATION, "inference_output_mismatch")
 
 
-def test_the_adapter_is_built_from_plain_wiring_data() -> None:
-    adapter = MlflowAdapter.from_config({"url": "http://s", "routes": {"a": {"format": "dataframe", "columns": ["x"]}}})
+def test_the_wiring_factory_takes_file_mappings_each_route_on_its_own_server() -> None:
+    adapter = mlflow_adapter(
+        {"a": {"format": "dataframe", "columns": ["x"]}, "b": {"url": "http://other:5001"}}, {"url": "http://s"}
+    )
     assert adapter.routes["a"] == MlflowTarget(format="dataframe", columns=("x",))
+    assert adapter.routes["b"] == MlflowTarget(url="http://other:5001")
+    with pytest.raises(ValueError):
+        mlflow_adapter({"a": {}}, {})  # no server for the route
     with pytest.raises(ValueError):
         MlflowTarget(format="csv")  # type: ignore[arg-type]  # not a format, on purpose
+
+
+async def test_each_route_calls_its_own_scoring_server_through_one_client() -> None:
+    network = Network(reply(200, {"predictions": [0.5]}))
+    targets = {"a": MlflowTarget(url="http://one:5000/"), "b": MlflowTarget(url="http://two:5000")}
+    adapter = mlflow_adapter(targets, {}, transport=network.transport)
+    await adapter.start()
+    for route in ("a", "b"):
+        await adapter.predict_batch(route, ROWS[:1], Call(route=route))
+    await adapter.close()
+    assert [str(r.url) for r in network.requests] == ["http://one:5000/invocations", "http://two:5000/invocations"]
