@@ -102,7 +102,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     home = tmp_path_factory.mktemp("inference-remote")
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
-    serving = ServingProcess(home, env={"EXAMLOPS_PREDICT__WORKERS": "1"})
+    # Batches of 4: a stream of ROWS instances comes back in more than one chunk.
+    serving = ServingProcess(home, env={"EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_BATCH__MAX_SIZE": "4"})
     scoring = MlflowServe(home, settings, "models:/JPCP@Production")
     faulty = MlflowServe(home, settings, "models:/JPCP@Staging")
     try:
@@ -178,6 +179,7 @@ async def test_the_examlops_adapter_streams_chunks_in_order_and_reports_servings
     adapter = adapters["examlops-task"]
     assert isinstance(adapter, ExamlopsAdapter)
     chunks = [c async for c in adapter.stream_batches("score", rows, Call(route="score", trace_id="mine"))]
+    assert [len(chunk) for chunk in chunks] == [4, ROWS - 4]
     assert [out for chunk in chunks for out in chunk] == [{"prediction": p} for p in model_route(servers.serving, rows)]
     await adapter.predict_batch("score", rows[:1], Call(route="score", trace_id="not-adopted"))
     trace = served_trace()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 import pytest
 
 from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, examlops_adapter, served_trace
 from examlops.inference.errors import InferenceError, Kind
-from examlops.inference.ports import Call
+from examlops.inference.ports import Call, Row
 from tests.unit.inference.adapters.fakes import Handler, Network, reply
 
 ROWS = [{"embedding": [0.1, 0.2], "node_count": 3}, {"embedding": [0.3, 0.4], "node_count": 5}]
@@ -166,3 +168,36 @@ def test_the_wiring_factory_takes_target_objects_and_file_mappings() -> None:
     assert adapter.routes["other"] == ExamlopsTarget(model="m", alias="Canary")
     assert ExamlopsTarget.adapter == "examlops" == adapter.backend
     assert adapter.capabilities.max_batch == 32 and adapter.capabilities.streaming
+
+
+async def test_a_stream_whose_next_chunk_comes_after_the_deadline_is_a_timeout() -> None:
+    first = {"chunk": 0, "start": 0, "predictions": [0.1], "model": "JPCP", "alias": "P", "versions": ["1"]}
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield (json.dumps(first) + "\n").encode()
+        await asyncio.sleep(30)  # the second chunk never comes in time
+        yield b""
+
+    network = Network(lambda request: httpx.Response(200, content=lines()))
+    adapter = await started(network, ExamlopsTarget(task="t"))
+    seen: list[Sequence[Row]] = []
+    with pytest.raises(InferenceError) as caught:
+        async for chunk in adapter.stream_batches("score", ROWS, Call(route="score", deadline=time.monotonic() + 0.2)):
+            seen.append(chunk)
+    await adapter.close()
+    assert caught.value.kind is Kind.TIMEOUT
+    assert seen == [[{"prediction": 0.1}]]
+
+
+async def test_a_cancelled_call_is_cancelled_not_mapped() -> None:
+    async def never(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200)
+
+    adapter = await started(Network(never), ExamlopsTarget(task="t"))
+    task = asyncio.create_task(adapter.predict_batch("score", ROWS[:1], Call(route="score")))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await adapter.close()
