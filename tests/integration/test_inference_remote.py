@@ -153,6 +153,8 @@ async def adapters(servers: Servers) -> AsyncIterator[dict[str, Adapter]]:
         "kserve_v2": kserve_v2_adapter(
             {"score": {"model": "JPCP", "inputs": "examlops", "parameters": {"alias": "Production"}}}, ours
         ),
+        "examlops-version": examlops_adapter({"score": {"model": "JPCP", "version": 1}}, ours),
+        "kserve_v2-version": kserve_v2_adapter({"score": {"model": "JPCP", "version": 1, "inputs": "examlops"}}, ours),
         "mlflow": mlflow_adapter({"score": {"url": scoring.url, "format": "tensor"}}, {}),
     }
     for adapter in built.values():
