@@ -60,6 +60,7 @@ class _WiringFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     routes: dict[str, _RouteFile]
     adapters: dict[str, dict[str, Any]] = {}
+    policy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Wiring:
     routes: Mapping[str, object]
     adapters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     emulate_streaming: Collection[str] = ()
+    policy: Mapping[str, Any] | None = None
+    """A resilience policy (``examlops.inference.resilience.Policy``) put around every adapter; None: none."""
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Wiring:
@@ -80,7 +83,7 @@ class Wiring:
         for name, route in loaded.routes.items():
             routes[name] = _FileTarget(route.adapter, dict(route.model_extra or {}))
         emulated = [name for name, route in loaded.routes.items() if route.emulate_streaming]
-        return cls(routes, loaded.adapters, emulated)
+        return cls(routes, loaded.adapters, emulated, loaded.policy)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,8 @@ class Inference:
         if not isinstance(wiring, Wiring):
             wiring = Wiring.from_yaml(wiring)
         adapters = build_adapters(wiring)
+        if policy is None and wiring.policy is not None:
+            policy = _resilient(wiring.policy)
         if policy is not None:
             wrapped: dict[int, Adapter] = {}
             for adapter in adapters.values():
@@ -207,4 +212,32 @@ def _local(targets: Mapping[str, Any], settings: Mapping[str, Any]) -> Adapter:
     return local_adapter(targets, settings)
 
 
+def _resilient(data: Mapping[str, Any]) -> Callable[[Adapter], Adapter]:
+    from examlops.inference.resilience import Policy, ResilientAdapter
+
+    policy = Policy.from_mapping(data)
+    return lambda adapter: ResilientAdapter(adapter, policy)
+
+
+def _examlops(targets: Mapping[str, Any], settings: Mapping[str, Any]) -> Adapter:
+    from examlops.inference.adapters.examlops import examlops_adapter
+
+    return examlops_adapter(targets, settings)
+
+
+def _kserve_v2(targets: Mapping[str, Any], settings: Mapping[str, Any]) -> Adapter:
+    from examlops.inference.adapters.kserve_v2 import kserve_v2_adapter
+
+    return kserve_v2_adapter(targets, settings)
+
+
+def _mlflow(targets: Mapping[str, Any], settings: Mapping[str, Any]) -> Adapter:
+    from examlops.inference.adapters.mlflow import mlflow_adapter
+
+    return mlflow_adapter(targets, settings)
+
+
 register_adapter("local", _local)
+register_adapter("examlops", _examlops)
+register_adapter("kserve_v2", _kserve_v2)
+register_adapter("mlflow", _mlflow)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from examlops.core.settings import Settings
+from examlops.inference import Inference, InferencePort, InferenceSpec
 from examlops.inference.adapters.examlops import ExamlopsAdapter, ExamlopsTarget, examlops_adapter, served_trace
 from examlops.inference.adapters.kserve_v2 import EXAMLOPS_V2, KserveV2Adapter, V2Target, kserve_v2_adapter
 from examlops.inference.adapters.mlflow import MlflowAdapter, MlflowTarget, mlflow_adapter
@@ -232,3 +234,66 @@ async def test_real_servers_refusals_map_to_the_taxonomy(servers: Servers, rows:
         assert caught.value.kind is kind, (adapter.backend, caught.value)
         if code is not None:
             assert caught.value.code == code, (adapter.backend, caught.value)
+
+
+# One handler, four wirings: the same handler code gets the same predictions from an in-process model and
+# from each served one; only the wiring file changes.
+
+
+class Pavement(BaseModel):
+    embedding: list[float]
+    node_count: int
+
+
+class Distress(BaseModel):
+    prediction: float
+
+
+DISTRESS = InferenceSpec(name="distress", input=Pavement, output=Distress)
+
+
+async def handler(port: InferencePort[Pavement, Distress], rows: Sequence[Pavement]) -> list[float]:
+    """Application code: knows the spec and its types, nothing of where the model runs."""
+    return [score.prediction for score in await port.predict_many(rows)]
+
+
+def wiring_for(kind: str, running: Servers, cache: Path) -> str:
+    serving = running.serving
+    if kind == "local":
+        settings = Settings(home=serving.home)
+        return (
+            "routes:\n  distress:\n    adapter: local\n    loader: mlflow\n    model_uri: models:/JPCP@Production\n"
+            f"    tracking_uri: '{settings.mlflow_tracking_uri}'\n    cache_dir: '{cache}'\n"
+            "    output_field: prediction\n"
+        )
+    if kind == "examlops":
+        return (
+            "routes:\n  distress: {adapter: examlops, task: pavement.distress.jpcp}\n"
+            f"adapters:\n  examlops: {{url: '{serving.url}', token: '{serving.token}'}}\n"
+        )
+    if kind == "kserve_v2":
+        return (
+            "routes:\n  distress: {adapter: kserve_v2, model: JPCP, inputs: examlops,"
+            " parameters: {alias: Production}}\n"
+            f"adapters:\n  kserve_v2: {{url: '{serving.url}', token: '{serving.token}'}}\n"
+        )
+    return f"routes:\n  distress: {{adapter: mlflow, url: '{running.scoring.url}', format: tensor}}\n"
+
+
+async def test_one_handler_gets_the_same_predictions_from_every_backend_by_wiring_alone(
+    servers: Servers, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(11)
+    rows = [
+        Pavement(embedding=[float(v) for v in rng.normal(0, 0.05, 384)], node_count=int(rng.integers(1, 40)))
+        for _ in range(5)
+    ]
+    answers: dict[str, list[float]] = {}
+    for kind in ("local", "examlops", "kserve_v2", "mlflow"):
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(wiring_for(kind, servers, tmp_path / "cache"))
+        async with Inference.from_wiring(path) as inference:
+            answers[kind] = await handler(inference.model(DISTRESS), rows)
+    for kind, predictions in answers.items():
+        assert predictions == pytest.approx(answers["local"], rel=1e-9, abs=1e-12), kind
+    assert len(set(answers["local"])) > 1  # the rows differ, and so do their predictions
