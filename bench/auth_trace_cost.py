@@ -35,7 +35,10 @@ written, so no tracing work spills into the next segment.
 Printed: each segment's req/s, p50 and p99; each pair's cost (1 - on/off req/s)
 and over all pairs the mean ± 2 SE (standard error), median, quartiles and
 range; the total (all on requests over all on seconds against the same of
-off). Then the check: the on-server wrote exactly one trace per request it got
+off); each segment's server CPU per request (its process and children: predict
+workers, trace writer; from the segment's start until its traces are written),
+and the median of those on and off, a figure far steadier than req/s when
+other work shares the machine. Then the check: the on-server wrote exactly one trace per request it got
 (answered ones with outcome ``answered``, under the ``admin`` identity when
 authentication is on; none when its tracing is off), the off-server none, and
 nobody else any (printed OK or MISMATCH, with the traces the on-server's sink
@@ -74,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, demo_state
 from demo import bodies as demo_bodies
 from loadgen import LoadResult, run_load
-from procs import answers, quantile, start, stop, wait_until
+from procs import CpuMeter, answers, quantile, start, stop, wait_until
 
 from examlops.bootstrap import sql_engine
 from examlops.core.settings import Settings
@@ -97,6 +100,8 @@ class Segment:
     on: bool
     pair: int
     result: LoadResult
+    cpu_s: float
+    """CPU seconds the server's process tree spent from the segment's start until its traces were written."""
 
     @property
     def rps(self) -> float:
@@ -242,14 +247,17 @@ def main() -> None:
         for on in (True, False):
             load(servers[on], args.path, bodies, args.warm_up, args.concurrency)
         wait_for_traces(settings, servers[True])
+        meter = CpuMeter({str(on): server.process.pid for on, server in servers.items()})
         for pair, order in enumerate(pair_orders(args.pairs, args.seed)):
             for on in order:
+                cpu_before = meter.read()[str(on)]
                 result = load(servers[on], args.path, bodies, args.requests, args.concurrency)
                 drain = wait_for_traces(settings, servers[on])
-                segments.append(Segment(on, pair, result))
+                cpu_s = meter.read()[str(on)] - cpu_before
+                segments.append(Segment(on, pair, result, cpu_s))
                 print(
                     f"pair {pair + 1:>2} {'on ' if on else 'off'}: {result.rps:7.0f} req/s, p50 {result.p50:6.2f} ms, "
-                    f"p99 {result.p99:6.2f} ms, errors {result.errors}"
+                    f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(segments[-1]):.0f} µs CPU/request"
                     + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
                     flush=True,
                 )
@@ -258,6 +266,12 @@ def main() -> None:
         for server in servers.values():
             stop(server.process)
     report(args, segments, servers, before, trace_counts(settings), drops)
+
+
+def cpu_us(segment: Segment) -> float:
+    """The server's CPU microseconds per request of the segment (its process and children: predict workers,
+    trace writer)."""
+    return 1e6 * segment.cpu_s / max(1, segment.result.sent)
 
 
 def spread(costs: list[float]) -> str:
@@ -292,11 +306,15 @@ def report(
     if not said:
         print("CONTROL RUN: the on-server has authentication and tracing off too; any cost below is the bench's bias")
     print(f"on: {' and '.join(said) or 'nothing'}; off: development, authentication and tracing disabled\n")
-    print(f"{'seg':<4} {'pair':>4} {'side':<4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+    header = f"{'seg':<4} {'pair':>4} {'side':<4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
+    print(f"{header} {'CPU µs/req':>10}")
     for i, seg in enumerate(segments):
         r = seg.result
         side = "on" if seg.on else "off"
-        print(f"{i + 1:<4} {seg.pair + 1:>4} {side:<4} {r.rps:>7.0f} {r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6}")
+        print(
+            f"{i + 1:<4} {seg.pair + 1:>4} {side:<4} {r.rps:>7.0f} {r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6} "
+            f"{cpu_us(seg):>10.0f}"
+        )
     on = [s for s in segments if s.on]
     off = [s for s in segments if not s.on]
     costs = [100 * (1 - b.rps / a.rps) for a in off for b in on if a.pair == b.pair]
@@ -304,6 +322,12 @@ def report(
     rps_on = sum(s.result.sent for s in on) / sum(s.result.seconds for s in on)
     rps_off = sum(s.result.sent for s in off) / sum(s.result.seconds for s in off)
     print(f"total: off {rps_off:.0f} req/s, on {rps_on:.0f} req/s: {100 * (1 - rps_on / rps_off):.1f} %")
+    cpu_on = statistics.median(cpu_us(s) for s in on)
+    cpu_off = statistics.median(cpu_us(s) for s in off)
+    print(
+        f"server CPU per request (process and children, median of segments): off {cpu_off:.0f} µs, "
+        f"on {cpu_on:.0f} µs: {100 * (cpu_on / cpu_off - 1):+.1f} %"
+    )
     p50_on = statistics.median(v for s in on for v in s.result.latencies_ms)
     p50_off = statistics.median(v for s in off for v in s.result.latencies_ms)
     p99_on = quantile([v for s in on for v in s.result.latencies_ms], 0.99)

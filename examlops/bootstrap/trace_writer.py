@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import signal
 import threading
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FIELDS = tuple(f.name for f in fields(TraceRecord))
 """A record travels as the tuple of its fields in this order (cheaper to pickle than the object)."""
+_fields_of = operator.attrgetter(*FIELDS)
 NICE = 10
 STOP_S = 10.0
 MISMATCH = "the trace writer's environment names another database than its serving process's"
@@ -57,7 +59,7 @@ class ChildTraceStore:
         self._conn: Connection | None = None
 
     def add(self, records: Sequence[TraceRecord]) -> int:
-        rows = [tuple(getattr(record, name) for name in FIELDS) for record in records]
+        rows = [_fields_of(record) for record in records]
         return int(self._call("add", rows))
 
     def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
@@ -133,6 +135,7 @@ def writer_main(conn: Connection, parent_pid: int, digest: str) -> None:
     settings = Settings()
     mismatch = sql_digest(settings) != digest
     engine = None if mismatch else sql_engine(settings)
+    store = None if engine is None else SqlTraceStore(engine)  # one store: it keeps its compiled statements
     children.lower_priority(NICE)
     while True:
         try:
@@ -141,12 +144,11 @@ def writer_main(conn: Connection, parent_pid: int, digest: str) -> None:
             break
         if message is None:
             break
-        if engine is None:
+        if store is None:
             conn.send(("error", MISMATCH))
             continue
         op, arg = message
         try:
-            store = SqlTraceStore(engine)
             if op == "add":
                 value: Any = store.add([TraceRecord(*row) for row in arg])
             else:

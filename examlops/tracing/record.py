@@ -7,14 +7,18 @@ outcome is a property of the error (``outcome_of``), never of an HTTP status.
 
 Trace ids are 32 lower-case hex digits. A bus job's id is derived from its verified job id
 (``trace_id_for_job``), so serving and the bridge name the same call the same way and a job served twice
-after a reclaim still has one trace; every other call gets a random one (``new_trace_id``).
+after a reclaim still has one trace; every other call gets a fresh one (``new_trace_id``): the UNIX time in
+milliseconds (12 hex digits, as a UUIDv7 begins) then 80 random bits, so ids made one after another sort
+in time and a batch of new traces lands at the end of the store's index rather than on as many pages as
+it has rows.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import uuid
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -35,8 +39,8 @@ _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def new_trace_id() -> str:
-    """A fresh random trace id (uuid4, 32 hex digits)."""
-    return uuid.uuid4().hex
+    """A fresh trace id: milliseconds since the epoch (12 hex digits) and 80 random bits (20)."""
+    return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
 
 
 def trace_id_for_job(job_id: str) -> str:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
 """How long the writer waits for a first record before it looks at its stop flag and the prune clock."""
+_LINGER_STEP_S = 0.02
+"""While it lingers, the writer takes the records waiting this often (so a full batch waits at most this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +162,21 @@ class TraceSink:
             return []
         batch = [first]
         until = time.monotonic() + self.linger_s
-        while len(batch) < self.batch:
+        while True:
+            self._take_waiting(batch)
             wait = until - time.monotonic()
+            if len(batch) >= self.batch or wait <= 0 or self._stop.is_set():
+                return batch
+            # Sleep and take what came, rather than wait on the queue for each record: a writer woken by
+            # every put contends for the GIL with the request path once per request.
+            self._stop.wait(min(wait, _LINGER_STEP_S))
+
+    def _take_waiting(self, batch: list[TraceRecord]) -> None:
+        while len(batch) < self.batch:
             try:
-                batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+                batch.append(self._queue.get_nowait())
             except queue.Empty:
-                break
-        return batch
+                return
 
     def _write(self, batch: list[TraceRecord]) -> None:
         try:

@@ -6,17 +6,24 @@ stored stays one row (``ON CONFLICT`` on SQLite and Postgres): the first record'
 fields it left empty (batch, queue wait, predict time, alias, version) are filled from the later one, except
 that a verdict (``TraceRecord.verdict``) sets outcome, error code and status. Database errors become
 ``StoreUnavailable``.
+
+On SQLite and Postgres a batch is one ``INSERT .. ON CONFLICT DO UPDATE`` compiled once per engine and run by
+the driver's ``executemany`` on tuples (``Connection.exec_driver_sql``), with each column's bind processor
+taken from SQLAlchemy's types: the same statement and values as ``Connection.execute`` with one dict per
+row, without SQLAlchemy's per-row parameter processing (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Index, delete, func, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Field, Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
@@ -68,10 +75,55 @@ _VERDICT = ("outcome", "error_code", "status")
 """Fields a verdict sets: what the caller got."""
 
 
+_COLUMNS: tuple[str, ...] = tuple(column.name for column in Trace.__table__.columns)  # type: ignore[attr-defined]  # SQLModel's table
+_values = operator.attrgetter(*_COLUMNS)
+_AT = _COLUMNS.index("at")
+
+
 def _row(record: TraceRecord) -> dict[str, Any]:
     values = trace_fields(record)
     values["at"] = datetime.fromtimestamp(record.at, UTC)
     return values
+
+
+@dataclass(frozen=True, slots=True)
+class _DriverUpsert:
+    """One upsert statement as the driver runs it: its SQL, and how a record becomes its parameters."""
+
+    sql: str
+    binds: tuple[str, ...]
+    """The statement's parameters in order (positional paramstyles) or by name."""
+    positional: bool
+    processors: tuple[tuple[int, Callable[[Any], Any]], ...]
+    """(column index, SQLAlchemy's bind processor of the column's type on this dialect)."""
+
+    @classmethod
+    def compile(cls, statement: Any, dialect: Dialect) -> _DriverUpsert:
+        compiled = statement.compile(dialect=dialect, column_keys=list(_COLUMNS))
+        binds = tuple(compiled.positiontup) if dialect.positional else tuple(compiled.binds)
+        if set(binds) != set(_COLUMNS):
+            raise RuntimeError(f"the trace upsert binds {binds}, not the columns {_COLUMNS}")
+        processors = []
+        for index, column in enumerate(Trace.__table__.columns):  # type: ignore[attr-defined]  # SQLModel's table
+            processor = column.type.dialect_impl(dialect).bind_processor(dialect)
+            if processor is not None:
+                processors.append((index, processor))
+        return cls(compiled.string, binds, dialect.positional, tuple(processors))
+
+    def parameters(self, records: Sequence[TraceRecord]) -> list[Any]:
+        rows: list[Any] = []
+        for record in records:
+            values = list(_values(record))
+            values[_AT] = datetime.fromtimestamp(record.at, UTC)
+            for index, processor in self.processors:
+                values[index] = processor(values[index])
+            rows.append(values)
+        if self.positional:
+            if self.binds == _COLUMNS:
+                return [tuple(values) for values in rows]
+            order = [_COLUMNS.index(name) for name in self.binds]
+            return [tuple(values[i] for i in order) for values in rows]
+        return [dict(zip(_COLUMNS, values, strict=True)) for values in rows]
 
 
 def _record(row: Trace) -> TraceRecord:
@@ -88,6 +140,7 @@ class SqlTraceStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._upserts: dict[bool, _DriverUpsert] = {}
 
     def add(self, records: Sequence[TraceRecord]) -> int:
         if not records:
@@ -101,24 +154,19 @@ class SqlTraceStore:
             with self._engine.begin() as connection:
                 known = set(connection.execute(select(Trace.trace_id).where(col(Trace.trace_id).in_(ids))).scalars())
                 for verdict in (False, True):
-                    rows = [_row(r) for r in last.values() if r.verdict is verdict]
-                    if rows:
-                        self._upsert(connection, rows, known, verdict=verdict)
+                    chosen = [r for r in last.values() if r.verdict is verdict]
+                    if chosen:
+                        self._upsert(connection, chosen, known, verdict=verdict)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(f"the trace table cannot be written: {exc}") from exc
         return len(ids) - len(known)
 
-    def _upsert(self, connection: Connection, rows: list[dict[str, Any]], known: set[str], *, verdict: bool) -> None:
-        dialect = self._engine.dialect.name
-        if dialect in ("sqlite", "postgresql"):
-            module: Any = sqlite if dialect == "sqlite" else postgresql
-            statement = module.insert(Trace)
-            table, new = Trace.__table__.c, statement.excluded  # type: ignore[attr-defined]  # SQLModel's table
-            changes = {name: func.coalesce(table[name], new[name]) for name in _FILLED}
-            if verdict:
-                changes |= {name: new[name] for name in _VERDICT}
-            connection.execute(statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes), rows)
+    def _upsert(self, connection: Connection, records: list[TraceRecord], known: set[str], *, verdict: bool) -> None:
+        upsert = self._driver_upsert(verdict)
+        if upsert is not None:
+            connection.exec_driver_sql(upsert.sql, upsert.parameters(records))
             return
+        rows = [_row(r) for r in records]
         fresh = [row for row in rows if row["trace_id"] not in known]
         if fresh:
             connection.execute(Trace.__table__.insert(), fresh)  # type: ignore[attr-defined]  # SQLModel's table
@@ -127,6 +175,25 @@ class SqlTraceStore:
                 if row["trace_id"] in known:
                     changes = {name: row[name] for name in _VERDICT}
                     connection.execute(update(Trace).where(col(Trace.trace_id) == row["trace_id"]).values(**changes))
+
+    def _driver_upsert(self, verdict: bool) -> _DriverUpsert | None:
+        """The compiled upsert on SQLite and Postgres (None on another database)."""
+        upsert = self._upserts.get(verdict)
+        if upsert is None:
+            dialect = self._engine.dialect
+            if dialect.name not in ("sqlite", "postgresql"):
+                return None
+            module: Any = sqlite if dialect.name == "sqlite" else postgresql
+            statement = module.insert(Trace)
+            table, new = Trace.__table__.c, statement.excluded  # type: ignore[attr-defined]  # SQLModel's table
+            changes = {name: func.coalesce(table[name], new[name]) for name in _FILLED}
+            if verdict:
+                changes |= {name: new[name] for name in _VERDICT}
+            upsert = _DriverUpsert.compile(
+                statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes), dialect
+            )
+            self._upserts[verdict] = upsert
+        return upsert
 
     def close(self) -> None:
         """Nothing of its own: the engine is its owner's."""
