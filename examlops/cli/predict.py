@@ -1,4 +1,7 @@
-"""`exa predict`: one prediction through the direct API, or with --stream many from a JSONL file."""
+"""`exa predict`: one prediction through the direct API, or with --stream many from a JSONL file.
+
+One prediction goes through the inference port's examlops adapter (``cli/served.py``); --stream posts to
+the stream route itself (``_stream`` says why)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import typer
 
 from examlops.cli.output import BAD_INPUT, JsonOption, errors_as_exit, fail, load_settings, print_json, print_table
 from examlops.cli.serve import UrlOption, _client, _random_embedding, read_embedding
+from examlops.cli.served import served_prediction, served_target
+from examlops.core.settings import Settings
 
 
 def predict(
@@ -66,39 +71,22 @@ def predict(
         fail("give --node-count N", BAD_INPUT)
     settings = load_settings()
     with errors_as_exit():
-        body: dict[str, Any] = {}
-        if alias:
-            body["alias"] = alias
-        if version is not None:
-            body["version"] = version
-        if budget_ms is not None:
-            body["budget_ms"] = budget_ms
-        path = (
-            f"/v1/tasks/{quote(task, safe='')}"
-            if task is not None
-            else f"/v1/models/{catalog(settings).get(model or '').name}"
-        )
         if instances_file is not None:
-            from examlops.cli.stream import print_stream, read_instances
-
-            body["instances"] = read_instances(instances_file, node_count)
-            wait_s = max(30.0, (budget_ms or 0.0) / 1000.0 + 5.0)
-            with _client(url) as client:
-                print_stream(
-                    client.stream(f"{path}/stream", json=body, read_timeout_s=wait_s),
-                    len(body["instances"]),
-                    as_json=as_json,
-                )
+            _stream(settings, instances_file, node_count, model, task, alias, version, budget_ms, url, as_json)
             return
+        target = (
+            served_target(task=task)
+            if task is not None
+            else served_target(model=catalog(settings).get(model or "").name, alias=alias, version=version)
+        )
         if embedding_file is not None:
             embedding = read_embedding(embedding_file)
         else:
             # A task's model is the site's choice, so its length is the catalog's default length.
             dim = catalog(settings).get(model).embedding_dim if model else settings.embedding_dim
             embedding = _random_embedding(dim)
-        body |= {"embedding": embedding, "node_count": node_count}
-        with _client(url) as client:
-            reply = client.request("POST", f"{path}/infer" if task is not None else f"{path}/predict", json=body)
+        instance = {"embedding": embedding, "node_count": node_count}
+        reply = served_prediction(target, instance, url=url, budget_ms=budget_ms)
     if as_json:
         print_json(reply)
     else:
@@ -108,3 +96,43 @@ def predict(
         if reply.get("budget_remaining_ms") is not None:
             columns.append("budget_remaining_ms")
         print_table(None, [c.replace("_", " ") for c in columns], [[reply.get(c) for c in columns]])
+
+
+def _stream(
+    settings: Settings,
+    instances_file: Path,
+    node_count: int | None,
+    model: str | None,
+    task: str | None,
+    alias: str | None,
+    version: int | None,
+    budget_ms: float | None,
+    url: str | None,
+    as_json: bool,
+) -> None:
+    """The stream route by hand, not the port's ``predict_stream``: the port's chunks carry predictions
+    only and a stream that ends early is one error, while this prints each chunk's budget left as it comes
+    and the instances answered before the budget ran out."""
+    from examlops.bootstrap import catalog
+    from examlops.cli.stream import print_stream, read_instances
+
+    body: dict[str, Any] = {}
+    if alias:
+        body["alias"] = alias
+    if version is not None:
+        body["version"] = version
+    if budget_ms is not None:
+        body["budget_ms"] = budget_ms
+    path = (
+        f"/v1/tasks/{quote(task, safe='')}"
+        if task is not None
+        else f"/v1/models/{catalog(settings).get(model or '').name}"
+    )
+    body["instances"] = read_instances(instances_file, node_count)
+    wait_s = max(30.0, (budget_ms or 0.0) / 1000.0 + 5.0)
+    with _client(url) as client:
+        print_stream(
+            client.stream(f"{path}/stream", json=body, read_timeout_s=wait_s),
+            len(body["instances"]),
+            as_json=as_json,
+        )

@@ -103,18 +103,21 @@ def infer_check(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """One request end to end through /infer-pipeline/infer; prints the reply and the latency."""
+    """One request end to end through serving's model route; prints the reply and the latency."""
     from examlops.bootstrap import catalog
+    from examlops.cli.served import served_prediction, served_target
 
     settings = load_settings()
     with errors_as_exit():
         spec = catalog(settings).get(model) if model else next(iter(catalog(settings)))
-        body = {"model": spec.name, "embedding": _random_embedding(spec.embedding_dim), "node_count": 12}
-        body["job_id"] = f"infer-check-{int(time.time())}"
-        with _client(url) as client:
-            started = time.perf_counter()
-            reply = client.request("POST", "/infer-pipeline/infer", json=body)
-            latency_ms = (time.perf_counter() - started) * 1000
+        instance = {
+            "embedding": _random_embedding(spec.embedding_dim),
+            "node_count": 12,
+            "job_id": f"infer-check-{int(time.time())}",
+        }
+        started = time.perf_counter()
+        reply = served_prediction(served_target(model=spec.name), instance, url=url)
+        latency_ms = (time.perf_counter() - started) * 1000
     if as_json:
         print_json({**reply, "latency_ms": round(latency_ms, 2)})
     else:

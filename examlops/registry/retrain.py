@@ -6,7 +6,9 @@
    run unless one is given) and fits the demo recipe's regressor;
 2. draws ``holdout_rows`` more (another seed) and scores the candidate and the
    current Production version on them (RMSE; Production is skipped when the
-   model has none);
+   model has none). Production is predicted by ``score`` (the composition
+   root's ``bootstrap.inference.version_scorer``: the inference port's local
+   adapter with the MLflow loader); its errors propagate;
 3. logs a run in the ``examlops-retrain`` experiment (metrics, the data source
    and seed as params), registers the version, and points ``candidate_alias``
    (Canary or Staging, never Production: promotion is a separate, audited
@@ -111,6 +113,9 @@ class RetrainResult:
 
 Loader = Callable[[str], Any]
 
+VersionScorer = Callable[[ModelRef, FloatArray, FloatArray], FloatArray]
+"""``(version, embeddings (n, dim), node counts (n,)) -> its predictions (n,)``."""
+
 
 def retrain(
     settings: Settings,
@@ -118,12 +123,12 @@ def retrain(
     spec: ModelSpec,
     source: DataSource,
     *,
+    score: VersionScorer,
     candidate_alias: str = "Canary",
     seed: int | None = None,
     train_rows: int = TRAIN_ROWS,
     holdout_rows: int = HOLDOUT_ROWS,
     reason: str = "",
-    load: Loader | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> RetrainResult:
     """Train, evaluate against Production, log, register and move ``candidate_alias`` (module docstring)."""
@@ -143,7 +148,9 @@ def retrain(
     production = _production(registry, spec.name)
     production_rmse = None
     if production is not None:
-        production_rmse = _rmse(_loader(load)(registry.fetch(production)).predict(rows), holdout.target)
+        production_rmse = _rmse(
+            score(production, holdout.embeddings, holdout.node_count.astype(np.float64)), holdout.target
+        )
     metrics = {"holdout_rmse": candidate_rmse, "train_rows": float(train_rows), "holdout_rows": float(holdout_rows)}
     if production_rmse is not None:
         metrics["production_holdout_rmse"] = production_rmse

@@ -5,7 +5,10 @@ A route's ``ExamlopsTarget`` names either a task (``POST /v1/tasks/{task}/infer`
 site's task map picks model and alias) or a model with an optional alias or version
 (``/v1/models/{model}/predict`` and ``/stream``). A row is sent as serving's instance as it is: the spec's
 input fields must be serving's (``embedding``, ``node_count``, optionally ``job_id``); an unknown field is
-serving's 422. The reply's ``prediction`` becomes the target's one output field (``outputs``).
+serving's 422. The reply's ``prediction`` becomes the target's one output field (``outputs``); the
+target's ``reply_fields`` (``model``, ``alias``, ``version``, ``run_id``, ``budget_remaining_ms``, ...) are
+copied beside it when the reply (or a stream's chunk) carries them, so a caller that wants to know which
+version answered declares those fields in its output model.
 
 - One row: one call to the infer or predict route. Several rows: ONE call to the stream route
   (``instances``), whose NDJSON chunks are collected in order: native batching, and the same route gives
@@ -74,6 +77,8 @@ class ExamlopsTarget:
     version: int | None = None
     outputs: tuple[str, ...] = ("prediction",)
     """The output model's field that takes serving's ``prediction`` (one field)."""
+    reply_fields: tuple[str, ...] = ()
+    """Fields of serving's reply copied into each output row when present (a stream copies its chunk's)."""
 
     def __post_init__(self) -> None:
         if (self.task is None) == (self.model is None):
@@ -93,13 +98,25 @@ class ExamlopsTarget:
 
     @classmethod
     def of(cls, raw: ExamlopsTarget | Mapping[str, Any]) -> ExamlopsTarget:
-        """A target, or one from a wiring file's mapping (``task`` | ``model``, ``alias``, ``version``, ``outputs``)."""
+        """A target, or one from a wiring file's mapping (``task`` | ``model``, ``alias``, ``version``, ``outputs``,
+        ``reply_fields``)."""
         if isinstance(raw, ExamlopsTarget):
             return raw
-        return cls(**{**raw, "outputs": tuple(raw.get("outputs", ("prediction",)))})
+        return cls(
+            **{
+                **raw,
+                "outputs": tuple(raw.get("outputs", ("prediction",))),
+                "reply_fields": tuple(raw.get("reply_fields", ())),
+            }
+        )
 
     def pins(self) -> dict[str, Any]:
         return {k: v for k, v in (("alias", self.alias), ("version", self.version)) if v is not None}
+
+    def output_row(self, prediction: object, reply: Mapping[str, Any]) -> dict[str, Any]:
+        """One output row: the prediction in ``outputs`` and the ``reply_fields`` the reply carries."""
+        extra = {name: reply[name] for name in self.reply_fields if name in reply}
+        return {**extra, **codec.output_row(prediction, self.outputs)}
 
 
 def budget_ms(call: Call) -> float | None:
@@ -184,10 +201,11 @@ class ExamlopsAdapter:
         if response.status_code != 200:
             raise self._failed(response, route)
         try:
-            prediction = response.json()["prediction"]
+            reply = response.json()
+            prediction = reply["prediction"]
         except (ValueError, KeyError, TypeError) as exc:
             raise malformed("no prediction", backend=BACKEND, route=route) from exc
-        return [codec.output_row(prediction, target.outputs)]
+        return [target.output_row(prediction, reply)]
 
     async def stream_batches(self, route: str, rows: Sequence[Row], call: Call) -> AsyncIterator[Sequence[Row]]:
         """One list of outputs per chunk serving sends, in order; the stream's end is checked (module docstring)."""
@@ -213,7 +231,7 @@ class ExamlopsAdapter:
                 if message.get("start") != answered or not isinstance(predictions, list) or not predictions:
                     raise malformed("a chunk out of order", backend=BACKEND, route=route)
                 answered += len(predictions)
-                yield [codec.output_row(p, target.outputs) for p in predictions]
+                yield [target.output_row(p, message) for p in predictions]
         raise malformed("the stream ended without its last line", backend=BACKEND, route=route)
 
     def _check_end(self, end: Mapping[str, Any], answered: int, count: int, route: str) -> None:

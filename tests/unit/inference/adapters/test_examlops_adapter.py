@@ -201,3 +201,13 @@ async def test_a_cancelled_call_is_cancelled_not_mapped() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await adapter.close()
+
+
+async def test_reply_fields_come_beside_the_prediction_when_the_reply_carries_them() -> None:
+    network = Network(reply(200, {**ANSWER, "budget_remaining_ms": 12.5}))
+    target = ExamlopsTarget(model="JPCP", reply_fields=("model", "version", "budget_remaining_ms", "task"))
+    adapter = await started(network, target)
+    out = await adapter.predict_batch("score", ROWS[:1], Call(route="score"))
+    await adapter.close()
+    assert out == [{"model": "JPCP", "version": "1", "budget_remaining_ms": 12.5, "prediction": 0.75}]
+    assert ExamlopsTarget.of({"task": "t", "reply_fields": ["model"]}).reply_fields == ("model",)

@@ -1,0 +1,95 @@
+"""Where examlops calls models itself through the inference port: the adapters those calls use.
+
+- ``serving_inference(settings, route, target, url=None)``: the CLI's client of serving (`exa predict`,
+  `exa serve infer-check`): the examlops adapter at ``url`` (default: the local serving) presenting the
+  platform token (``identity.platform_token``), ``target`` wired to ``route``. Not started: the caller
+  enters it (``async with``), which opens its one HTTP client.
+- ``version_scorer(settings)``: what the retrain flow scores a registered version with (the candidate's
+  comparison with Production): the local adapter with the MLflow loader for ``models:/NAME/VERSION`` from
+  the settings' registry and model cache, loaded at start (a version that cannot load fails the call
+  closed, as the registry's loader did), every row predicted in one ``predict_many``, then closed.
+
+Nothing connects or loads until called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel
+
+from examlops.core.settings import Settings
+from examlops.inference import InferenceSpec
+
+if TYPE_CHECKING:
+    from examlops.core.messages import ModelRef
+    from examlops.inference import Inference
+    from examlops.inference.adapters.examlops import ExamlopsTarget
+    from examlops.registry.retrain import VersionScorer
+    from examlops.registry.synthetic import FloatArray
+
+T = TypeVar("T")
+
+
+class ModelRow(BaseModel):
+    """One row as the registry's models take it: the embedding, then the node count."""
+
+    embedding: list[float]
+    node_count: float
+
+
+class ModelPrediction(BaseModel):
+    prediction: float
+
+
+SCORE_VERSION = InferenceSpec(name="score_version", input=ModelRow, output=ModelPrediction)
+
+
+def serving_inference(settings: Settings, route: str, target: ExamlopsTarget, *, url: str | None = None) -> Inference:
+    from examlops.bootstrap.identity import platform_token
+    from examlops.inference import Inference, Wiring
+
+    shared = {"url": url or settings.serving.local_url, "token": platform_token(settings)}
+    return Inference.from_wiring(Wiring({route: target}, adapters={"examlops": shared}))
+
+
+def version_scorer(settings: Settings) -> VersionScorer:
+    def score(ref: ModelRef, embeddings: FloatArray, node_count: FloatArray) -> FloatArray:
+        import numpy as np
+
+        from examlops.inference import Inference, Wiring
+        from examlops.inference.adapters.local import LocalTarget
+        from examlops.inference.loaders import mlflow_model
+
+        loader = mlflow_model(
+            f"models:/{ref.name}/{ref.version}",
+            tracking_uri=settings.mlflow_tracking_uri,
+            cache_dir=settings.state_dir / "cache" / "models",
+        )
+        rows = [
+            ModelRow(embedding=list(map(float, row)), node_count=float(count))
+            for row, count in zip(embeddings, node_count, strict=True)
+        ]
+
+        async def predict() -> list[ModelPrediction]:
+            async with Inference.from_wiring(Wiring({SCORE_VERSION.name: LocalTarget(loader)})) as inference:
+                return await inference.model(SCORE_VERSION).predict_many(rows)
+
+        predictions = run_sync(predict())
+        return np.asarray([p.prediction for p in predictions], dtype=np.float64)
+
+    return score
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to its end from synchronous code, on a fresh loop in another thread when this one
+    already runs a loop (a caller inside an async framework)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
