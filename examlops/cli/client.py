@@ -6,7 +6,7 @@ httpx errors are translated here: an unreachable server is ``PipelineUnavailable
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO, NoReturn
 
 import httpx
 
@@ -49,6 +49,15 @@ class ServingClient:
             body = {"error": response.text[:200]}
         if response.status_code in ok:
             return body
+        self._raise(response, path, body)
+
+    def _raise(self, response: httpx.Response, path: str, body: Any = None) -> NoReturn:
+        """The error an error reply's status and ``code`` name."""
+        if body is None:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"error": response.text[:200]}
         message = body.get("error") if isinstance(body, dict) else None
         text = message or f"HTTP {response.status_code} from {path}"
         if response.status_code == 401:
@@ -60,3 +69,18 @@ class ServingClient:
 
     def get(self, path: str, *, ok: tuple[int, ...] = (200,)) -> Any:
         return self.request("GET", path, ok=ok)
+
+    def download(self, path: str, sink: BinaryIO) -> int:
+        """Stream a 200 reply's body into ``sink``; the bytes written. Errors as ``request``."""
+        try:
+            with self._http.stream("GET", path) as response:
+                if response.status_code != 200:
+                    response.read()
+                    self._raise(response, path)
+                written = 0
+                for chunk in response.iter_bytes():
+                    sink.write(chunk)
+                    written += len(chunk)
+                return written
+        except httpx.TransportError as exc:
+            raise errors.PipelineUnavailable(f"serving at {self.base_url} cannot be reached ({exc})") from exc
