@@ -1,10 +1,10 @@
 """`exa jobs submit | status | result | cancel | list`: offline jobs on serving, over HTTP with the token.
 
 Thin: parse, call serving's `/v1/jobs`, format. ``submit`` takes the instances as a JSONL file: one under
-the state folder is read by serving in place; a small one (at most 1000 instances, ``INLINE_MAX``) goes
-inline; a larger one is copied into ``<state folder>/jobs/incoming/`` first (serving must share the state
-folder: the local serving of `exa up`). Exit codes from ``output.py``: 2 bad input, 3 serving unreachable,
-4 no such task or job.
+the state folder is read by serving in place; a small one (at most 1000 instances, ``INLINE_MAX``, and at
+most half of ``EXAMLOPS_SERVING__MAX_BODY_BYTES``) goes inline; a larger one is copied into
+``<state folder>/jobs/incoming/`` first (serving must share the state folder: the local serving of
+`exa up`). Exit codes from ``output.py``: 2 bad input, 3 serving unreachable, 4 no such task or job.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _budget_ms(budget_ms: float | None, budget: str | None) -> float:
         fail(str(exc), BAD_INPUT)
 
 
-def _instances_body(file: Path, state_dir: Path) -> dict[str, Any]:
+def _instances_body(file: Path, state_dir: Path, max_inline_bytes: int) -> dict[str, Any]:
     """``{"file": ...}`` for a file serving can read, else ``{"instances": [...]}`` for a small one."""
     import orjson
 
@@ -77,7 +77,7 @@ def _instances_body(file: Path, state_dir: Path) -> dict[str, Any]:
         return {"file": str(path)}
     with path.open("rb") as source:
         lines = [line for line in source if line.strip()]
-    if len(lines) > INLINE_MAX:
+    if len(lines) > INLINE_MAX or path.stat().st_size > max_inline_bytes:
         incoming = state_dir / "jobs" / "incoming" / f"{uuid.uuid4().hex}.jsonl"
         incoming.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, incoming)
@@ -115,7 +115,11 @@ def submit(
 ) -> None:
     """Submit a job: serving answers at once with its id; the work runs in the gaps (`exa jobs status`)."""
     settings = load_settings()
-    body = {"task": task, "budget_ms": _budget_ms(budget_ms, budget), **_instances_body(file, settings.state_dir)}
+    body = {
+        "task": task,
+        "budget_ms": _budget_ms(budget_ms, budget),
+        **_instances_body(file, settings.state_dir, settings.serving.max_body_bytes // 2),
+    }
     with errors_as_exit(), _client(url) as client:
         job = client.request("POST", "/v1/jobs", json=body, ok=(202,))
     if as_json:
