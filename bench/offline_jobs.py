@@ -1,0 +1,191 @@
+"""Interactive p99 at half the capacity with and without an offline job running, in one run (issue 17).
+
+Seeds the demo state folder (``.examlops/bench-jobs`` by default, ``demo.demo_state``), writes a JSONL file
+of ``--instances`` JPCP instances in it, and starts one `exa serve start` on a free port. Then:
+
+1. capacity: ``--capacity-requests`` closed-loop calls at ``--concurrency`` (``loadgen``), in req/s;
+2. segments of ``--segment`` seconds of open-loop arrivals at ``--load`` times that capacity, evenly
+   spaced, to `/v1/tasks/pavement.distress.jpcp/infer`, each latency counted from its scheduled arrival
+   (so a stalled server shows, not hides, as in a closed loop): ``before`` with no job, then ``during``
+   segments while the job of ``--instances`` runs (submitted with a 2 h budget), until it is done, then
+   ``after`` with no job again;
+3. the job's time from submit to done and the result lines it wrote.
+
+The claim: the ``during`` p99 stays within 20 % of the no-job p99 (the mean of ``before`` and ``after``,
+which brackets the run in time: this machine's speed drifts), and the job finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, bodies, demo_state
+from loadgen import header_lines, run_load
+from procs import answers, quantile, start, stop, wait_until
+
+TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def open_loop(
+    url: str, payloads: list[bytes], rate: float, seconds: float, headers: str, connections: int
+) -> list[float]:
+    """Arrivals every ``1/rate`` s for ``seconds``, each on a free keep-alive connection (``connections`` are
+    opened before the clock starts; a new one when none is free); latencies in ms from the scheduled
+    arrival, ``inf`` for a reply that is not 200."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    free = [await asyncio.open_connection(host, port) for _ in range(connections)]
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+
+    async def one(i: int, due: float) -> None:
+        conn = free.pop() if free else await asyncio.open_connection(host, port)
+        reader, writer = conn
+        body = payloads[i % len(payloads)]
+        head = f"POST {TASK_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        status = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        code = int(status.split()[1]) if status else 0
+        statuses[code] = statuses.get(code, 0) + 1
+        latencies.append((time.perf_counter() - due) * 1000 if code == 200 else float("inf"))
+        free.append(conn)
+
+    started = time.perf_counter()
+    tasks = []
+    for i in range(int(rate * seconds)):
+        due = started + i / rate
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    for _, writer in free:
+        writer.close()
+    if set(statuses) - {200}:
+        print(f"          statuses {dict(sorted(statuses.items()))}", flush=True)
+    return latencies
+
+
+def write_instances(path: Path, count: int, dim: int) -> None:
+    """``count`` lines cycling through 1,000 reproducible instances, values rounded to keep the file small."""
+    rng = np.random.default_rng(9)
+    rows = [
+        json.dumps({"embedding": [round(float(v), 4) for v in rng.normal(0, 0.05, dim)], "node_count": 12})
+        for _ in range(1000)
+    ]
+    with path.open("w") as out:
+        for i in range(count):
+            out.write(rows[i % len(rows)] + "\n")
+
+
+def result_lines(client: httpx.Client, job_id: str) -> int:
+    with client.stream("GET", f"/v1/jobs/{job_id}/result") as reply:
+        return sum(1 for _ in reply.iter_lines())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instances", type=int, default=100_000)
+    parser.add_argument("--load", type=float, default=0.5, help="Open-loop rate as a fraction of capacity.")
+    parser.add_argument("--segment", type=float, default=10.0, help="Seconds per measured segment.")
+    parser.add_argument("--concurrency", type=int, default=32, help="Of the capacity measurement.")
+    parser.add_argument("--capacity-requests", type=int, default=4000)
+    parser.add_argument("--connections", type=int, default=64, help="Opened before each open-loop segment.")
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-jobs"))
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    settings, catalog = demo_state(home)
+    headers = auth_headers(settings)
+    instances = home / "bench-instances.jsonl"
+    write_instances(instances, args.instances, catalog.get("JPCP").embedding_dim)
+    payloads = [json.dumps(b).encode() for b in bodies(catalog.get("JPCP").embedding_dim, 1000, seed=5)]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_SERVING__PORT": str(port)}
+    url = f"http://127.0.0.1:{port}"
+    process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / "serving.log")
+    try:
+        wait_until(answers(f"{url}/readyz"), f"serving (see {home}/serving.log)", proc=process)
+        asyncio.run(run_load(url + TASK_PATH, lambda i: payloads[i % 1000], total=500, concurrency=8, headers=headers))
+        capacity = asyncio.run(
+            run_load(
+                url + TASK_PATH,
+                lambda i: payloads[i % 1000],
+                total=args.capacity_requests,
+                concurrency=args.concurrency,
+                headers=headers,
+            )
+        )
+        rate = capacity.rps * args.load
+        print(
+            f"capacity {capacity.rps:.0f} req/s (c={args.concurrency}, errors {capacity.errors}); load {rate:.0f} req/s"
+        )
+        lines = header_lines(headers)
+
+        def segment(name: str) -> list[float]:
+            latencies = asyncio.run(open_loop(url, payloads, rate, args.segment, lines, args.connections))
+            bad = sum(1 for v in latencies if v == float("inf"))
+            print(
+                f"{name:>8}: p50 {quantile(latencies, 0.5):7.2f} ms  p99 {quantile(latencies, 0.99):7.2f} ms  "
+                f"calls {len(latencies)}  not 200: {bad}",
+                flush=True,
+            )
+            return latencies
+
+        before = segment("before")
+        submitted = time.monotonic()
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            reply = client.post(
+                "/v1/jobs", json={"task": "pavement.distress.jpcp", "budget_ms": 7_200_000, "file": instances.name}
+            )
+            reply.raise_for_status()
+            job_id = reply.json()["job_id"]
+            during: list[list[float]] = []
+            while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
+                progress = job["progress"]
+                print(f"          job {progress['answered']}/{progress['total']}", flush=True)
+                during.append(segment(f"during {len(during) + 1}"))
+            took = time.monotonic() - submitted
+            after = segment("after")
+            lines_written = result_lines(client, job_id)
+        base = statistics.mean([quantile(before, 0.99), quantile(after, 0.99)])
+        p99s = [quantile(d, 0.99) for d in during if d]
+        speed = args.instances / took
+        print(f"job {job['state']} in {took:.1f} s ({speed:.0f} instances/s), {lines_written} result lines")
+        if p99s:
+            print(
+                f"no-job p99 {base:.2f} ms; during-job p99 median {statistics.median(p99s):.2f} ms, "
+                f"worst {max(p99s):.2f} ms: ratio {statistics.median(p99s) / base:.2f} (median), "
+                f"{max(p99s) / base:.2f} (worst)"
+            )
+    finally:
+        stop(process)
+
+
+if __name__ == "__main__":
+    main()
