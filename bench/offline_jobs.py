@@ -4,9 +4,8 @@ Seeds the demo state folder (``.examlops/bench-jobs`` by default, ``demo.demo_st
 of ``--instances`` JPCP instances in it, and starts one `exa serve start` on a free port. Then:
 
 1. capacity: ``--capacity-requests`` closed-loop calls at ``--concurrency`` (``loadgen``), in req/s;
-2. segments of ``--segment`` seconds of open-loop arrivals at ``--load`` times that capacity, evenly
-   spaced, to `/v1/tasks/pavement.distress.jpcp/infer`, each latency counted from its scheduled arrival
-   (so a stalled server shows, not hides, as in a closed loop): ``before`` with no job, then ``during``
+2. segments of ``--segment`` seconds of open-loop Poisson arrivals (``openloop``) at ``--load`` times that
+   capacity to `/v1/tasks/pavement.distress.jpcp/infer`: ``before`` with no job, then ``during``
    segments while the job of ``--instances`` runs (submitted with a 2 h budget), until it is done, then
    ``after`` with no job again;
 3. the job's time from submit to done and the result lines it wrote.
@@ -21,22 +20,25 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
-from loadgen import header_lines, run_load
+from loadgen import run_load
+from openloop import open_loop
 from procs import answers, quantile, start, stop, wait_until
 
 TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
+WAIT_MS = 10_000.0
+"""How long the load waits for an answer (the calls declare no budget): past it a call counts as not 200."""
 
 
 def free_port() -> int:
@@ -44,50 +46,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-async def open_loop(
-    url: str, payloads: list[bytes], rate: float, seconds: float, headers: str, connections: int
-) -> list[float]:
-    """Arrivals every ``1/rate`` s for ``seconds``, each on a free keep-alive connection (``connections`` are
-    opened before the clock starts; a new one when none is free); latencies in ms from the scheduled
-    arrival, ``inf`` for a reply that is not 200."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    free = [await asyncio.open_connection(host, port) for _ in range(connections)]
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-
-    async def one(i: int, due: float) -> None:
-        conn = free.pop() if free else await asyncio.open_connection(host, port)
-        reader, writer = conn
-        body = payloads[i % len(payloads)]
-        head = f"POST {TASK_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
-        writer.write(head.encode() + body)
-        status = await reader.readline()
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        await reader.readexactly(length)
-        code = int(status.split()[1]) if status else 0
-        statuses[code] = statuses.get(code, 0) + 1
-        latencies.append((time.perf_counter() - due) * 1000 if code == 200 else float("inf"))
-        free.append(conn)
-
-    started = time.perf_counter()
-    tasks = []
-    for i in range(int(rate * seconds)):
-        due = started + i / rate
-        await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        tasks.append(asyncio.create_task(one(i, due)))
-    await asyncio.gather(*tasks)
-    for _, writer in free:
-        writer.close()
-    if set(statuses) - {200}:
-        print(f"          statuses {dict(sorted(statuses.items()))}", flush=True)
-    return latencies
 
 
 def write_instances(path: Path, count: int, dim: int) -> None:
@@ -114,7 +72,6 @@ def main() -> None:
     parser.add_argument("--segment", type=float, default=10.0, help="Seconds per measured segment.")
     parser.add_argument("--concurrency", type=int, default=32, help="Of the capacity measurement.")
     parser.add_argument("--capacity-requests", type=int, default=4000)
-    parser.add_argument("--connections", type=int, default=64, help="Opened before each open-loop segment.")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-jobs"))
     args = parser.parse_args()
 
@@ -145,11 +102,18 @@ def main() -> None:
         print(
             f"capacity {capacity.rps:.0f} req/s (c={args.concurrency}, errors {capacity.errors}); load {rate:.0f} req/s"
         )
-        lines = header_lines(headers)
+        seeds = iter(range(1, 1_000_000))
+
+        def pick(rng: random.Random) -> tuple[str, float, bytes]:
+            return "interactive", WAIT_MS, payloads[rng.randrange(len(payloads))]
 
         def segment(name: str) -> list[float]:
-            latencies = asyncio.run(open_loop(url, payloads, rate, args.segment, lines, args.connections))
+            sent = asyncio.run(open_loop(url + TASK_PATH, rate, args.segment, pick, headers=headers, seed=next(seeds)))
+            latencies = [r.latency_ms if r.status == 200 else float("inf") for r in sent]
+            statuses = sorted({r.status for r in sent} - {200})
             bad = sum(1 for v in latencies if v == float("inf"))
+            if bad:
+                print(f"          statuses other than 200: {statuses}", flush=True)
             print(
                 f"{name:>8}: p50 {quantile(latencies, 0.5):7.2f} ms  p99 {quantile(latencies, 0.99):7.2f} ms  "
                 f"calls {len(latencies)}  not 200: {bad}",
