@@ -58,8 +58,8 @@ def add_caller(settings: Settings, name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {issued.token}"}
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def seeded_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state folder with the JPCP demo model, as `exa up` leaves it."""
     home = tmp_path_factory.mktemp("jobs")
     catalog_dir = home / "catalog"
     catalog_dir.mkdir()
@@ -67,6 +67,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     settings = Settings(home=home, catalog_dir=catalog_dir)
     seed_demo(settings, load_catalog(settings.catalog_path))
     return home
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_home(tmp_path_factory)
 
 
 def start(home: Path, port: int | None = None) -> ServingProcess:
@@ -171,7 +176,10 @@ def test_the_cli_submits_follows_and_downloads_a_job(server: ServingProcess, hom
     assert missing.exit_code == 4
 
 
-def test_a_job_resumes_after_a_restart_of_serving_without_answering_any_instance_twice(home: Path) -> None:
+def test_a_job_resumes_after_a_restart_of_serving_without_answering_any_instance_twice(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    home = seeded_home(tmp_path_factory)  # its own: the module's serving would take the job over meanwhile
     total = 4000
     big = home / "big.jsonl"
     big.write_text("".join(json.dumps(i) + "\n" for i in instances(total)))
