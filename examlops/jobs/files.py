@@ -5,13 +5,15 @@ job names its own instances file, which must lie under the state folder (``insid
 file a caller could not have put there. That file is read in place and must not change while the job runs.
 
 Results: ``ResultsFile.open(path, offset)`` first cuts the file back to ``offset``, the length recorded with
-the last finished batch, so lines written by a batch whose progress was never recorded (a crash between
-the two) are dropped, never answered twice. ``append`` writes one batch's lines and flushes them to disk
-before returning the new length; the runner records that length only afterwards.
+the last finished batch (``OSError`` when it is shorter: the job fails), so lines written by a batch whose
+progress was never recorded (a crash between the two) are dropped, never answered twice. ``append`` writes
+one batch's lines and flushes them to disk before returning the new length; the runner records that
+length only afterwards.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from itertools import islice
@@ -102,6 +104,9 @@ class ResultsFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = path.open("ab")
+        if self._file.tell() < offset:  # lost or cut by hand: it no longer holds what was recorded
+            self._file.close()
+            raise OSError(errno.EIO, "the results file is shorter than the results recorded")
         self._file.truncate(offset)
         self._file.seek(offset)
         self.offset = offset

@@ -64,4 +64,9 @@ class JobStore(Protocol):
 class BackgroundInference(Protocol):
     """What the runner needs of the pipeline (``examlops.serving.pipeline.Pipeline``)."""
 
+    @property
+    def ready(self) -> bool:
+        """True once every model's default alias is loaded: the runner claims no job before."""
+        ...
+
     async def infer(self, req: InferenceRequest, *, background: bool = False) -> InferenceResult: ...

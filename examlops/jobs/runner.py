@@ -2,8 +2,8 @@
 
 Contract:
 
-- It claims one live job at a time (``JobStore.claim``, a lease of ``lease_s`` renewed every batch) and
-  feeds it ``batch_size`` instances at a time, all of a batch at once, through
+- Once the pipeline is ready, it claims one live job at a time (``JobStore.claim``, a lease of ``lease_s``
+  renewed every batch) and feeds it ``batch_size`` instances at a time, all of a batch at once, through
   ``pipeline.infer(..., background=True)``: they queue behind every interactive call, so interactive calls
   wait at most the one batch a worker already holds.
 - Each batch's lines go to the results file (flushed) and only then is the batch recorded as done in the
@@ -109,7 +109,9 @@ class JobRunner:
 
     async def run_once(self) -> bool:
         """Claim one job and run it until it ends or pauses; False when there was nothing to run (or it
-        paused)."""
+        paused, or the pipeline is not ready yet)."""
+        if not self._pipeline.ready:
+            return False
         job = await asyncio.to_thread(self._store.claim, self.owner, self._wall(), self._lease_s)
         if job is None:
             return False

@@ -87,6 +87,7 @@ class FakePipeline:
     """Answers every request with its embedding's first value; ``steer(request)`` may raise or wait first."""
 
     steer: Callable[[InferenceRequest], object] | None = None
+    ready: bool = True
     requests: list[InferenceRequest] = field(default_factory=list)
     background: list[bool] = field(default_factory=list)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,20 @@ async def test_a_missing_instances_file_fails_the_job(files: JobFiles) -> None:
     failed = store.get("job1")
     assert failed is not None and failed.state is JobState.FAILED and "instances file" in failed.error
     assert [j.state for j in ended] == [JobState.FAILED]
+
+
+async def test_no_job_is_claimed_before_the_pipeline_is_ready(files: JobFiles) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    pipeline = FakePipeline(ready=False)
+    assert not await runner(store, pipeline, files, clock).run_once()
+    assert store.rows["job1"].owner is None and pipeline.requests == []
+
+
+async def test_a_results_file_shorter_than_recorded_fails_the_job_rather_than_padding_it(files: JobFiles) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    store.rows["job1"].job = replace(store.rows["job1"].job, done_batches=1, answered=3, results_bytes=100)
+    assert await runner(store, FakePipeline(), files, clock).run_once()
+    job = store.get("job1")
+    assert job is not None and job.state is JobState.FAILED and "shorter" in job.error
