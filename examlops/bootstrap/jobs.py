@@ -1,7 +1,8 @@
 """Offline jobs in the serving process: the job service over SQL and the state folder, and its runner.
 
 The runner owns its leases as this process (``hostname:pid``, the trace node), feeds the pipeline batches
-of ``settings.batch.max_size`` instances, and traces every job that ends with the process's tracer.
+of ``settings.batch.max_size`` instances paced by ``settings.jobs``, and traces every job that ends with
+the process's tracer.
 """
 
 from __future__ import annotations
@@ -32,5 +33,14 @@ def offline_jobs(
     files = JobFiles(settings.state_dir / "jobs", settings.state_dir)
     traced = JobTraceHook(tracer)
     service = JobService(store, files, tasks, batch_size=settings.batch.max_size, on_end=traced)
-    runner = JobRunner(store, pipeline, files.results_path, owner=tracer.node, on_end=traced)
+    runner = JobRunner(
+        store,
+        pipeline,
+        files.results_path,
+        owner=tracer.node,
+        on_end=traced,
+        poll_s=settings.jobs.poll_s,
+        lease_s=settings.jobs.lease_s,
+        rest=settings.jobs.rest,
+    )
     return service, runner

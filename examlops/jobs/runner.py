@@ -9,6 +9,8 @@ Contract:
 - Each batch's lines go to the results file (flushed) and only then is the batch recorded as done in the
   store. A run starts by cutting the file back to the recorded length and goes on from the recorded batch,
   so a restart (or a crash anywhere) answers no instance twice and loses at most the batch in flight.
+- After each batch it rests ``rest`` times that batch's time: a batch that queued behind busy interactive
+  traffic took long, so the job backs off as much, and an idle pool costs it little.
 - Between batches it reads the job again: a job cancelled meanwhile stops there; a job past its
   ``expires_at`` becomes ``expired``. An instance whose budget ran out in the queue (``Refused``,
   ``DeadlineExceeded``) expires the job too; its batch is not recorded.
@@ -70,6 +72,7 @@ class JobRunner:
         owner: str,
         poll_s: float = 1.0,
         lease_s: float = 60.0,
+        rest: float = 0.0,
         on_end: JobEnded | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -79,6 +82,7 @@ class JobRunner:
         self.owner = owner
         self._poll_s = poll_s
         self._lease_s = lease_s
+        self._rest = rest
         self._on_end = on_end
         self._wall = wall
         self._task: asyncio.Task[None] | None = None
@@ -161,6 +165,7 @@ class JobRunner:
                 await self._end(job, JobState.DONE, "")
                 return
             first = job.done_batches * job.batch_size
+            began = time.perf_counter()
             answers = await asyncio.gather(
                 *(self._one(job, first + i, item) for i, item in enumerate(batch)), return_exceptions=True
             )
@@ -186,6 +191,8 @@ class JobRunner:
             )
             if not recorded:
                 return  # cancelled meanwhile, or another runner took it over: its recorded offset wins
+            if self._rest > 0:
+                await asyncio.sleep((time.perf_counter() - began) * self._rest)
 
     async def _one(self, job: Job, index: int, item: Instance | InvalidInput) -> dict[str, Any]:
         if isinstance(item, InvalidInput):
