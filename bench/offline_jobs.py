@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--segment", type=float, default=10.0, help="Seconds per measured segment.")
     parser.add_argument("--concurrency", type=int, default=32, help="Of the capacity measurement.")
     parser.add_argument("--capacity-requests", type=int, default=4000)
+    parser.add_argument("--rest", type=float, help="EXAMLOPS_JOBS__REST of serving (default: the settings').")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-jobs"))
     args = parser.parse_args()
 
@@ -84,6 +85,8 @@ def main() -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_SERVING__PORT": str(port)}
+    if args.rest is not None:
+        env["EXAMLOPS_JOBS__REST"] = str(args.rest)
     url = f"http://127.0.0.1:{port}"
     process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / "serving.log")
     try:
