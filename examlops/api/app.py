@@ -196,9 +196,9 @@ def create_app(
             call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
             budget_ms = declared_budget(request, body.budget_ms)
-            if call is not None:
-                call.budget_ms = budget_ms
             deadline = effective_deadline(body.deadline, budget_ms, received_at)
+            if call is not None:
+                call.budget_ms, call.deadline = budget_ms, deadline
             caller.may_call(model=model)
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
