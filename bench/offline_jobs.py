@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import sys
 import time
@@ -34,18 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
 from loadgen import run_load
 from openloop import open_loop
-from procs import answers, quantile, start, stop, wait_until
+from procs import answers, free_port, quantile, start, stop, wait_until
 
 TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
 WAIT_MS = 10_000.0
 """How long the load waits for an answer (the calls declare no budget): past it a call counts as not 200."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_instances(path: Path, count: int, dim: int) -> None:
