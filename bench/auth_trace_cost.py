@@ -61,7 +61,6 @@ import math
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, demo_state
 from demo import bodies as demo_bodies
 from loadgen import LoadResult, run_load
-from procs import CpuMeter, answers, quantile, start, stop, wait_until
+from procs import CpuMeter, answers, free_port, quantile, start, stop, wait_until
 
 from examlops.bootstrap import sql_engine
 from examlops.core.settings import Settings
@@ -86,13 +85,6 @@ from examlops.tracing.sql_store import Trace
 NODES = {True: "bench-on", False: "bench-off"}
 FEATURES = ("auth", "tracing")
 DROPPED = re.compile(r"^examlops_traces_dropped_total ([0-9.e+]+)$", re.MULTILINE)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

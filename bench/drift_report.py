@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import free_port
 
 
 def one(size: int) -> dict[str, float]:

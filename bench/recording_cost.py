@@ -69,7 +69,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -85,7 +84,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import bodies as demo_bodies
 from demo import demo_state
-from procs import CpuMeter, quantile, start, stop, thread_cpu, wait_until
+from procs import CpuMeter, free_port, quantile, start, stop, thread_cpu, wait_until
 
 from examlops.bootstrap.bridge import bus_client
 from examlops.bus.client import BusClient
@@ -97,13 +96,6 @@ from examlops.platform.redis_server import EmbeddedRedis
 
 MODELS = ("JPCP", "CRCP")
 RECORDER_CPU = re.compile(r"recorder: .* of CPU writing \(([0-9.]+) us per record\)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -36,6 +36,7 @@ from examlops.api.errors import (
     handle_unexpected,
     handle_validation,
 )
+from examlops.api.jobs import jobs_router
 from examlops.api.limits import BodyLimitMiddleware
 from examlops.api.schemas import (
     HotSetEntry,
@@ -58,6 +59,7 @@ from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.identity import Caller, Permission
+from examlops.jobs.service import JobService
 from examlops.registry.catalog import Catalog
 from examlops.tracing import Tracer, TraceStore
 
@@ -91,6 +93,14 @@ class ServingPipeline(Protocol):
     async def reload(self, model: str | None = None, *, actor: str = ...) -> Sequence[Any]: ...
 
 
+class BackgroundWork(Protocol):
+    """Work the app runs beside the routes while it lives (``jobs.runner.JobRunner``)."""
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """The OpenAPI request body of a route that parses its own body."""
     return {
@@ -112,13 +122,16 @@ def create_app(
     tasks: Tasks | None = None,
     tracer: Tracer | None = None,
     traces: TraceStore | None = None,
+    jobs: JobService | None = None,
+    job_runner: BackgroundWork | None = None,
 ) -> FastAPI:
     """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
 
     ``identities`` resolves bearer tokens (``api.auth``); None turns authentication off (development only).
     With ``tasks`` (the composition root always passes the task resolver), `/v1/tasks/{task}/infer` too.
     Every inference call gets a trace id (``X-Examlops-Trace``) and, with a ``tracer`` that has a queue,
-    one trace record (``api.tracing``).
+    one trace record (``api.tracing``). With ``jobs``, `/v1/jobs` (``api.jobs``); ``job_runner`` starts with
+    the app and stops before the pipeline closes, so that its batch in flight is dropped, not failed.
     """
     tracer = tracer or Tracer(None)
 
@@ -132,9 +145,13 @@ def create_app(
 
         tracer.start()
         starting = asyncio.create_task(start(), name="pipeline-start")
+        if job_runner is not None:
+            job_runner.start()
         try:
             yield
         finally:
+            if job_runner is not None:
+                await job_runner.close()
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
@@ -179,9 +196,9 @@ def create_app(
             call.model, call.job_id, call.alias = model, body.job_id, body.alias
         try:
             budget_ms = declared_budget(request, body.budget_ms)
-            if call is not None:
-                call.budget_ms = budget_ms
             deadline = effective_deadline(body.deadline, budget_ms, received_at)
+            if call is not None:
+                call.budget_ms, call.deadline = budget_ms, deadline
             caller.may_call(model=model)
             if not pipeline.ready or app.state.draining:
                 raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
@@ -267,6 +284,8 @@ def create_app(
 
     if traces is not None:
         app.include_router(traces_router(traces))
+    if jobs is not None:
+        app.include_router(jobs_router(jobs))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -88,7 +88,7 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
         if version is None:
             alias = await pipeline.route(model, alias)
         if call is not None:
-            call.model, call.alias, call.budget_ms = model, alias, budget_ms
+            call.model, call.alias, call.budget_ms, call.deadline = model, alias, budget_ms, deadline
         requests = [
             InferenceRequest(
                 model=model,

@@ -96,7 +96,7 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             deadline = effective_deadline(body.deadline, budget_ms, received_at)
             if call is not None:
                 call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
-                call.budget_ms = budget_ms
+                call.budget_ms, call.deadline = budget_ms, deadline
             result = await pipeline.infer(
                 InferenceRequest(
                     model=route.model,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from examlops.bootstrap.control import control_events
+from examlops.bootstrap.jobs import offline_jobs
 from examlops.bootstrap.sql import sql_engine
 from examlops.bootstrap.tasks import seed_task_map
 from examlops.bootstrap.tracing import call_tracer, trace_reader
@@ -65,6 +66,7 @@ def serving_app(settings: Settings) -> FastAPI:
         on_event=events,
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
+    jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
     return create_app(
         settings,
         pipeline,
@@ -73,6 +75,8 @@ def serving_app(settings: Settings) -> FastAPI:
         tracer=tracer,
         traces=trace_reader(engine),
         identities=identity_resolver(settings, engine),
+        jobs=jobs,
+        job_runner=job_runner,
     )
 
 

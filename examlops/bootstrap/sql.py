@@ -22,6 +22,7 @@ def table_metadata() -> MetaData:
     from sqlmodel import SQLModel
 
     import examlops.identity.sql
+    import examlops.jobs.sql
     import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store

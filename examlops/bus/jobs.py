@@ -113,7 +113,7 @@ class JobRunner:
         if handler is not None:
             trace.model, trace.task = handler.spec.name, handler.task
             job = handler.budgeted(job, budget.entry_time(entry_id))
-        trace.budget_ms = job.budget_ms
+        trace.budget_ms, trace.deadline = job.budget_ms, job.deadline
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"

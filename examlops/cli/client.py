@@ -8,7 +8,7 @@ reads a stream route's NDJSON lines as they arrive.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import orjson
@@ -69,6 +69,21 @@ class ServingClient:
 
     def get(self, path: str, *, ok: tuple[int, ...] = (200,)) -> Any:
         return self.request("GET", path, ok=ok)
+
+    def download(self, path: str, sink: BinaryIO) -> int:
+        """Stream a 200 reply's body into ``sink``; the bytes written. Errors as ``request``."""
+        try:
+            with self._http.stream("GET", path) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _error_of(response.status_code, _json_of(response), path)
+                written = 0
+                for chunk in response.iter_bytes():
+                    sink.write(chunk)
+                    written += len(chunk)
+                return written
+        except httpx.TransportError as exc:
+            raise errors.PipelineUnavailable(f"serving at {self.base_url} cannot be reached ({exc})") from exc
 
 
 def _json_of(response: httpx.Response) -> Any:

@@ -16,6 +16,7 @@ from examlops.cli.demo_traffic import demo_traffic
 from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
 from examlops.cli.identity import identity_app
+from examlops.cli.jobs import jobs_app
 from examlops.cli.output import JsonOption, console, err_console, errors_as_exit, load_settings, print_json
 from examlops.cli.predict import predict
 from examlops.cli.retrain import retrain
@@ -50,6 +51,7 @@ app.add_typer(drift_app, name="drift")
 app.add_typer(flows_app, name="flows")
 app.add_typer(trace_app, name="trace")
 app.add_typer(identity_app, name="identity")
+app.add_typer(jobs_app, name="jobs")
 app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)

@@ -66,6 +66,19 @@ class AdmissionSettings(_Section):
     """The ``Retry-After`` of an early refusal when the queue gives no better hint (seconds)."""
 
 
+class JobsSettings(_Section):
+    """Offline jobs (seed 001): run by serving in the gaps around interactive calls."""
+
+    rest: float = Field(1.0, ge=0)
+    """After each batch of a job, the runner rests this many times the batch's own time: the share of the
+    process a job may take when interactive calls keep the pool busy (1: at most about half; 0: no rest)."""
+    poll_s: float = Field(1.0, gt=0)
+    """Seconds between looks for a job to run when there is none (or a paused one)."""
+    lease_s: float = Field(60.0, gt=0)
+    """A job is its runner's for this long after its last batch: past it, after a crash, another serving
+    process on the same database takes it over."""
+
+
 class HotSetSettings(_Section):
     """Models kept in memory and how they follow MLflow (seed 000, steps 7 and 11)."""
 

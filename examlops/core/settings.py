@@ -25,6 +25,7 @@ from examlops.core.setting_sections import (
     FailureSettings,
     HotSetSettings,
     HttpSettings,
+    JobsSettings,
     LogSettings,
     MlflowSettings,
     PredictSettings,
@@ -79,6 +80,7 @@ class Settings(BaseSettings):
     traffic: TrafficSettings = TrafficSettings()
     predict: PredictSettings = PredictSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    jobs: JobsSettings = JobsSettings()
     hotset: HotSetSettings = HotSetSettings()
     failure: FailureSettings = FailureSettings()
     audit: AuditSettings = AuditSettings()

@@ -71,3 +71,14 @@ class FeatureUnsupported(InferenceError):
             route=route,
         )
         self.feature = feature
+
+
+ROUTE_UNKNOWN = "inference_route_unknown"
+
+
+def route_unknown(route: str, *, backend: str = "") -> InferenceError:
+    """The error of a call to a route nobody wired (or a backend has no target for)."""
+    where = f"the {backend} backend has no target" if backend else "nothing is wired"
+    return InferenceError(
+        Kind.PRECONDITION, f"{where} for this route", code=ROUTE_UNKNOWN, backend=backend, route=route
+    )

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from examlops.inference.capture import CaptureHook
-from examlops.inference.errors import InferenceError, Kind
+from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.port import InferencePort
 from examlops.inference.ports import Adapter
 from examlops.inference.spec import I, InferenceSpec, O
@@ -195,12 +195,7 @@ class Inference:
     def model(self, spec: InferenceSpec[I, O]) -> InferencePort[I, O]:
         adapter = self._adapters.get(spec.name)
         if adapter is None:
-            raise InferenceError(
-                Kind.PRECONDITION,
-                f"no backend is wired for {spec.name!r}",
-                code="inference_route_unknown",
-                route=spec.name,
-            )
+            raise route_unknown(spec.name)
         return InferencePort(
             spec, adapter, on_capture=self._on_capture, emulate_streaming=spec.name in self._emulate_streaming
         )

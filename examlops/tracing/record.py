@@ -86,6 +86,8 @@ class TraceRecord:
     """One call, as the trace store keeps it.
 
     ``at`` is the UNIX time the call arrived; ``used_ms`` how long it took until its reply. ``identity``,
+    ``budget_remaining_ms`` is what was left of the call's budget (or deadline) when it ended, negative
+    when it ran over; None without either.
     ``task``, ``adapter`` and ``budget_ms`` are empty until the platform knows them (identities, tasks and
     budgets fill them). ``batch_id``/``batch_size`` name the predict batch the call joined (one predict
     call of one loaded version), ``queue_wait_ms`` the time from arrival to its micro-batch being handled,
@@ -112,6 +114,7 @@ class TraceRecord:
     identity: str | None = None
     task: str | None = None
     budget_ms: float | None = None
+    budget_remaining_ms: float | None = None
     used_ms: float = 0.0
     node: str = ""
     batch_id: str | None = None

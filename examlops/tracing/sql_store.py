@@ -56,6 +56,7 @@ class Trace(SQLModel, table=True):
     identity: str | None = None
     task: str | None = None
     budget_ms: float | None = None
+    budget_remaining_ms: float | None = None
     used_ms: float
     node: str
     batch_id: str | None = None

@@ -55,6 +55,8 @@ class CallTrace:
     task: str | None = None
     adapter: str | None = None
     budget_ms: float | None = None
+    deadline: float | None = None
+    """UNIX time the call's budget (or deadline) ends; the trace records what was left of it at the end."""
     job_id: str | None = None
     ended: str | None = None
     """A streamed call that answered 200 but stopped early: the code it stopped with (``refused`` when its
@@ -147,6 +149,7 @@ class Tracer:
             identity=call.identity,
             task=call.task,
             budget_ms=call.budget_ms,
+            budget_remaining_ms=None if call.deadline is None else round((call.deadline - self.wall()) * 1000, 1),
             used_ms=(self.clock() - call.started) * 1000,
             node=self.node,
             batch_id=facts.batch_id,

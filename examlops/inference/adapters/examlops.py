@@ -42,7 +42,7 @@ import httpx
 
 from examlops.inference.adapters import codec
 from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
-from examlops.inference.errors import InferenceError, Kind
+from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.ports import Call, Capabilities, Row
 
 BACKEND = "examlops"
@@ -160,13 +160,7 @@ class ExamlopsAdapter:
         try:
             return self.routes[route]
         except KeyError:
-            raise InferenceError(
-                Kind.PRECONDITION,
-                "no examlops target for this route",
-                code="inference_unknown_route",
-                backend=BACKEND,
-                route=route,
-            ) from None
+            raise route_unknown(route, backend=BACKEND) from None
 
     def _headers(self, call: Call) -> dict[str, str]:
         headers = {}

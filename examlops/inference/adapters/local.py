@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from examlops.inference.errors import InferenceError, Kind
+from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.loaders import BatchPredictor, Loader
 from examlops.inference.ports import Call, Capabilities, Row
 
@@ -109,13 +109,7 @@ class LocalInferenceAdapter:
             return self._models[route]
         target = self._targets.get(route)
         if target is None:
-            raise InferenceError(
-                Kind.PRECONDITION,
-                f"the local adapter has no model for the route {route!r}",
-                code="inference_route_unknown",
-                backend=self.backend,
-                route=route,
-            )
+            raise route_unknown(route, backend=self.backend)
         pending = self._loading.get(route)
         if pending is None:
             pending = asyncio.wrap_future(self._pool(route).submit(self._load, route, target))

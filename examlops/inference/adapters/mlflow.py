@@ -32,7 +32,7 @@ import httpx
 
 from examlops.inference.adapters import codec
 from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
-from examlops.inference.errors import InferenceError, Kind
+from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.ports import Call, Capabilities, Row
 
 BACKEND = "mlflow"
@@ -126,13 +126,7 @@ class MlflowAdapter:
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
         target = self.routes.get(route)
         if target is None:
-            raise InferenceError(
-                Kind.PRECONDITION,
-                "no mlflow target for this route",
-                code="inference_unknown_route",
-                backend=BACKEND,
-                route=route,
-            )
+            raise route_unknown(route, backend=BACKEND)
         if not rows:
             return []
         check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)

@@ -122,7 +122,7 @@ async def test_an_unwired_route_is_a_precondition_before_any_io(build: Build) ->
     with pytest.raises(InferenceError) as caught:
         await adapter.predict_batch("other", [ROW], Call(route="other"))
     await adapter.close()
-    assert (caught.value.kind, caught.value.code) == (Kind.PRECONDITION, "inference_unknown_route")
+    assert (caught.value.kind, caught.value.code) == (Kind.PRECONDITION, "inference_route_unknown")
     assert network.requests == []
 
 

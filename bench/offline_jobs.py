@@ -1,0 +1,150 @@
+"""Interactive p99 at half the capacity with and without an offline job running, in one run (issue 17).
+
+Seeds the demo state folder (``.examlops/bench-jobs`` by default, ``demo.demo_state``), writes a JSONL file
+of ``--instances`` JPCP instances in it, and starts one `exa serve start` on a free port. Then:
+
+1. capacity: ``--capacity-requests`` closed-loop calls at ``--concurrency`` (``loadgen``), in req/s;
+2. segments of ``--segment`` seconds of open-loop Poisson arrivals (``openloop``) at ``--load`` times that
+   capacity to `/v1/tasks/pavement.distress.jpcp/infer`: ``before`` with no job, then ``during``
+   segments while the job of ``--instances`` runs (submitted with a 2 h budget), until it is done, then
+   ``after`` with no job again;
+3. the job's time from submit to done and the result lines it wrote.
+
+The claim: the ``during`` p99 stays within 20 % of the no-job p99 (the mean of ``before`` and ``after``,
+which brackets the run in time: this machine's speed drifts), and the job finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, bodies, demo_state
+from loadgen import run_load
+from openloop import open_loop
+from procs import answers, free_port, quantile, start, stop, wait_until
+
+TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
+WAIT_MS = 10_000.0
+"""How long the load waits for an answer (the calls declare no budget): past it a call counts as not 200."""
+
+
+def write_instances(path: Path, count: int, dim: int) -> None:
+    """``count`` lines cycling through 1,000 reproducible instances, values rounded to keep the file small."""
+    rng = np.random.default_rng(9)
+    rows = [
+        json.dumps({"embedding": [round(float(v), 4) for v in rng.normal(0, 0.05, dim)], "node_count": 12})
+        for _ in range(1000)
+    ]
+    with path.open("w") as out:
+        for i in range(count):
+            out.write(rows[i % len(rows)] + "\n")
+
+
+def result_lines(client: httpx.Client, job_id: str) -> int:
+    with client.stream("GET", f"/v1/jobs/{job_id}/result") as reply:
+        return sum(1 for _ in reply.iter_lines())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instances", type=int, default=100_000)
+    parser.add_argument("--load", type=float, default=0.5, help="Open-loop rate as a fraction of capacity.")
+    parser.add_argument("--segment", type=float, default=10.0, help="Seconds per measured segment.")
+    parser.add_argument("--concurrency", type=int, default=32, help="Of the capacity measurement.")
+    parser.add_argument("--capacity-requests", type=int, default=4000)
+    parser.add_argument("--rest", type=float, help="EXAMLOPS_JOBS__REST of serving (default: the settings').")
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-jobs"))
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    settings, catalog = demo_state(home)
+    headers = auth_headers(settings)
+    instances = home / "bench-instances.jsonl"
+    write_instances(instances, args.instances, catalog.get("JPCP").embedding_dim)
+    payloads = [json.dumps(b).encode() for b in bodies(catalog.get("JPCP").embedding_dim, 1000, seed=5)]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_SERVING__PORT": str(port)}
+    if args.rest is not None:
+        env["EXAMLOPS_JOBS__REST"] = str(args.rest)
+    url = f"http://127.0.0.1:{port}"
+    process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / "serving.log")
+    try:
+        wait_until(answers(f"{url}/readyz"), f"serving (see {home}/serving.log)", proc=process)
+        asyncio.run(run_load(url + TASK_PATH, lambda i: payloads[i % 1000], total=500, concurrency=8, headers=headers))
+        capacity = asyncio.run(
+            run_load(
+                url + TASK_PATH,
+                lambda i: payloads[i % 1000],
+                total=args.capacity_requests,
+                concurrency=args.concurrency,
+                headers=headers,
+            )
+        )
+        rate = capacity.rps * args.load
+        print(
+            f"capacity {capacity.rps:.0f} req/s (c={args.concurrency}, errors {capacity.errors}); load {rate:.0f} req/s"
+        )
+        seeds = iter(range(1, 1_000_000))
+
+        def pick(rng: random.Random) -> tuple[str, float, bytes]:
+            return "interactive", WAIT_MS, payloads[rng.randrange(len(payloads))]
+
+        def segment(name: str) -> list[float]:
+            sent = asyncio.run(open_loop(url + TASK_PATH, rate, args.segment, pick, headers=headers, seed=next(seeds)))
+            latencies = [r.latency_ms if r.status == 200 else float("inf") for r in sent]
+            statuses = sorted({r.status for r in sent} - {200})
+            bad = sum(1 for v in latencies if v == float("inf"))
+            if bad:
+                print(f"          statuses other than 200: {statuses}", flush=True)
+            print(
+                f"{name:>8}: p50 {quantile(latencies, 0.5):7.2f} ms  p99 {quantile(latencies, 0.99):7.2f} ms  "
+                f"calls {len(latencies)}  not 200: {bad}",
+                flush=True,
+            )
+            return latencies
+
+        before = segment("before")
+        submitted = time.monotonic()
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            reply = client.post(
+                "/v1/jobs", json={"task": "pavement.distress.jpcp", "budget_ms": 7_200_000, "file": instances.name}
+            )
+            reply.raise_for_status()
+            job_id = reply.json()["job_id"]
+            during: list[list[float]] = []
+            while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
+                progress = job["progress"]
+                print(f"          job {progress['answered']}/{progress['total']}", flush=True)
+                during.append(segment(f"during {len(during) + 1}"))
+            took = time.monotonic() - submitted
+            after = segment("after")
+            lines_written = result_lines(client, job_id)
+        base = statistics.mean([quantile(before, 0.99), quantile(after, 0.99)])
+        p99s = [quantile(d, 0.99) for d in during if d]
+        speed = args.instances / took
+        print(f"job {job['state']} in {took:.1f} s ({speed:.0f} instances/s), {lines_written} result lines")
+        if p99s:
+            print(
+                f"no-job p99 {base:.2f} ms; during-job p99 median {statistics.median(p99s):.2f} ms, "
+                f"worst {max(p99s):.2f} ms: ratio {statistics.median(p99s) / base:.2f} (median), "
+                f"{max(p99s) / base:.2f} (worst)"
+            )
+    finally:
+        stop(process)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""``JobRunner``: runs offline jobs in the serving process, one batch at a time, in the gaps.
+
+Contract:
+
+- Once the pipeline is ready, it claims one live job at a time (``JobStore.claim``, a lease of ``lease_s``
+  renewed every batch) and feeds it ``batch_size`` instances at a time, all of a batch at once, through
+  ``pipeline.infer(..., background=True)``: they queue behind every interactive call, so interactive calls
+  wait at most the one batch a worker already holds.
+- Each batch's lines go to the results file (flushed) and only then is the batch recorded as done in the
+  store. A run starts by cutting the file back to the recorded length and goes on from the recorded batch,
+  so a restart (or a crash anywhere) answers no instance twice and loses at most the batch in flight.
+- After each batch it rests ``rest`` times that batch's time: a batch that queued behind busy interactive
+  traffic took long, so the job backs off as much, and an idle pool costs it little.
+- Between batches it reads the job again: a job cancelled meanwhile stops there; a job past its
+  ``expires_at`` becomes ``expired``. An instance whose budget ran out in the queue (``Refused``,
+  ``DeadlineExceeded``) expires the job too; its batch is not recorded.
+- An instance that fails on its own (a bad payload, a failed predict, an unknown alias) gets an error line
+  and counts in ``errors``; the job goes on. A pipeline that is closing or a dependency that is down
+  (``NotReady``, ``DependencyUnavailable``) pauses the job: its batch is not recorded and is tried again
+  after ``poll_s``. A job whose instances file cannot be read, or any unexpected error, is ``failed``.
+- Every job that ends is traced once, as one call (``on_end``).
+
+``close()`` stops between two awaits, drops the unrecorded batch and releases the leases, so that the next
+serving process resumes at once. Call it before the pipeline closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from examlops.core.errors import (
+    DeadlineExceeded,
+    DependencyUnavailable,
+    ExamlopsError,
+    InvalidInput,
+    NotReady,
+    Refused,
+)
+from examlops.core.messages import InferenceRequest
+from examlops.jobs.files import ResultsFile, read_batches
+from examlops.jobs.model import Instance, Job, JobState, result_line
+from examlops.jobs.ports import BackgroundInference, JobStore
+
+log = logging.getLogger(__name__)
+
+Batch = list[Instance | InvalidInput]
+JobEnded = Callable[[Job], None]
+"""Called once with every job the runner ended (to trace it); it must not raise."""
+
+
+class _Pause(Exception):
+    """The batch cannot run now (the pipeline is closing, a dependency is down): try it again later."""
+
+
+class _Expired(Exception):
+    pass
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        pipeline: BackgroundInference,
+        results_path: Callable[[str], Path],
+        *,
+        owner: str,
+        poll_s: float = 1.0,
+        lease_s: float = 60.0,
+        rest: float = 0.0,
+        on_end: JobEnded | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._pipeline = pipeline
+        self._results_path = results_path
+        self.owner = owner
+        self._poll_s = poll_s
+        self._lease_s = lease_s
+        self._rest = rest
+        self._on_end = on_end
+        self._wall = wall
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="offline-jobs")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        try:
+            await asyncio.to_thread(self._store.release, self.owner)
+        except ExamlopsError as exc:
+            log.warning("could not release the offline jobs of %s: %s", self.owner, exc)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                ran = await self.run_once()
+            except ExamlopsError as exc:  # the store is down: try again later
+                log.warning("offline jobs paused: %s", exc)
+                ran = False
+            if not ran:
+                await asyncio.sleep(self._poll_s)
+
+    async def run_once(self) -> bool:
+        """Claim one job and run it until it ends or pauses; False when there was nothing to run (or it
+        paused, or the pipeline is not ready yet)."""
+        if not self._pipeline.ready:
+            return False
+        job = await asyncio.to_thread(self._store.claim, self.owner, self._wall(), self._lease_s)
+        if job is None:
+            return False
+        return await self.run(job)
+
+    async def run(self, job: Job) -> bool:
+        """Run a claimed job from its last recorded batch (contract above); False when it paused."""
+        try:
+            results = await asyncio.to_thread(ResultsFile, self._results_path(job.id), job.results_bytes)
+        except OSError as exc:
+            await self._end(job, JobState.FAILED, f"the results file cannot be written: {exc.strerror}")
+            return True
+        try:
+            await self._batches(job, results)
+        except _Pause as exc:
+            log.info("offline job %s paused before batch %s: %s", job.id, job.done_batches, exc)
+            return False
+        except _Expired as exc:
+            await self._end(job, JobState.EXPIRED, str(exc))
+        except OSError as exc:
+            await self._end(job, JobState.FAILED, f"the instances file cannot be read: {exc.strerror}")
+        except ExamlopsError:
+            raise
+        except Exception as exc:
+            log.exception("offline job %s failed", job.id)
+            await self._end(job, JobState.FAILED, f"unexpected error: {type(exc).__name__}")
+        finally:
+            await asyncio.to_thread(results.close)
+        return True
+
+    async def _batches(self, job: Job, results: ResultsFile) -> None:
+        batches = read_batches(Path(job.instances_path), job.batch_size, job.done_batches)
+        try:
+            await self._run_batches(job, results, batches)
+        finally:
+            await asyncio.to_thread(batches.close)
+
+    async def _run_batches(self, job: Job, results: ResultsFile, batches: Generator[Batch, None, None]) -> None:
+        while True:
+            current = await asyncio.to_thread(self._store.get, job.id)
+            if current is None or current.state.final:
+                return  # cancelled (or ended elsewhere) between batches
+            if self._wall() >= job.expires_at:
+                raise _Expired(f"the budget ran out after {job.answered} of {job.total} instances")
+            batch = await asyncio.to_thread(_next, batches)
+            if batch is None:
+                await self._end(job, JobState.DONE, "")
+                return
+            first = job.done_batches * job.batch_size
+            began = time.perf_counter()
+            answers = await asyncio.gather(
+                *(self._one(job, first + i, item) for i, item in enumerate(batch)), return_exceptions=True
+            )
+            lines = _lines(answers)
+            offset = await asyncio.to_thread(results.append, lines)
+            failed = sum(1 for line in lines if "error" in line)
+            job = replace(
+                job,
+                done_batches=job.done_batches + 1,
+                answered=job.answered + len(lines),
+                errors=job.errors + failed,
+                results_bytes=offset,
+            )
+            recorded = await asyncio.to_thread(
+                self._store.record_batch,
+                job.id,
+                self.owner,
+                done_batches=job.done_batches,
+                answered=job.answered,
+                errors=job.errors,
+                results_bytes=offset,
+                lease_until=self._wall() + self._lease_s,
+            )
+            if not recorded:
+                return  # cancelled meanwhile, or another runner took it over: its recorded offset wins
+            if self._rest > 0:
+                await asyncio.sleep((time.perf_counter() - began) * self._rest)
+
+    async def _one(self, job: Job, index: int, item: Instance | InvalidInput) -> dict[str, Any]:
+        if isinstance(item, InvalidInput):
+            return result_line(index, error={"code": item.code, "message": item.message})
+        request = InferenceRequest(
+            model=job.model,
+            embedding=item.embedding,
+            node_count=item.node_count,
+            alias=job.alias,
+            job_id=job.id,
+            user_id=item.user_id,
+            deadline=job.expires_at,
+            metadata={"task": job.task, "offline_job": job.id},
+            budget_ms=job.budget_ms,
+            task=job.task,
+            identity=job.identity,
+        )
+        try:
+            result = await self._pipeline.infer(request, background=True)
+        except (Refused, DeadlineExceeded) as exc:
+            raise _Expired(f"the budget ran out after {job.answered} of {job.total} instances") from exc
+        except (NotReady, DependencyUnavailable) as exc:
+            raise _Pause(str(exc)) from exc
+        except ExamlopsError as exc:
+            return result_line(index, error={"code": exc.code, "message": exc.message})
+        answer = {"prediction": result.prediction, "model": result.model, "alias": result.alias}
+        return result_line(index, answer={**answer, "version": result.version})
+
+    async def _end(self, job: Job, state: JobState, error: str) -> None:
+        ended = await asyncio.to_thread(self._store.finish, job.id, state, error=error, at=self._wall())
+        if ended is not None and self._on_end is not None:
+            self._on_end(ended)
+
+
+def _next(batches: Iterator[Batch]) -> Batch | None:
+    return next(batches, None)
+
+
+def _lines(answers: list[dict[str, Any] | BaseException]) -> list[dict[str, Any]]:
+    """The batch's lines once every instance of it is over; a pause wins over an expiry (the batch can
+    still be answered later), any other exception is re-raised."""
+    problems = [answer for answer in answers if isinstance(answer, BaseException)]
+    for kind in (_Pause, _Expired):
+        for problem in problems:
+            if isinstance(problem, kind):
+                raise problem
+    if problems:
+        raise problems[0]
+    return [answer for answer in answers if not isinstance(answer, BaseException)]

@@ -1,0 +1,171 @@
+"""Offline jobs in SQL (SQLModel): the ``OfflineJob`` table and ``SqlJobStore``, the ``JobStore`` adapter.
+
+One row per job, keyed by its id; times are UNIX seconds (floats), so both SQLite and Postgres hand back
+what was stored. Every conditional write is one ``UPDATE ... WHERE`` whose row count says whether it
+happened (no read-then-write race between processes). Database errors are ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import BigInteger, Column, Index, or_, update
+from sqlalchemy.engine import CursorResult, Engine
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from examlops.db.session import store_session
+from examlops.jobs.model import LIVE_STATES, Job, JobState
+
+_LIVE = [state.value for state in LIVE_STATES]
+
+
+class OfflineJob(SQLModel, table=True):
+    __tablename__ = "offline_job"
+    __table_args__ = (
+        Index("ix_offline_job_identity", "identity"),
+        Index("ix_offline_job_state", "state"),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    identity: str
+    task: str
+    model: str
+    alias: str
+    budget_ms: float
+    created_at: float
+    expires_at: float
+    state: str
+    total: int
+    batch_size: int
+    instances_path: str
+    trace_id: str = Field(max_length=32)
+    done_batches: int = 0
+    answered: int = 0
+    errors: int = 0
+    results_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    error: str = ""
+    finished_at: float | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+
+
+def _job(row: OfflineJob) -> Job:
+    values: dict[str, Any] = row.model_dump(exclude={"owner", "lease_until"})
+    values["state"] = JobState(row.state)
+    return Job(**values)
+
+
+class SqlJobStore:
+    """The job rows (contract: ``ports.JobStore``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def _session(self, doing: str) -> AbstractContextManager[Session]:
+        return store_session(self._engine, f"{doing} offline jobs")
+
+    def add(self, job: Job) -> None:
+        with self._session("add to") as session:
+            row = OfflineJob(**{name: getattr(job, name) for name in OfflineJob.model_fields if hasattr(job, name)})
+            row.state = job.state.value
+            session.add(row)
+            session.commit()
+
+    def get(self, job_id: str) -> Job | None:
+        with self._session("read") as session:
+            row = session.get(OfflineJob, job_id)
+            return None if row is None else _job(row)
+
+    def list(self, identity: str | None = None, *, limit: int = 100) -> list[Job]:
+        with self._session("read") as session:
+            query = select(OfflineJob).order_by(col(OfflineJob.created_at).desc()).limit(limit)
+            if identity is not None:
+                query = query.where(col(OfflineJob.identity) == identity)
+            return [_job(row) for row in session.exec(query).all()]
+
+    def claim(self, owner: str, now: float, lease_s: float) -> Job | None:
+        free = or_(col(OfflineJob.owner).is_(None), col(OfflineJob.owner) == owner, col(OfflineJob.lease_until) < now)
+        with self._session("claim") as session:
+            candidates: Sequence[str] = session.exec(
+                select(OfflineJob.id)
+                .where(col(OfflineJob.state).in_(_LIVE), free)
+                .order_by(col(OfflineJob.created_at))
+                .limit(8)
+            ).all()
+            for job_id in candidates:
+                claimed = session.exec(
+                    update(OfflineJob)
+                    .where(col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE), free)
+                    .values(owner=owner, lease_until=now + lease_s, state=JobState.RUNNING.value)
+                )
+                session.commit()
+                if _count(claimed) == 1:
+                    row = session.get(OfflineJob, job_id, populate_existing=True)
+                    return None if row is None else _job(row)
+        return None
+
+    def record_batch(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        done_batches: int,
+        answered: int,
+        errors: int,
+        results_bytes: int,
+        lease_until: float,
+    ) -> bool:
+        with self._session("record a batch of") as session:
+            result = session.exec(
+                update(OfflineJob)
+                .where(
+                    col(OfflineJob.id) == job_id,
+                    col(OfflineJob.owner) == owner,
+                    col(OfflineJob.state).in_(_LIVE),
+                    col(OfflineJob.done_batches) == done_batches - 1,
+                )
+                .values(
+                    done_batches=done_batches,
+                    answered=answered,
+                    errors=errors,
+                    results_bytes=results_bytes,
+                    lease_until=lease_until,
+                )
+            )
+            session.commit()
+            return _count(result) == 1
+
+    def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:
+        assert state.final, f"{state} is not a final state"
+        return self._end(job_id, state, error, at)
+
+    def cancel(self, job_id: str, at: float) -> Job | None:
+        return self._end(job_id, JobState.CANCELLED, "cancelled by its caller", at)
+
+    def _end(self, job_id: str, state: JobState, error: str, at: float) -> Job | None:
+        with self._session("end") as session:
+            result = session.exec(
+                update(OfflineJob)
+                .where(col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE))
+                .values(state=state.value, error=error, finished_at=at, owner=None, lease_until=None)
+            )
+            session.commit()
+            if _count(result) != 1:
+                return None
+            row = session.get(OfflineJob, job_id, populate_existing=True)
+            return None if row is None else _job(row)
+
+    def release(self, owner: str) -> int:
+        with self._session("release") as session:
+            result = session.exec(
+                update(OfflineJob).where(col(OfflineJob.owner) == owner).values(owner=None, lease_until=None)
+            )
+            session.commit()
+            return _count(result)
+
+
+def _count(result: Any) -> int:
+    assert isinstance(result, CursorResult)
+    return int(result.rowcount)
