@@ -4,10 +4,11 @@
   `exa serve infer-check`): the examlops adapter at ``url`` (default: the local serving) presenting the
   platform token (``identity.platform_token``), ``target`` wired to ``route``. Not started: the caller
   enters it (``async with``), which opens its one HTTP client.
-- ``version_scorer(settings)``: what the retrain flow scores a registered version with (the candidate's
-  comparison with Production): the local adapter with the MLflow loader for ``models:/NAME/VERSION`` from
-  the settings' registry and model cache, loaded at start (a version that cannot load fails the call
-  closed, as the registry's loader did), every row predicted in one ``predict_many``, then closed.
+- ``holdout_scorer(settings)``: what the retrain flow compares a candidate with Production by: the local
+  adapter, whose loader is the MLflow loader for a registered version (``models:/NAME/VERSION`` from the
+  settings' registry and model cache) or hands over a fitted estimator (the candidate, not registered
+  yet). The model is loaded at start (a version that cannot load fails the call closed, as the registry's
+  loader did), every row is predicted in one ``predict_many``, then the adapter is closed.
 
 Nothing connects or loads until called.
 """
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
     from examlops.core.messages import ModelRef
     from examlops.inference import Inference
     from examlops.inference.adapters.examlops import ExamlopsTarget
-    from examlops.registry.retrain import VersionScorer
+    from examlops.registry.loader import Estimator
+    from examlops.registry.retrain import HoldoutScorer
     from examlops.registry.synthetic import FloatArray
 
 T = TypeVar("T")
@@ -56,19 +58,28 @@ def serving_inference(settings: Settings, route: str, target: ExamlopsTarget, *,
     return Inference.from_wiring(Wiring({route: target}, adapters={"examlops": shared}))
 
 
-def version_scorer(settings: Settings) -> VersionScorer:
-    def score(ref: ModelRef, embeddings: FloatArray, node_count: FloatArray) -> FloatArray:
+def holdout_scorer(settings: Settings) -> HoldoutScorer:
+    def score(model: ModelRef | Estimator, embeddings: FloatArray, node_count: FloatArray) -> FloatArray:
         import numpy as np
 
+        from examlops.core.messages import ModelRef
         from examlops.inference import Inference, Wiring
         from examlops.inference.adapters.local import LocalTarget
-        from examlops.inference.loaders import mlflow_model
+        from examlops.inference.loaders import BatchPredictor, Loader, SklearnBatchPredictor, mlflow_model
 
-        loader = mlflow_model(
-            f"models:/{ref.name}/{ref.version}",
-            tracking_uri=settings.mlflow_tracking_uri,
-            cache_dir=settings.state_dir / "cache" / "models",
-        )
+        loader: Loader
+        if isinstance(model, ModelRef):
+            loader = mlflow_model(
+                f"models:/{model.name}/{model.version}",
+                tracking_uri=settings.mlflow_tracking_uri,
+                cache_dir=settings.state_dir / "cache" / "models",
+            )
+        else:
+            fitted = model
+
+            def loader() -> BatchPredictor:
+                return SklearnBatchPredictor(fitted, "prediction")
+
         rows = [
             ModelRow(embedding=list(map(float, row)), node_count=float(count))
             for row, count in zip(embeddings, node_count, strict=True)

@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from examlops.bootstrap.control import AuditHook, ControlPlane
-from examlops.bootstrap.inference import version_scorer
+from examlops.bootstrap.inference import holdout_scorer
 from examlops.core.settings import Settings
 from examlops.flows.wiring import MODEL_RETRAINED, artifact_key
 from examlops.registry.retrain import RetrainResult, SyntheticDataSource, retrain
@@ -39,7 +39,7 @@ def run_retrain(
         plane.registry,
         spec,
         SyntheticDataSource(data_shift),
-        score=version_scorer(plane.settings),
+        score=holdout_scorer(plane.settings),
         candidate_alias=candidate_alias,
         seed=seed,
         reason=reason,

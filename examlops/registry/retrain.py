@@ -6,9 +6,9 @@
    run unless one is given) and fits the demo recipe's regressor;
 2. draws ``holdout_rows`` more (another seed) and scores the candidate and the
    current Production version on them (RMSE; Production is skipped when the
-   model has none). Production is predicted by ``score`` (the composition
-   root's ``bootstrap.inference.version_scorer``: the inference port's local
-   adapter with the MLflow loader); its errors propagate;
+   model has none). Both are predicted by ``score`` (the composition root's
+   ``bootstrap.inference.holdout_scorer``: the inference port's local adapter,
+   with the MLflow loader for Production); its errors propagate;
 3. logs a run in the ``examlops-retrain`` experiment (metrics, the data source
    and seed as params), registers the version, and points ``candidate_alias``
    (Canary or Staging, never Production: promotion is a separate, audited
@@ -40,6 +40,7 @@ from examlops.core.settings import Settings
 from examlops.promotion.aliases import move_alias
 from examlops.registry.catalog import ModelSpec
 from examlops.registry.demo_models import RECIPES, fit_regressor
+from examlops.registry.loader import Estimator
 from examlops.registry.mlflow_registry import MlflowRegistry
 from examlops.registry.registration import ensure_experiment, log_and_register
 from examlops.registry.synthetic import FloatArray, IntArray, features, make_dataset
@@ -113,8 +114,8 @@ class RetrainResult:
 
 Loader = Callable[[str], Any]
 
-VersionScorer = Callable[[ModelRef, FloatArray, FloatArray], FloatArray]
-"""``(version, embeddings (n, dim), node counts (n,)) -> its predictions (n,)``."""
+HoldoutScorer = Callable[[ModelRef | Estimator, FloatArray, FloatArray], FloatArray]
+"""``(a registered version or a fitted estimator, embeddings (n, dim), node counts (n,)) -> its predictions (n,)``."""
 
 
 def retrain(
@@ -123,7 +124,7 @@ def retrain(
     spec: ModelSpec,
     source: DataSource,
     *,
-    score: VersionScorer,
+    score: HoldoutScorer,
     candidate_alias: str = "Canary",
     seed: int | None = None,
     train_rows: int = TRAIN_ROWS,
@@ -142,15 +143,13 @@ def retrain(
     recipe = RECIPES[-1]
     model = fit_regressor(features(data.embeddings, data.node_count), data.target, recipe, seed)
     holdout = source.sample(spec, holdout_rows, seed + 1)
-    rows = features(holdout.embeddings, holdout.node_count)
-    candidate_rmse = _rmse(model.predict(rows), holdout.target)
+    counts = holdout.node_count.astype(np.float64)
+    candidate_rmse = _rmse(score(model, holdout.embeddings, counts), holdout.target)
     say(f"{spec.name}: scoring Production on {holdout_rows} held-out rows")
     production = _production(registry, spec.name)
     production_rmse = None
     if production is not None:
-        production_rmse = _rmse(
-            score(production, holdout.embeddings, holdout.node_count.astype(np.float64)), holdout.target
-        )
+        production_rmse = _rmse(score(production, holdout.embeddings, counts), holdout.target)
     metrics = {"holdout_rmse": candidate_rmse, "train_rows": float(train_rows), "holdout_rows": float(holdout_rows)}
     if production_rmse is not None:
         metrics["production_holdout_rmse"] = production_rmse

@@ -1,5 +1,6 @@
-"""The retrain flow scores Production through the inference port's local adapter (``bootstrap.inference
-.version_scorer``): on a real MLflow store it predicts exactly what the registry's own loader predicts."""
+"""The retrain flow scores its candidate and Production through the inference port's local adapter
+(``bootstrap.inference.holdout_scorer``): on a real MLflow store it predicts exactly what the registry's own
+loader and the fitted estimator predict."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from examlops.bootstrap.inference import version_scorer
+from examlops.bootstrap.inference import holdout_scorer
 from examlops.bootstrap.serving import model_registry
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
@@ -24,7 +25,7 @@ pytestmark = [
 ]
 
 
-def test_production_scored_through_the_local_adapter_matches_the_registrys_loader(tmp_path: Path) -> None:
+def test_production_and_a_candidate_scored_through_the_local_adapter_match_predicting_by_hand(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     catalog = load_catalog(settings.catalog_path)
     seed_demo(settings, catalog)
@@ -32,8 +33,11 @@ def test_production_scored_through_the_local_adapter_matches_the_registrys_loade
     production = registry.resolve("JPCP", "Production")
     embeddings, nodes, _ = make_dataset(50, dim=catalog.get("JPCP").embedding_dim, seed=3)
 
-    scored = version_scorer(settings)(production, embeddings, nodes.astype(np.float64))
+    score = holdout_scorer(settings)
 
-    by_hand = load_sklearn_model(registry.fetch(production)).predict(features(embeddings, nodes))
+    scored = score(production, embeddings, nodes.astype(np.float64))
+    estimator = load_sklearn_model(registry.fetch(production))
     assert scored.dtype == np.float64 and scored.shape == (50,)
-    assert np.array_equal(scored, np.asarray(by_hand, dtype=np.float64))
+    assert np.array_equal(scored, np.asarray(estimator.predict(features(embeddings, nodes)), dtype=np.float64))
+    # A candidate is a fitted estimator, not registered yet: the same adapter takes it as it is.
+    assert np.array_equal(score(estimator, embeddings, nodes.astype(np.float64)), scored)
