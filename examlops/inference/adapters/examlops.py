@@ -147,7 +147,9 @@ class ExamlopsAdapter:
     ) -> None:
         self.routes = dict(routes)
         self.token = token
-        self.capabilities = Capabilities(native_batching=True, max_batch=max_batch, streaming=True)
+        self.capabilities = Capabilities(
+            native_batching=True, max_batch=max_batch, streaming=True, options=frozenset({"token"})
+        )
         self._http = HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)
 
     async def start(self) -> None:

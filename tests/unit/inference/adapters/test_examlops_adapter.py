@@ -211,3 +211,23 @@ async def test_reply_fields_come_beside_the_prediction_when_the_reply_carries_th
     await adapter.close()
     assert out == [{"model": "JPCP", "version": "1", "budget_remaining_ms": 12.5, "prediction": 0.75}]
     assert ExamlopsTarget.of({"task": "t", "reply_fields": ["model"]}).reply_fields == ("model",)
+
+
+async def test_the_port_lets_the_callers_token_through_to_the_examlops_adapter() -> None:
+    from pydantic import BaseModel
+
+    from examlops.inference import InferencePort, InferenceSpec
+
+    class Row(BaseModel):
+        embedding: list[float]
+        node_count: int
+
+    class Out(BaseModel):
+        prediction: float
+
+    network = Network(reply(200, ANSWER))
+    adapter = await started(network, ExamlopsTarget(task="t"))
+    port = InferencePort(InferenceSpec(name="score", input=Row, output=Out), adapter)
+    assert await port.predict(ROWS[0], options={"token": "caller"}) == Out(prediction=0.75)
+    await adapter.close()
+    assert network.requests[0].headers["Authorization"] == "Bearer caller"
