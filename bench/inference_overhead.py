@@ -13,17 +13,19 @@ each backend, the same rows two ways:
 - mlflow: the mlflow adapter (tensor format) against an httpx POST to ``/invocations``.
 
 Two modes each: ``predict`` of one row and ``predict_many`` of ``--batch`` (32) rows. Calls are sequential
-(one at a time), so a call's time is its latency. Every (backend, mode) runs ``--rounds`` pairs of
-segments of ``--calls`` calls, direct and port, in an order a seeded shuffle picks, every pair of every
-backend in one interleaved sequence: this machine's speed drifts over seconds, so only segments close in
-time compare. Before the first round each side makes ``--warm-up`` untimed calls, and the two sides'
-answers are checked equal (printed MISMATCH otherwise).
+(one at a time), so a call's time is its latency. Every (backend, mode) runs ``2 * --rounds`` pairs of
+segments, one direct and one port segment of ``--calls`` calls each (a quarter of that for batches), half
+of the pairs direct first, the others port first; the pairs of every backend and mode run in one sequence a
+seeded shuffle orders: this machine's speed drifts over seconds, so only segments close in time compare.
+Before the first pair each side makes ``--warm-up`` untimed calls, and the two sides' answers are checked
+equal (printed MISMATCH otherwise).
 
-Printed per backend and mode: the median over rounds of direct µs/call and port µs/call, the median of the
-rounds' differences (overhead µs) and that as a percentage of direct, with the overheads' range.
+Printed per backend and mode: the median over the pairs of direct µs/call and of port µs/call, the median
+of the pairs' differences (overhead µs) and that as a percentage of the direct median, with the
+differences' range.
 ``--policy`` wraps every adapter in the default resilience policy (``ResilientAdapter``) as well.
 
-    .venv/bin/python bench/inference_overhead.py [--rounds 7] [--calls 60] [--batch 32] [--warm-up 20] \
+    PYTHONPATH=. .venv/bin/python bench/inference_overhead.py [--rounds 7] [--calls 60] [--batch 32] [--warm-up 20] \
         [--seed 1] [--policy] [--home DIR]
 
 Figures only: nothing here asserts anything.
@@ -193,7 +195,7 @@ def report(pairs: list[Pair], modes: dict[str, Rows]) -> None:
     for pair in pairs:
         for mode in modes:
             direct, port = pair.timings[(mode, "direct")], pair.timings[(mode, "port")]
-            # Segments were made in pairs of one direct and one port segment; rounds alternate which came first.
+            # The i-th direct and port segments are one pair, made back to back.
             diffs = [p - d for d, p in zip(direct, port, strict=True)]
             d, p, o = statistics.median(direct), statistics.median(port), statistics.median(diffs)
             label = "predict" if mode == "predict" else f"predict_many({len(modes[mode])})"
