@@ -25,6 +25,8 @@ from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings
 from examlops.serving.batcher import InFlight
 
+OVERDUE_SHARE = 0.25
+"""The share of its expected time a batch still running past it is counted as having left."""
 ALPHA = 0.2
 """Weight of the newest observation in a bucket's mean: recent enough to follow a load change."""
 
@@ -98,7 +100,9 @@ class Estimator:
         running_ms = 0.0
         for batch in self._queue.in_flight():
             elapsed_ms = (now - batch.started) * 1000.0
-            running_ms += max(0.0, self.costs.lead_ms(batch.items) - elapsed_ms)
+            expected_ms = self.costs.lead_ms(batch.items)
+            # A batch past its expected time is not about to end: count a quarter of it still to come.
+            running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
         wait_ms = (queued_ms + running_ms) / self._workers
         own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms

@@ -4,9 +4,11 @@ Contract of ``Dispatcher.handle``: one ``Reply`` per request, in order. A bad pa
 ``InvalidInput`` alone; the others are routed each on its own (traffic split, pin, or the alias a
 ``routed`` request already carries, so the rows of one call share one alias), then the requests
 that resolved to the same loaded version are predicted together in ONE ``runtime.predict`` call and
-each gets its own row. A request whose ``deadline`` passed before its prediction is not predicted:
-``Refused`` (reason ``late``). A request keeps the version it was routed to (held in the hot set) until its
-prediction ends, even across a reload.
+each gets its own row. A predict call waits for one of ``slots`` (the predict workers) before it checks
+its requests' deadlines: a request whose ``deadline`` passed by then is not predicted, ``Refused``
+(reason ``late``), so no expired request reaches a worker (short of one the pool is busy reloading or
+replacing). A request keeps the version it was routed to (held in the hot set) until its prediction
+ends, even across a reload.
 
 Failure mode: a failed group predict fails every request of that group with the same error; a
 transport error (a ``DependencyUnavailable``: a worker lost, a connection refused) re-routes the
@@ -17,6 +19,7 @@ error that is not ours is logged and becomes ``InferenceFailed``, as does a non-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -102,6 +105,7 @@ class Dispatcher:
         route_retries: int,
         wall: Callable[[], float],
         on_predict: Callable[[str, int, float], None] | None = None,
+        slots: int = 0,
     ) -> None:
         self._catalog = catalog
         self._router = router
@@ -110,6 +114,11 @@ class Dispatcher:
         self._route_retries = route_retries
         self._wall = wall
         self._on_predict = on_predict
+        # A predict call first takes one of ``slots`` (the pool's workers), THEN checks its deadlines: time
+        # spent waiting for a worker counts, and an expired request never reaches one.
+        self._slots: asyncio.Semaphore | contextlib.nullcontext[None] = (
+            asyncio.Semaphore(slots) if slots > 0 else contextlib.nullcontext()
+        )
 
     async def handle(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         specs = [self._catalog.get(req.model) for req in batch]
@@ -165,33 +174,47 @@ class Dispatcher:
         self, key: str, members: list[tuple[_Job, Entry]], replies: list[Reply | None], *, last: bool
     ) -> list[_Job]:
         try:
-            live: list[tuple[_Job, Entry]] = []
-            for job, entry in members:
-                try:
-                    check_deadline(job.request, self._wall())
-                    live.append((job, entry))
-                except DeadlineExceeded:
-                    replies[job.index] = Reply(job.alias, error=_late())
-            if not live:
-                return []
-            rows = np.stack([job.features.row for job, _ in live])
-            began = time.perf_counter()
-            try:
-                predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
-                if predictions.shape[0] != len(live):
-                    raise InferenceFailed(f"{key} returned {predictions.shape[0]} predictions for {len(live)} rows")
-            except Exception as exc:
-                _note_batch(live, began)
-                return self._settle([job for job, _ in live], exc, replies, last=last)
-            _note_batch(live, began)
-            if self._on_predict is not None:
-                self._on_predict(live[0][0].spec.name, len(live), (time.perf_counter() - began) * 1000.0)
-            for (job, entry), value in zip(live, predictions, strict=True):
-                replies[job.index] = self._result(job, entry, float(value))
-            return []
+            async with self._slots:
+                return await self._predict_live(key, members, replies, last=last)
         finally:
             for _, entry in members:
                 self._hotset.release(entry)
+
+    async def _predict_live(
+        self, key: str, members: list[tuple[_Job, Entry]], replies: list[Reply | None], *, last: bool
+    ) -> list[_Job]:
+        """Predict the members whose deadline has not passed (checked once a worker slot is held)."""
+        live: list[tuple[_Job, Entry]] = []
+        now = self._wall()
+        for job, entry in members:
+            try:
+                check_deadline(job.request, now)
+                live.append((job, entry))
+            except DeadlineExceeded:
+                replies[job.index] = Reply(job.alias, error=_late())
+        if not live:
+            return []
+        rows = np.stack([job.features.row for job, _ in live])
+        began = time.perf_counter()
+        model = live[0][0].spec.name
+        try:
+            predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
+            if predictions.shape[0] != len(live):
+                raise InferenceFailed(f"{key} returned {predictions.shape[0]} predictions for {len(live)} rows")
+        except Exception as exc:
+            self._observe(model, live, began)
+            return self._settle([job for job, _ in live], exc, replies, last=last)
+        self._observe(model, live, began)
+        for (job, entry), value in zip(live, predictions, strict=True):
+            replies[job.index] = self._result(job, entry, float(value))
+        return []
+
+    def _observe(self, model: str, live: list[tuple[_Job, Entry]], began: float) -> None:
+        """Note the predict call on its requests' facts, and its time for the admission estimate (a failed
+        or timed-out call too: a model that starts timing out must not keep its old, fast estimate)."""
+        _note_batch(live, began)
+        if self._on_predict is not None:
+            self._on_predict(model, len(live), (time.perf_counter() - began) * 1000.0)
 
     @staticmethod
     def _result(job: _Job, entry: Entry, value: float) -> Reply:

@@ -108,6 +108,7 @@ class Pipeline:
             route_retries=settings.traffic.route_retries,
             wall=wall,
             on_predict=self.estimator.costs.observe,
+            slots=settings.predict.workers,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)
@@ -232,7 +233,7 @@ class Pipeline:
             estimate = None
             if due is not None and not background:
                 estimate = self.estimator.admit(model, due, now)
-            reply = await self._batcher.submit(req, due=due, key=math.inf if background else None)
+            reply = await self._submit(req, due, background)
             alias = self._label(model, reply.alias) if reply.alias else alias
             if reply.error is not None:
                 raise reply.error
@@ -265,6 +266,18 @@ class Pipeline:
             if req.facts is not None:
                 req.facts.queue_wait_ms = (now - req.facts.queued_at) * 1000
         return await self._dispatcher.handle(batch)
+
+    async def _submit(self, req: InferenceRequest, due: float | None, background: bool) -> Reply:
+        """The request's reply from the batcher; ``Refused`` (late) at its deadline if none came by then (a
+        request still queued is dropped, one being predicted is not waited for)."""
+        submitted = self._batcher.submit(req, due=due, key=math.inf if background else None)
+        if due is None:
+            return await submitted
+        try:
+            async with asyncio.timeout_at(due):
+                return await submitted
+        except TimeoutError:
+            raise _late(req) from None
 
     def _lead_s(self, batch: Sequence[InferenceRequest]) -> float:
         """Seconds the batcher must flush ``batch`` ahead of its tightest deadline: its predict time."""

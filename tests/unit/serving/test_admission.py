@@ -119,3 +119,48 @@ async def test_a_budgeted_call_whose_budget_is_gone_on_entry_is_refused_not_an_e
         await pipeline.infer(req(3, deadline=world.wall.now - 0.001, budget_ms=5))
     assert refused.value.reason == "budget"
     assert world.runtime.predicts == []
+
+
+async def test_a_request_whose_deadline_passes_while_its_group_waits_for_a_worker_never_reaches_one(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    world.source.add("JPCP", "1", "Production")
+    world.source.add("CRCP", "1", "Production")
+    world.runtime.gate = asyncio.Event()
+    pipeline = world.pipeline("JPCP", "CRCP", predict=PredictSettings(workers=1), max_wait_ms=50)
+    try:
+        await pipeline.start()
+        # One batch, two groups (two models), one worker: the CRCP group waits for the JPCP group's worker.
+        # Deadline order puts JPCP first in the batch, so its group takes the worker.
+        first = asyncio.create_task(pipeline.infer(req(1, deadline=world.wall.now + 5)))
+        second = asyncio.create_task(pipeline.infer(req(2, model="CRCP", deadline=world.wall.now + 10)))
+        await eventually(lambda: len(world.runtime.predicts) == 1)
+        world.wall.advance(20)  # the CRCP request's deadline passes while it waits for the worker
+        world.runtime.gate.set()
+        assert (await first).prediction == 1001
+        with pytest.raises(Refused) as refused:
+            await second
+        assert refused.value.reason == "late"
+        assert world.runtime.predicts == [("JPCP/1", 1)]
+    finally:
+        world.runtime.gate.set()
+        await pipeline.close()
+
+
+async def test_a_queued_call_is_refused_late_at_its_deadline_not_when_a_worker_frees(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline(predict=PredictSettings(workers=1), admission=AdmissionSettings(enabled=False))
+    await pipeline.start()
+    held = asyncio.create_task(pipeline.infer(req(1)))
+    await eventually(lambda: len(world.runtime.predicts) == 1)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(Refused) as refused:
+        await pipeline.infer(req(9, deadline=world.wall.now + 0.05))
+    assert refused.value.reason == "late"
+    assert loop.time() - began < 2.0  # the worker is still held: the refusal came at the deadline
+    assert pipeline._batcher.queued() == []  # and the call left the queue
+    world.runtime.gate.set()  # type: ignore[union-attr]
+    await held
+    assert all(count != 9 for _, count in world.runtime.predicts)
