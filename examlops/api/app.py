@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from examlops.api.auth import SECURED, Authenticator, CurrentCaller, request_caller
-from examlops.api.calls import answer, declared_budget
+from examlops.api.calls import answer, check_ready, declared_budget
 from examlops.api.errors import (
     describe_validation,
     documented,
@@ -55,7 +55,7 @@ from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware, call_of, named_model
 from examlops.api.v2 import v2_routes
 from examlops.core.budget import effective_deadline
-from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.errors import ExamlopsError, InvalidInput
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.identity import Caller, Permission
@@ -200,8 +200,7 @@ def create_app(
             if call is not None:
                 call.budget_ms, call.deadline = budget_ms, deadline
             caller.may_call(model=model)
-            if not pipeline.ready or app.state.draining:
-                raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
+            check_ready(pipeline, request)
             if body.alias is not None and body.version is not None:
                 raise InvalidInput("give either alias or version, not both", field="version")
             result = await pipeline.infer(

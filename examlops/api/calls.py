@@ -1,5 +1,6 @@
 """What every inference route does around the pipeline call: the budget it declares and the answer it gets.
 
+``check_ready``: a call is taken only once the hot set is loaded and until serving drains.
 ``declared_budget``: the body's ``budget_ms``, else the ``X-Examlops-Budget-Ms`` header, else the default
 (a task's), else None; a header that is not a positive number of milliseconds is ``InvalidInput`` naming
 it. ``answer`` builds the reply of a call with what was left of its budget (``core.budget``).
@@ -8,13 +9,25 @@ it. ``answer`` builds the reply of a call with what was left of its budget (``co
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from starlette.requests import Request
 
 from examlops.api.schemas import InferReply
 from examlops.core.budget import BUDGET_HEADER, parse_budget_header, remaining_ms
-from examlops.core.errors import InvalidInput
+from examlops.core.errors import InvalidInput, NotReady
 from examlops.core.messages import InferenceResult
+
+
+class Ready(Protocol):
+    @property
+    def ready(self) -> bool: ...
+
+
+def check_ready(pipeline: Ready, request: Request) -> None:
+    """``NotReady`` while the hot set loads and once serving drains for shutdown: no call is taken then."""
+    if not pipeline.ready or request.app.state.draining:
+        raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
 
 
 def declared_budget(request: Request, body_budget: float | None, default_ms: float | None = None) -> float | None:

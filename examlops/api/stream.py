@@ -24,14 +24,14 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import SECURED, request_caller
-from examlops.api.calls import declared_budget
+from examlops.api.calls import check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.schemas import ModelStreamBody, StreamChunk, TaskStreamBody
 from examlops.api.stream_run import NDJSON, NdjsonStream, StreamRun
 from examlops.api.tasks import Tasks
 from examlops.api.tracing import call_of
 from examlops.core.budget import effective_deadline
-from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.errors import ExamlopsError, InvalidInput
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.identity import Caller
@@ -68,10 +68,6 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
     worker: more ahead would only wait in its queue and weigh on admission)."""
     router = APIRouter(tags=["inference"])
     size, window = settings.batch.max_size, settings.predict.workers
-
-    def check_ready(request: Request) -> None:
-        if not pipeline.ready or request.app.state.draining:
-            raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
 
     async def start(
         body: TaskStreamBody,
@@ -146,7 +142,7 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
                 return error_response(InvalidInput(message, field=field))
             model: str | None = None
             try:
-                check_ready(request)
+                check_ready(pipeline, request)
                 route = await resolver.resolve(task)
                 model = route.model
                 caller.may_call(task=route.task, model=route.model)
@@ -179,7 +175,7 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
             field, message = describe_validation(exc.errors(include_input=False))
             return error_response(InvalidInput(message, field=field), model=model)
         try:
-            check_ready(request)
+            check_ready(pipeline, request)
             spec = pipeline.catalog.get(model)
             if body.alias is not None and body.version is not None:
                 raise InvalidInput("give either alias or version, not both", field="version")

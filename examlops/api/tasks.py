@@ -17,12 +17,12 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import SECURED, request_caller
-from examlops.api.calls import answer, declared_budget
+from examlops.api.calls import answer, check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.schemas import InferReply, TaskInferBody
 from examlops.api.tracing import call_of
 from examlops.core.budget import effective_deadline
-from examlops.core.errors import ExamlopsError, InvalidInput, NotReady
+from examlops.core.errors import ExamlopsError, InvalidInput
 from examlops.core.messages import InferenceRequest, InferenceResult
 
 if TYPE_CHECKING:
@@ -87,8 +87,7 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             return error_response(InvalidInput(message, field=field))
         model: str | None = None
         try:
-            if not pipeline.ready or request.app.state.draining:
-                raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
+            check_ready(pipeline, request)
             route = await tasks.resolve(task)
             model = route.model
             caller.may_call(task=route.task, model=route.model)
