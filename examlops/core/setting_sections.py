@@ -77,6 +77,9 @@ class JobsSettings(_Section):
     lease_s: float = Field(60.0, gt=0)
     """A job is its runner's for this long after its last batch: past it, after a crash, another serving
     process on the same database takes it over."""
+    batch_size: int = Field(8, ge=1)
+    """Instances a job feeds the pipeline at a time: an interactive call waits at most one predict of this
+    many rows behind a job, so keep it below ``batch.max_size``. A job keeps the size it was submitted with."""
 
 
 class HotSetSettings(_Section):
