@@ -1,7 +1,7 @@
 """Offline jobs in the serving process: the job service over SQL and the state folder, and its runner.
 
 The runner owns its leases as this process (``hostname:pid``, the trace node), feeds the pipeline batches
-of ``settings.batch.max_size`` instances paced by ``settings.jobs``, and traces every job that ends with
+of ``settings.jobs.batch_size`` instances paced by ``settings.jobs``, and traces every job that ends with
 the process's tracer.
 """
 
@@ -32,7 +32,7 @@ def offline_jobs(
     store = SqlJobStore(engine)
     files = JobFiles(settings.state_dir / "jobs", settings.state_dir)
     traced = JobTraceHook(tracer)
-    service = JobService(store, files, tasks, batch_size=settings.batch.max_size, on_end=traced)
+    service = JobService(store, files, tasks, batch_size=settings.jobs.batch_size, on_end=traced)
     runner = JobRunner(
         store,
         pipeline,

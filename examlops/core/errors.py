@@ -22,7 +22,8 @@ error *means* lives here, as class attributes:
     │   ├── ModelNotFound               no such model in the catalog or registry
     │   ├── AliasNotFound               the model has no such alias
     │   ├── VersionNotFound             the model has no such version
-    │   └── TaskNotFound                no task of that name is in the task map
+    │   ├── TaskNotFound                no task of that name is in the task map
+    │   └── JobNotFound                 no such offline job, or one the caller may not see
     ├── Unauthenticated                 no credential, or one that is unknown, revoked or malformed (401)
     ├── Forbidden                       a known identity lacks the permission it names (403)
     ├── Conflict                        a change that contradicts the current state
@@ -112,6 +113,13 @@ class TaskNotFound(NotFound):
     """The task map has no such task: the caller named a task the site does not serve."""
 
     code = "unknown_task"
+
+
+class JobNotFound(NotFound):
+    """No offline job of that id that the caller may see: another identity's job reads as one that does
+    not exist, so its existence is not disclosed."""
+
+    code = "job_not_found"
 
 
 class Unauthenticated(ExamlopsError):

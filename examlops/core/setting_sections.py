@@ -75,8 +75,12 @@ class JobsSettings(_Section):
     poll_s: float = Field(1.0, gt=0)
     """Seconds between looks for a job to run when there is none (or a paused one)."""
     lease_s: float = Field(60.0, gt=0)
-    """A job is its runner's for this long after its last batch: past it, after a crash, another serving
-    process on the same database takes it over."""
+    """A job is its runner's for this long after its last renewal (every third of it while the runner holds
+    the job, even mid-batch): past it, after a crash or a stall, another serving process on the same
+    database takes it over, and the old runner writes nothing more for it."""
+    batch_size: int = Field(8, ge=1)
+    """Instances a job feeds the pipeline at a time: an interactive call waits at most one predict of this
+    many rows behind a job, so keep it below ``batch.max_size``. A job keeps the size it was submitted with."""
 
 
 class HotSetSettings(_Section):

@@ -4,18 +4,23 @@
 job names its own instances file, which must lie under the state folder (``inside``): serving reads no
 file a caller could not have put there. That file is read in place and must not change while the job runs.
 
-Results: ``ResultsFile.open(path, offset)`` first cuts the file back to ``offset``, the length recorded with
-the last finished batch (``OSError`` when it is shorter: the job fails), so lines written by a batch whose
-progress was never recorded (a crash between the two) are dropped, never answered twice. ``append`` writes
-one batch's lines and flushes them to disk before returning the new length; the runner records that
-length only afterwards.
+Results: ``ResultsFile(path, offset)`` opens the file (``OSError`` when it is shorter than ``offset``, the
+length recorded with the last finished batch: the job fails). ``write_at(offset, lines)`` writes one
+batch's lines at the offset the runner's own recorded progress says, cutting the file there first, and
+flushes them to disk before returning the new length; the runner records that length only afterwards. So
+lines written by a batch whose progress was never recorded (a crash between the two, or a runner that lost
+the job) are overwritten, never answered twice, and the file never grows past what its owner wrote.
+``locked()`` holds an exclusive ``flock`` on the file: the runner checks that it still owns the job, writes
+and records under it, so a runner that lost the job cannot write between another's check and record.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -98,26 +103,33 @@ def parse_instance(line: bytes) -> Instance | InvalidInput:
 
 
 class ResultsFile:
-    """The results file of one job run, open for appending (contract above)."""
+    """The results file of one job run, written batch by batch at recorded offsets (contract above)."""
 
     def __init__(self, path: Path, offset: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file = path.open("ab")
-        if self._file.tell() < offset:  # lost or cut by hand: it no longer holds what was recorded
+        self._file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
+        if os.fstat(self._file.fileno()).st_size < offset:  # lost or cut by hand: not what was recorded
             self._file.close()
             raise OSError(errno.EIO, "the results file is shorter than the results recorded")
-        self._file.truncate(offset)
-        self._file.seek(offset)
-        self.offset = offset
 
-    def append(self, lines: Sequence[dict[str, Any]]) -> int:
-        """Write ``lines`` and flush them to disk; the file's new length."""
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the file exclusively (against every other open of it, in this process or another)."""
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+
+    def write_at(self, offset: int, lines: Sequence[dict[str, Any]]) -> int:
+        """Cut the file at ``offset``, write ``lines`` there and flush them to disk; the file's new length."""
+        self._file.seek(offset)
+        self._file.truncate()
         self._file.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.offset = self._file.tell()
-        return self.offset
+        return self._file.tell()
 
     def close(self) -> None:
         self._file.close()

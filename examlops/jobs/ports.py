@@ -3,9 +3,9 @@ runner needs of the pipeline.
 
 A store's writes are conditional, so that two serving processes on one database, or a cancel racing the
 runner, never move a job backwards: ``claim`` takes a live job only when no other owner holds a current
-lease on it, ``record_batch`` only advances the job the caller owns by exactly one batch while it is live,
-``finish`` and ``cancel`` only end a live job. Every method raises ``StoreUnavailable`` when the store
-cannot be reached.
+lease on it, ``renew`` only extends the caller's own lease on a live job, ``record_batch`` only advances
+the job the caller owns by exactly one batch while it is live, ``finish`` and ``cancel`` only end a live
+job. Every method raises ``StoreUnavailable`` when the store cannot be reached.
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ class JobStore(Protocol):
         """Record that batch ``done_batches - 1`` is in the results file up to ``results_bytes``, and renew the
         lease. False (nothing changed) when the job is no longer live, no longer ``owner``'s, or not at
         ``done_batches - 1``."""
+        ...
+
+    def renew(self, job_id: str, owner: str, lease_until: float) -> bool:
+        """Extend ``owner``'s lease on a live job to ``lease_until``; False (nothing changed) when the job is no
+        longer live or no longer ``owner``'s: the runner must stop working on it and write nothing more."""
         ...
 
     def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:

@@ -2,13 +2,20 @@
 
 Contract:
 
-- Once the pipeline is ready, it claims one live job at a time (``JobStore.claim``, a lease of ``lease_s``
-  renewed every batch) and feeds it ``batch_size`` instances at a time, all of a batch at once, through
+- Once the pipeline is ready, it claims one live job at a time (``JobStore.claim``, a lease of ``lease_s``)
+  and feeds it ``batch_size`` instances at a time, all of a batch at once, through
   ``pipeline.infer(..., background=True)``: they queue behind every interactive call, so interactive calls
   wait at most the one batch a worker already holds.
-- Each batch's lines go to the results file (flushed) and only then is the batch recorded as done in the
-  store. A run starts by cutting the file back to the recorded length and goes on from the recorded batch,
-  so a restart (or a crash anywhere) answers no instance twice and loses at most the batch in flight.
+- While it holds a job, a heartbeat renews the lease every ``lease_s / 3`` (``JobStore.renew``, only while
+  the job is still this runner's), so a batch that queues behind interactive traffic for longer than the
+  lease does not let another serving process take the job over. When a renewal finds the job is no longer
+  this runner's, the batch in flight is dropped (its inferences cancelled) and nothing more is written.
+- Each batch's lines are written at the offset of the runner's own recorded progress, cutting the file
+  there (``ResultsFile.write_at``, flushed to disk), and only then is the batch recorded as done in the
+  store. Check, write and record happen under the file's lock, and the write happens only when a renewal
+  just confirmed the job is still this runner's; the record is conditional on it too. So a runner that lost
+  the job never extends or overwrites the results of the one that took it over, and a restart (or a crash
+  anywhere) answers no instance twice and loses at most the batch in flight.
 - After each batch it rests ``rest`` times that batch's time: a batch that queued behind busy interactive
   traffic took long, so the job backs off as much, and an idle pool costs it little.
 - Between batches it reads the job again: a job cancelled meanwhile stops there; a job past its
@@ -29,10 +36,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from examlops.core.errors import (
     DeadlineExceeded,
@@ -48,6 +55,7 @@ from examlops.jobs.model import Instance, Job, JobState, result_line
 from examlops.jobs.ports import BackgroundInference, JobStore
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 Batch = list[Instance | InvalidInput]
 JobEnded = Callable[[Job], None]
@@ -123,13 +131,35 @@ class JobRunner:
 
     async def run(self, job: Job) -> bool:
         """Run a claimed job from its last recorded batch (contract above); False when it paused."""
+        lost = asyncio.Event()
+        heartbeat = asyncio.get_running_loop().create_task(self._keep_lease(job.id, lost), name=f"lease-{job.id}")
+        try:
+            return await self._run(job, lost)
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+
+    async def _keep_lease(self, job_id: str, lost: asyncio.Event) -> None:
+        """Renew the lease every third of it; set ``lost`` and return once the job is no longer ours."""
+        while True:
+            await asyncio.sleep(self._lease_s / 3)
+            try:
+                held = await asyncio.to_thread(self._store.renew, job_id, self.owner, self._wall() + self._lease_s)
+            except ExamlopsError as exc:  # the store is down: the write checks ownership again anyway
+                log.warning("could not renew the lease on offline job %s: %s", job_id, exc)
+                continue
+            if not held:
+                lost.set()
+                return
+
+    async def _run(self, job: Job, lost: asyncio.Event) -> bool:
         try:
             results = await asyncio.to_thread(ResultsFile, self._results_path(job.id), job.results_bytes)
         except OSError as exc:
             await self._end(job, JobState.FAILED, f"the results file cannot be written: {exc.strerror}")
             return True
         try:
-            await self._batches(job, results)
+            await self._batches(job, results, lost)
         except _Pause as exc:
             log.info("offline job %s paused before batch %s: %s", job.id, job.done_batches, exc)
             return False
@@ -146,15 +176,17 @@ class JobRunner:
             await asyncio.to_thread(results.close)
         return True
 
-    async def _batches(self, job: Job, results: ResultsFile) -> None:
+    async def _batches(self, job: Job, results: ResultsFile, lost: asyncio.Event) -> None:
         batches = read_batches(Path(job.instances_path), job.batch_size, job.done_batches)
         try:
-            await self._run_batches(job, results, batches)
+            await self._run_batches(job, results, batches, lost)
         finally:
             await asyncio.to_thread(batches.close)
 
-    async def _run_batches(self, job: Job, results: ResultsFile, batches: Generator[Batch, None, None]) -> None:
-        while True:
+    async def _run_batches(
+        self, job: Job, results: ResultsFile, batches: Generator[Batch, None, None], lost: asyncio.Event
+    ) -> None:
+        while not lost.is_set():
             current = await asyncio.to_thread(self._store.get, job.id)
             if current is None or current.state.final:
                 return  # cancelled (or ended elsewhere) between batches
@@ -166,21 +198,36 @@ class JobRunner:
                 return
             first = job.done_batches * job.batch_size
             began = time.perf_counter()
-            answers = await asyncio.gather(
-                *(self._one(job, first + i, item) for i, item in enumerate(batch)), return_exceptions=True
+            answers = await _unless(
+                lost,
+                asyncio.gather(
+                    *(self._one(job, first + i, item) for i, item in enumerate(batch)), return_exceptions=True
+                ),
             )
+            if answers is None:
+                break
             lines = _lines(answers)
-            offset = await asyncio.to_thread(results.append, lines)
             failed = sum(1 for line in lines if "error" in line)
             job = replace(
-                job,
-                done_batches=job.done_batches + 1,
-                answered=job.answered + len(lines),
-                errors=job.errors + failed,
-                results_bytes=offset,
+                job, done_batches=job.done_batches + 1, answered=job.answered + len(lines), errors=job.errors + failed
             )
-            recorded = await asyncio.to_thread(
-                self._store.record_batch,
+            offset = await asyncio.to_thread(self._write_batch, job, results, lines)
+            if offset is None:
+                return  # cancelled meanwhile, or another runner took it over: its recorded offset wins
+            job = replace(job, results_bytes=offset)
+            if self._rest > 0:
+                await asyncio.sleep((time.perf_counter() - began) * self._rest)
+        log.warning("offline job %s is no longer %s's: its batch in flight is dropped", job.id, self.owner)
+
+    def _write_batch(self, job: Job, results: ResultsFile, lines: list[dict[str, Any]]) -> int | None:
+        """Under the file's lock: confirm the job is still ours, write the batch at our recorded offset
+        (``job.results_bytes``, the batch before this one) and record it; the new offset, or None when the job
+        is no longer ours (nothing written) or the record was refused (what was written counts for nothing)."""
+        with results.locked():
+            if not self._store.renew(job.id, self.owner, self._wall() + self._lease_s):
+                return None
+            offset = results.write_at(job.results_bytes, lines)
+            recorded = self._store.record_batch(
                 job.id,
                 self.owner,
                 done_batches=job.done_batches,
@@ -189,10 +236,7 @@ class JobRunner:
                 results_bytes=offset,
                 lease_until=self._wall() + self._lease_s,
             )
-            if not recorded:
-                return  # cancelled meanwhile, or another runner took it over: its recorded offset wins
-            if self._rest > 0:
-                await asyncio.sleep((time.perf_counter() - began) * self._rest)
+            return offset if recorded else None
 
     async def _one(self, job: Job, index: int, item: Instance | InvalidInput) -> dict[str, Any]:
         if isinstance(item, InvalidInput):
@@ -225,6 +269,24 @@ class JobRunner:
         ended = await asyncio.to_thread(self._store.finish, job.id, state, error=error, at=self._wall())
         if ended is not None and self._on_end is not None:
             self._on_end(ended)
+
+
+async def _unless(lost: asyncio.Event, work: Awaitable[_T]) -> _T | None:
+    """``work``'s result, or None (``work`` cancelled) once ``lost`` is set first."""
+    doing = asyncio.ensure_future(_awaited(work))  # a task, which ends cancelled (a cancelled gather does not)
+    losing = asyncio.ensure_future(lost.wait())
+    try:
+        await asyncio.wait((doing, losing), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (doing, losing):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(doing, losing, return_exceptions=True)
+    return None if doing.cancelled() else doing.result()
+
+
+async def _awaited(work: Awaitable[_T]) -> _T:
+    return await work
 
 
 def _next(batches: Iterator[Batch]) -> Batch | None:

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from examlops.core.budget import MAX_BUDGET_MS
-from examlops.core.errors import InvalidInput, NotFound
+from examlops.core.errors import InvalidInput
+from examlops.core.errors import JobNotFound as JobNotFound  # the name callers imported from here first
 from examlops.identity import Caller, Role
 from examlops.jobs.files import JobFiles, count_lines, read_results
 from examlops.jobs.model import MIN_BUDGET_MS, Job, JobState
@@ -40,10 +41,6 @@ INLINE_MAX = 1000
 """The most instances a request may carry inline; more go in a file."""
 RESULTS_INLINE_MAX_BYTES = 256 * 1024
 """A finished job's results come inline in ``GET /v1/jobs/{id}`` up to this size, else by download."""
-
-
-class JobNotFound(NotFound):
-    code = "job_not_found"
 
 
 class TaskLookup(Protocol):

@@ -137,6 +137,16 @@ class SqlJobStore:
             session.commit()
             return _count(result) == 1
 
+    def renew(self, job_id: str, owner: str, lease_until: float) -> bool:
+        with self._session("renew a lease on") as session:
+            result = session.exec(
+                update(OfflineJob)
+                .where(col(OfflineJob.id) == job_id, col(OfflineJob.owner) == owner, col(OfflineJob.state).in_(_LIVE))
+                .values(lease_until=lease_until)
+            )
+            session.commit()
+            return _count(result) == 1
+
     def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:
         assert state.final, f"{state} is not a final state"
         return self._end(job_id, state, error, at)

@@ -86,3 +86,17 @@ def test_a_batch_is_recorded_once_by_its_owner_while_the_job_is_live(engine: Eng
     assert store.finish("j1", JobState.DONE, at=1002.0) is None
     assert store.cancel("j1", at=1003.0) is None
     assert store.claim("node-a", now=1004.0, lease_s=30) is None
+
+
+def test_a_lease_is_renewed_only_by_its_owner_while_the_job_is_live(engine: Engine) -> None:
+    store = SqlJobStore(engine)
+    store.add(job("j1", 100.0))
+    assert store.claim("node-a", now=1000.0, lease_s=30) is not None
+    assert store.renew("j1", "node-a", lease_until=1100.0)
+    assert store.claim("node-b", now=1050.0, lease_s=30) is None  # the renewed lease holds past the first
+    assert not store.renew("j1", "node-b", lease_until=1200.0)  # not its owner
+    taken_over = store.claim("node-b", now=1101.0, lease_s=30)
+    assert taken_over is not None and taken_over.id == "j1"
+    assert not store.renew("j1", "node-a", lease_until=1200.0)  # the old owner learns it lost the job
+    assert store.finish("j1", JobState.DONE, at=1102.0) is not None
+    assert not store.renew("j1", "node-b", lease_until=1200.0)  # an ended job has no lease

@@ -36,7 +36,12 @@ pytestmark = [
 ]
 
 TASK = "pavement.distress.jpcp"
-ENV = {"EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0", "EXAMLOPS_BATCH__MAX_SIZE": "4"}
+ENV = {
+    "EXAMLOPS_PREDICT__WORKERS": "1",
+    "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0",
+    "EXAMLOPS_BATCH__MAX_SIZE": "4",
+    "EXAMLOPS_JOBS__BATCH_SIZE": "4",
+}
 
 
 def instances(count: int) -> list[dict[str, Any]]:

@@ -62,6 +62,13 @@ class InMemoryJobStore:
         row.lease_until = lease_until
         return True
 
+    def renew(self, job_id: str, owner: str, lease_until: float) -> bool:
+        row = self.rows[job_id]
+        if row.owner != owner or row.job.state not in LIVE_STATES:
+            return False
+        row.lease_until = lease_until
+        return True
+
     def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:
         row = self.rows[job_id]
         if row.job.state not in LIVE_STATES:

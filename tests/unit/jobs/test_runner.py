@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,3 +241,82 @@ async def test_a_results_file_shorter_than_recorded_fails_the_job_rather_than_pa
     assert await runner(store, FakePipeline(), files, clock).run_once()
     job = store.get("job1")
     assert job is not None and job.state is JobState.FAILED and "shorter" in job.error
+
+
+async def test_a_runner_whose_batch_outlasts_its_lease_never_writes_over_the_runner_that_took_the_job(
+    files: JobFiles,
+) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    first_held, second_held = asyncio.Event(), asyncio.Event()
+    first_waiting, second_waiting = asyncio.Event(), asyncio.Event()
+
+    def hold_the_first_batch(req: InferenceRequest) -> object:
+        first_waiting.set()
+        return first_held.wait()
+
+    def hold_the_second_batch(req: InferenceRequest) -> object:
+        if req.embedding[0] < 3:
+            return None
+        second_waiting.set()
+        return second_held.wait()
+
+    # lease_s is long in real time, so the first runner's heartbeat never renews: as a process stalled past it
+    stale = runner(store, FakePipeline(steer=hold_the_first_batch), files, clock, lease_s=60.0)
+    stale_run = asyncio.create_task(stale.run_once())
+    await first_waiting.wait()
+
+    clock.now += 61  # its lease ran out while its first batch was queued
+    newcomer = runner(store, FakePipeline(steer=hold_the_second_batch), files, clock, owner="node-b", lease_s=60.0)
+    newcomer_run = asyncio.create_task(newcomer.run_once())
+    await second_waiting.wait()  # the newcomer recorded batch 0 and is in batch 1
+
+    first_held.set()  # the stale runner's batch 0 finishes now: it must write nothing
+    assert await stale_run
+    second_held.set()
+    assert await newcomer_run
+
+    job = store.get("job1")
+    assert job is not None and job.state is JobState.DONE and job.answered == TOTAL
+    assert result_indices(files) == list(range(TOTAL))
+    assert files.results_path("job1").stat().st_size == job.results_bytes
+
+
+async def test_the_lease_is_renewed_while_a_batch_runs_and_a_lost_job_stops_without_writing(files: JobFiles) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    held, waiting, cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def hold_until_cancelled() -> None:
+        try:
+            await held.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def hold(req: InferenceRequest) -> object:
+        waiting.set()
+        return hold_until_cancelled()
+
+    renewed, renew = threading.Event(), store.renew
+
+    def renew_and_tell(job_id: str, owner: str, lease_until: float) -> bool:
+        held_now = renew(job_id, owner, lease_until)
+        if held_now and lease_until > clock.now:
+            renewed.set()
+        return held_now
+
+    store.renew = renew_and_tell  # type: ignore[method-assign]
+    first = runner(store, FakePipeline(steer=hold), files, clock, lease_s=0.03)
+    first_run = asyncio.create_task(first.run_once())
+    await waiting.wait()
+    clock.now += 10  # far past the lease it claimed with: only the heartbeat keeps the job
+    assert await asyncio.to_thread(renewed.wait, 10)
+    assert store.claim("node-b", clock.now, 60.0) is None
+
+    store.rows["job1"].owner = "node-b"  # taken over anyway (as after a stall): the next renewal finds out
+    assert await asyncio.wait_for(first_run, timeout=10)
+    assert cancelled.is_set()  # its batch in flight was dropped, not waited for
+    job = store.get("job1")
+    assert job is not None and job.done_batches == 0 and job.state is JobState.RUNNING
+    assert result_indices(files) == []

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from examlops.core.errors import Forbidden, InvalidInput, TaskNotFound
+from examlops.core.errors import Forbidden, InvalidInput, JobNotFound, TaskNotFound
 from examlops.identity import Caller, Identity, Role
 from examlops.jobs.files import JobFiles
 from examlops.jobs.model import JobState, parse_duration_ms
-from examlops.jobs.service import JobNotFound, JobService
+from examlops.jobs.service import JobService
 from examlops.jobs.trace import JobTraceHook
 from examlops.tasks.routes import TaskRoute
 from examlops.tracing import Tracer
