@@ -9,8 +9,10 @@ Contract:
   closing the iterator early closes the backend's stream. It uses the adapter's ``stream_batches`` when
   ``capabilities.streaming``; a backend without it is refused (``inference_feature_unsupported``) unless
   the wiring allowed chunk emulation for the route (``emulate_streaming``): then each chunk is one
-  ``predict_batch`` call. A streaming backend is handed every instance at once (all validated before
-  the first call); an emulated stream reads and validates the instances chunk by chunk.
+  ``predict_batch`` call. A streaming backend gets consecutive windows of at most
+  ``capabilities.max_batch`` instances, one ``stream_batches`` after the other under the same deadline
+  (all instances validated before the first call; each window must answer exactly its instances); an
+  emulated stream reads and validates the instances chunk by chunk.
 - Instances are the spec's input model or mappings validated into it; outputs are validated into the
   spec's output model (``examlops.inference.shaping``).
 - Refusals come before any I/O: a per-call option the backend does not offer (``offline`` needs
@@ -191,7 +193,7 @@ class InferencePort(Generic[I, O]):
             trace_id=call.trace_id,
             options={**call.options, "chunk_size": min(size, cap) if cap else size},
         )
-        stream = adapter.stream_batches(self.spec.name, rows, stream_call)
+        stream = self._windowed(adapter, rows, stream_call, cap or len(rows))
         pending: list[Row] = []
         done = 0
         started = time.monotonic()
@@ -224,6 +226,44 @@ class InferencePort(Generic[I, O]):
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _windowed(
+        self, adapter: StreamingAdapter, rows: list[dict[str, Any]], call: Call, window: int
+    ) -> AsyncGenerator[Sequence[Row], None]:
+        """The adapter's streams over consecutive windows of at most ``window`` rows (its ``max_batch``),
+        one after the other, each held to exactly one output per row of its window."""
+        for start in range(0, len(rows), window):
+            part = rows[start : start + window]
+            stream = adapter.stream_batches(self.spec.name, part, call)
+            got = 0
+            try:
+                async for chunk in stream:
+                    if isinstance(chunk, Mapping) or not isinstance(chunk, Sequence):
+                        yield chunk  # _next judges it
+                        return
+                    got += len(chunk)
+                    if got > len(part):
+                        raise self._miscount(
+                            f"the {self.backend} backend streamed more outputs than the {len(part)} instances sent"
+                        )
+                    yield chunk
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            if got < len(part):
+                raise self._miscount(
+                    f"the {self.backend} backend's stream ended with {len(part) - got} instances unanswered"
+                )
+
+    def _miscount(self, message: str) -> InferenceError:
+        return InferenceError(
+            Kind.VALIDATION,
+            message,
+            code="inference_output_invalid",
+            backend=self.backend,
+            route=self.spec.name,
+        )
 
     async def _next(
         self, stream: AsyncIterator[Sequence[Row]], call: Call, left: list[dict[str, Any]], started: float
