@@ -146,7 +146,7 @@ class InferencePort(Generic[I, O]):
     def _adapter_error(self, exc: Exception) -> InferenceError:
         return InferenceError(
             Kind.INFRASTRUCTURE,
-            f"the {self.backend} adapter failed: {type(exc).__name__}: {exc}"[:500],
+            f"the {self.backend} adapter failed: {type(exc).__name__}",
             code="inference_adapter_error",
             backend=self.backend,
             route=self.spec.name,

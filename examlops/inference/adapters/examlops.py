@@ -178,7 +178,7 @@ class ExamlopsAdapter:
         return {**fields, **target.pins(), **({"budget_ms": budget} if budget is not None else {})}
 
     def _failed(self, response: httpx.Response, route: str) -> InferenceError:
-        error = error_of(response, backend=BACKEND, route=route)
+        error = error_of(response, backend=BACKEND, route=route, own_body=True)
         trace = response.headers.get(TRACE_HEADER)
         if trace:
             error.message = f"{error.message} [trace {trace}]"

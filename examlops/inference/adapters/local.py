@@ -129,7 +129,7 @@ class LocalInferenceAdapter:
         except Exception as exc:
             raise InferenceError(
                 Kind.PRECONDITION,
-                f"loading the model failed: {type(exc).__name__}: {exc}"[:500],
+                f"loading the model failed: {type(exc).__name__}",
                 code="inference_model_load_failed",
                 backend=self.backend,
                 route=route,
@@ -155,7 +155,7 @@ class LocalInferenceAdapter:
         except Exception as exc:
             raise InferenceError(
                 Kind.MODEL_FAILURE,
-                f"the model failed: {type(exc).__name__}: {exc}"[:500],
+                f"the model failed: {type(exc).__name__}",
                 code="inference_model_failed",
                 backend=self.backend,
                 route=route,
