@@ -9,7 +9,8 @@ Contract:
   closing the iterator early closes the backend's stream. It uses the adapter's ``stream_batches`` when
   ``capabilities.streaming``; a backend without it is refused (``inference_feature_unsupported``) unless
   the wiring allowed chunk emulation for the route (``emulate_streaming``): then each chunk is one
-  ``predict_batch`` call. A streaming backend gets consecutive windows of at most
+  ``predict_batch`` call. Every backend call of a stream carries ``Call.stream`` (a resilience policy
+  gives it the circuit breaker only). A streaming backend gets consecutive windows of at most
   ``capabilities.max_batch`` instances, one ``stream_batches`` after the other under the same deadline
   (all instances validated before the first call; each window must answer exactly its instances); an
   emulated stream reads and validates the instances chunk by chunk.
@@ -35,6 +36,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -98,7 +100,7 @@ class InferencePort(Generic[I, O]):
             raise InferenceError(Kind.VALIDATION, "chunk_size must be at least 1", route=self.spec.name)
         if not caps.streaming and not self._emulate_streaming:
             raise FeatureUnsupported("streaming", backend=self.backend, route=self.spec.name)
-        call = self._call(options)
+        call = dataclasses.replace(self._call(options), stream=True)
         if caps.streaming:
             return self._native_stream(input_rows(self.spec, list(instances)), size, call)
         return self._emulated_stream(iter(instances), size, call)
@@ -192,6 +194,7 @@ class InferencePort(Generic[I, O]):
             criticality=call.criticality,
             trace_id=call.trace_id,
             options={**call.options, "chunk_size": min(size, cap) if cap else size},
+            stream=True,
         )
         stream = self._windowed(adapter, rows, stream_call, cap or len(rows))
         pending: list[Row] = []
