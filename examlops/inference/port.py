@@ -9,8 +9,11 @@ Contract:
   closing the iterator early closes the backend's stream. It uses the adapter's ``stream_batches`` when
   ``capabilities.streaming``; a backend without it is refused (``inference_feature_unsupported``) unless
   the wiring allowed chunk emulation for the route (``emulate_streaming``): then each chunk is one
-  ``predict_batch`` call. A streaming backend is handed every instance at once (all validated before
-  the first call); an emulated stream reads and validates the instances chunk by chunk.
+  ``predict_batch`` call. Every backend call of a stream carries ``Call.stream`` (a resilience policy
+  gives it the circuit breaker only). A streaming backend gets consecutive windows of at most
+  ``capabilities.max_batch`` instances, one ``stream_batches`` after the other under the same deadline
+  (all instances validated before the first call; each window must answer exactly its instances); an
+  emulated stream reads and validates the instances chunk by chunk.
 - Instances are the spec's input model or mappings validated into it; outputs are validated into the
   spec's output model (``examlops.inference.shaping``).
 - Refusals come before any I/O: a per-call option the backend does not offer (``offline`` needs
@@ -33,6 +36,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -96,7 +100,7 @@ class InferencePort(Generic[I, O]):
             raise InferenceError(Kind.VALIDATION, "chunk_size must be at least 1", route=self.spec.name)
         if not caps.streaming and not self._emulate_streaming:
             raise FeatureUnsupported("streaming", backend=self.backend, route=self.spec.name)
-        call = self._call(options)
+        call = dataclasses.replace(self._call(options), stream=True)
         if caps.streaming:
             return self._native_stream(input_rows(self.spec, list(instances)), size, call)
         return self._emulated_stream(iter(instances), size, call)
@@ -144,7 +148,7 @@ class InferencePort(Generic[I, O]):
     def _adapter_error(self, exc: Exception) -> InferenceError:
         return InferenceError(
             Kind.INFRASTRUCTURE,
-            f"the {self.backend} adapter failed: {type(exc).__name__}: {exc}"[:500],
+            f"the {self.backend} adapter failed: {type(exc).__name__}",
             code="inference_adapter_error",
             backend=self.backend,
             route=self.spec.name,
@@ -190,8 +194,9 @@ class InferencePort(Generic[I, O]):
             criticality=call.criticality,
             trace_id=call.trace_id,
             options={**call.options, "chunk_size": min(size, cap) if cap else size},
+            stream=True,
         )
-        stream = adapter.stream_batches(self.spec.name, rows, stream_call)
+        stream = self._windowed(adapter, rows, stream_call, cap or len(rows))
         pending: list[Row] = []
         done = 0
         started = time.monotonic()
@@ -224,6 +229,44 @@ class InferencePort(Generic[I, O]):
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _windowed(
+        self, adapter: StreamingAdapter, rows: list[dict[str, Any]], call: Call, window: int
+    ) -> AsyncGenerator[Sequence[Row], None]:
+        """The adapter's streams over consecutive windows of at most ``window`` rows (its ``max_batch``),
+        one after the other, each held to exactly one output per row of its window."""
+        for start in range(0, len(rows), window):
+            part = rows[start : start + window]
+            stream = adapter.stream_batches(self.spec.name, part, call)
+            got = 0
+            try:
+                async for chunk in stream:
+                    if isinstance(chunk, Mapping) or not isinstance(chunk, Sequence):
+                        yield chunk  # _next judges it
+                        return
+                    got += len(chunk)
+                    if got > len(part):
+                        raise self._miscount(
+                            f"the {self.backend} backend streamed more outputs than the {len(part)} instances sent"
+                        )
+                    yield chunk
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            if got < len(part):
+                raise self._miscount(
+                    f"the {self.backend} backend's stream ended with {len(part) - got} instances unanswered"
+                )
+
+    def _miscount(self, message: str) -> InferenceError:
+        return InferenceError(
+            Kind.VALIDATION,
+            message,
+            code="inference_output_invalid",
+            backend=self.backend,
+            route=self.spec.name,
+        )
 
     async def _next(
         self, stream: AsyncIterator[Sequence[Row]], call: Call, left: list[dict[str, Any]], started: float

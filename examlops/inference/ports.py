@@ -61,6 +61,9 @@ class Call:
     criticality: Criticality = Criticality.DEFAULT
     trace_id: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    """The call is part of a ``predict_stream`` (a native stream, or a chunk of an emulated one): a
+    resilience policy applies only its circuit breaker, never retries, hedges or sheds it."""
 
     def remaining_s(self, now: float | None = None) -> float | None:
         """Seconds left until the deadline (0 once passed), or None without one."""

@@ -41,6 +41,7 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
+from examlops.inference.adapters.remote_config import ExamlopsRoute, ExamlopsSettings, checked, settings_of
 from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.ports import Call, Capabilities, Row
@@ -102,13 +103,7 @@ class ExamlopsTarget:
         ``reply_fields``)."""
         if isinstance(raw, ExamlopsTarget):
             return raw
-        return cls(
-            **{
-                **raw,
-                "outputs": tuple(raw.get("outputs", ("prediction",))),
-                "reply_fields": tuple(raw.get("reply_fields", ())),
-            }
-        )
+        return cls(**ExamlopsRoute.model_validate(dict(raw)).model_dump())
 
     def pins(self) -> dict[str, Any]:
         return {k: v for k, v in (("alias", self.alias), ("version", self.version)) if v is not None}
@@ -178,7 +173,7 @@ class ExamlopsAdapter:
         return {**fields, **target.pins(), **({"budget_ms": budget} if budget is not None else {})}
 
     def _failed(self, response: httpx.Response, route: str) -> InferenceError:
-        error = error_of(response, backend=BACKEND, route=route)
+        error = error_of(response, backend=BACKEND, route=route, own_body=True)
         trace = response.headers.get(TRACE_HEADER)
         if trace:
             error.message = f"{error.message} [trace {trace}]"
@@ -269,11 +264,12 @@ def examlops_adapter(
 ) -> ExamlopsAdapter:
     """The wiring's factory (``register_adapter("examlops", examlops_adapter)``): every route wired to
     examlops, and the shared ``settings``: ``url`` (required), ``token``, ``max_batch``, ``default_timeout_s``."""
+    shared = settings_of(ExamlopsSettings, BACKEND, settings)
     return ExamlopsAdapter(
-        settings["url"],
-        {route: ExamlopsTarget.of(raw) for route, raw in targets.items()},
-        token=settings.get("token"),
-        max_batch=int(settings.get("max_batch", 64)),
-        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        shared.url,
+        {route: checked(BACKEND, route, ExamlopsTarget.of, raw) for route, raw in targets.items()},
+        token=shared.token,
+        max_batch=shared.max_batch,
+        default_timeout_s=shared.default_timeout_s,
         transport=transport,
     )

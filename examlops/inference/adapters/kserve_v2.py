@@ -29,6 +29,7 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
+from examlops.inference.adapters.remote_config import KserveV2Settings, TensorRoute, V2Route, checked, settings_of
 from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.ports import Call, Capabilities, Row
@@ -90,22 +91,19 @@ class V2Target:
         ``parameters``."""
         if isinstance(raw, V2Target):
             return raw
-        inputs = raw.get("inputs")
+        parsed = V2Route.model_validate(dict(raw))
         tensors = (
             EXAMLOPS_V2
-            if inputs == "examlops"
-            else tuple(
-                Tensor(**{**t, "fields": None if t.get("fields") is None else tuple(t["fields"])})
-                for t in inputs or [{}]
-            )
+            if parsed.inputs == "examlops"
+            else tuple(Tensor(**t.model_dump()) for t in parsed.inputs or [TensorRoute()])
         )
         return cls(
-            model=raw["model"],
-            version=None if raw.get("version") is None else str(raw["version"]),
+            model=parsed.model,
+            version=parsed.version,
             inputs=tensors,
-            output=raw.get("output"),
-            outputs=tuple(raw.get("outputs", ("prediction",))),
-            parameters=dict(raw.get("parameters", {})),
+            output=parsed.output,
+            outputs=parsed.outputs,
+            parameters=dict(parsed.parameters),
         )
 
     def path(self) -> str:
@@ -213,13 +211,12 @@ def kserve_v2_adapter(
     """The wiring's factory (``register_adapter("kserve_v2", kserve_v2_adapter)``): every route wired to
     kserve_v2, and the shared ``settings``: ``url`` (required), ``token`` (sent as a bearer token),
     ``max_batch``, ``default_timeout_s``."""
-    token = settings.get("token")
-    max_batch = settings.get("max_batch")
+    shared = settings_of(KserveV2Settings, BACKEND, settings)
     return KserveV2Adapter(
-        settings["url"],
-        {route: V2Target.of(raw) for route, raw in targets.items()},
-        headers={"Authorization": f"Bearer {token}"} if token else None,
-        max_batch=None if max_batch is None else int(max_batch),
-        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        shared.url,
+        {route: checked(BACKEND, route, V2Target.of, raw) for route, raw in targets.items()},
+        headers={"Authorization": f"Bearer {shared.token}"} if shared.token else None,
+        max_batch=shared.max_batch,
+        default_timeout_s=shared.default_timeout_s,
         transport=transport,
     )

@@ -18,7 +18,9 @@ Contract:
   (``examlops/serving/pool.py``) and call it through a remote adapter.
 - ``serialize_calls=True``: one call at a time per route, for models that are not thread-safe. Callers
   queue on the event loop (not on workers); a timed-out prediction still running keeps the route's
-  thread lock, so the next one waits on its worker until the stale one ends: never two at once.
+  thread lock, so the next one waits on its worker until the stale one ends: never two at once. A call
+  that timed out or was cancelled while its worker waited for that lock (or for a worker) does not run
+  the model once it gets there: its worker returns at once, so dead calls never pile up behind a slow one.
 - A model that raises, or returns something that is not a sequence, is MODEL_FAILURE
   ``inference_model_failed``; the port's shaping judges the outputs' count and shape.
 - ``close()`` cancels queued work and releases the pool without waiting for running predictions (the
@@ -129,7 +131,7 @@ class LocalInferenceAdapter:
         except Exception as exc:
             raise InferenceError(
                 Kind.PRECONDITION,
-                f"loading the model failed: {type(exc).__name__}: {exc}"[:500],
+                f"loading the model failed: {type(exc).__name__}",
                 code="inference_model_load_failed",
                 backend=self.backend,
                 route=route,
@@ -144,10 +146,14 @@ class LocalInferenceAdapter:
             )
         return model
 
-    def _run(self, route: str, model: BatchPredictor, rows: Sequence[Row]) -> list[Row]:
+    def _run(
+        self, route: str, model: BatchPredictor, rows: Sequence[Row], call: Call, gave_up: threading.Event
+    ) -> list[Row]:
         lock = self._thread_locks.get(route)
         try:
             with lock if lock is not None else contextlib.nullcontext():
+                if gave_up.is_set() or call.remaining_s() == 0:
+                    return []  # nobody waits for it any more: do not run (and hold the route for) a dead call
                 outputs = model.predict_batch(rows)
             if isinstance(outputs, (str, bytes, Mapping)) or not isinstance(outputs, Sequence):
                 raise TypeError(f"predict_batch returned a {type(outputs).__name__}, not a sequence")
@@ -155,20 +161,26 @@ class LocalInferenceAdapter:
         except Exception as exc:
             raise InferenceError(
                 Kind.MODEL_FAILURE,
-                f"the model failed: {type(exc).__name__}: {exc}"[:500],
+                f"the model failed: {type(exc).__name__}",
                 code="inference_model_failed",
                 backend=self.backend,
                 route=route,
             ) from exc
 
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
+        gave_up = threading.Event()  # set when this call times out or is cancelled: its worker then skips the model
         try:
             async with asyncio.timeout(call.remaining_s()):
                 model = await self._model(route)
                 lock = self._call_locks.get(route)
                 async with lock if lock is not None else contextlib.nullcontext():
                     # Cancelling the wrapped future cancels the job while it is still queued.
-                    return await asyncio.wrap_future(self._pool(route).submit(self._run, route, model, rows))
+                    job = self._pool(route).submit(self._run, route, model, rows, call, gave_up)
+                    try:
+                        return await asyncio.wrap_future(job)
+                    except BaseException:
+                        gave_up.set()
+                        raise
         except TimeoutError:
             raise InferenceError(
                 Kind.TIMEOUT,

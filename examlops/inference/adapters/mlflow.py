@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import httpx
 
 from examlops.inference.adapters import codec
+from examlops.inference.adapters.remote_config import MlflowRoute, MlflowSettings, checked, settings_of
 from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
 from examlops.inference.errors import InferenceError, Kind, route_unknown
 from examlops.inference.ports import Call, Capabilities, Row
@@ -64,13 +65,7 @@ class MlflowTarget:
         ``outputs``."""
         if isinstance(raw, MlflowTarget):
             return raw
-        return cls(
-            url=raw.get("url"),
-            format=raw.get("format", "tensor"),
-            fields=None if raw.get("fields") is None else tuple(raw["fields"]),
-            columns=None if raw.get("columns") is None else tuple(raw["columns"]),
-            outputs=tuple(raw.get("outputs", ("prediction",))),
-        )
+        return cls(**MlflowRoute.model_validate(dict(raw)).model_dump())
 
     def body(self, rows: Sequence[Row]) -> dict[str, Any]:
         if self.format == "tensor":
@@ -196,11 +191,11 @@ def mlflow_adapter(
     """The wiring's factory (``register_adapter("mlflow", mlflow_adapter)``): every route wired to mlflow
     (each naming its server's ``url``, or sharing ``settings["url"]``), and the shared ``settings``: ``url``,
     ``max_batch``, ``default_timeout_s``."""
-    max_batch = settings.get("max_batch")
+    shared = settings_of(MlflowSettings, BACKEND, settings)
     return MlflowAdapter(
-        settings.get("url"),
-        {route: MlflowTarget.of(raw) for route, raw in targets.items()},
-        max_batch=None if max_batch is None else int(max_batch),
-        default_timeout_s=float(settings.get("default_timeout_s", 30.0)),
+        shared.url,
+        {route: checked(BACKEND, route, MlflowTarget.of, raw) for route, raw in targets.items()},
+        max_batch=shared.max_batch,
+        default_timeout_s=shared.default_timeout_s,
         transport=transport,
     )

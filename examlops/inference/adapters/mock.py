@@ -108,7 +108,7 @@ class MockInferenceRegistry:
         except Exception as exc:
             raise InferenceError(
                 Kind.MODEL_FAILURE,
-                f"the mock function for {route!r} raised {type(exc).__name__}: {exc}"[:500],
+                f"the mock function for {route!r} raised {type(exc).__name__}",
                 code="mock.inference.failed",
                 backend=self.backend,
                 route=route,

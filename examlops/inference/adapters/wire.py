@@ -17,8 +17,10 @@ Failure mapping (``error_of`` for a reply, ``transport_error`` for what httpx ra
 
 A batch over the adapter's declared ``max_batch`` is ``FeatureUnsupported`` before any I/O
 (``check_batch``). The error's ``code`` is the body's ``code`` when it has one (examlops' bodies), else
-``inference_<kind>``; its message is the body's ``error`` cut to 256 characters (examlops' bodies never
-echo the input). httpx's exceptions are chained with ``from``.
+``inference_<kind>``. Its message is the body's ``error`` cut to 256 characters only for examlops' own
+bodies (``own_body=True``), which never echo the input; a third-party server's text (MLServer, Triton,
+MLflow may echo the inputs) is dropped and the message is ``HTTP <status>``. httpx's exceptions are
+chained with ``from``.
 """
 
 from __future__ import annotations
@@ -72,14 +74,20 @@ def kind_of_status(status: int, body: Mapping[str, Any], retry_after: float | No
     return Kind.PRECONDITION
 
 
-def error_of(response: httpx.Response, *, backend: str, route: str, kind: Kind | None = None) -> InferenceError:
-    """The ``InferenceError`` for an error reply; ``kind`` overrides the table (an adapter that knows more)."""
+def error_of(
+    response: httpx.Response, *, backend: str, route: str, kind: Kind | None = None, own_body: bool = False
+) -> InferenceError:
+    """The ``InferenceError`` for an error reply; ``kind`` overrides the table (an adapter that knows more).
+
+    ``own_body``: the reply is examlops' own, whose ``error`` never echoes the input, so it is kept as the
+    message; any other server's text may echo the input and is dropped (the message is the status)."""
     body = _body(response)
     retry_after = _retry_after(response)
     found = kind or kind_of_status(response.status_code, body, retry_after)
     code = body.get("code")
     message = body.get("error")
-    text = message[:MAX_MESSAGE] if isinstance(message, str) and message else f"HTTP {response.status_code}"
+    own = message if own_body and isinstance(message, str) and message else None
+    text = own[:MAX_MESSAGE] if own else f"HTTP {response.status_code}"
     return InferenceError(
         found,
         text,

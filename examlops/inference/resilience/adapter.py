@@ -14,7 +14,9 @@ shedder and a hedger (with the route's latency estimate), created on the route's
 3. **hedging** (``hedge.py``) of the inner ``predict_batch``.
 
 ``stream_batches`` gets the breaker only: a partially consumed stream cannot be replayed, so it is never
-retried, hedged, shed or timed out here (the inner adapter still checks the deadline at every chunk). An
+retried, hedged, shed or timed out here (the inner adapter still checks the deadline at every chunk).
+So does a ``predict_batch`` whose ``call.stream`` is set: a chunk of a stream the port emulates over
+``predict_batch`` (``emulate_streaming``), which the same promise covers. An
 inner adapter without streaming refuses it with ``inference_feature_unsupported`` before any I/O.
 """
 
@@ -92,6 +94,8 @@ class ResilientAdapter:
 
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
         guard = self.guard(route)
+        if call.stream:
+            return await self._breaker_only(guard, route, rows, call)
 
         def should_retry(error: InferenceError) -> bool:
             if error.code in (CIRCUIT_OPEN, SHED) or not error.retryable:
@@ -114,6 +118,18 @@ class ResilientAdapter:
         error: BaseException | None = None
         try:
             return await guard.hedger.run(lambda: self.inner.predict_batch(route, rows, call), call.deadline)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._observe(guard, error, probe)
+
+    async def _breaker_only(self, guard: RouteGuard, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
+        """One chunk of an emulated stream: the breaker, nothing else (see ``stream_batches``)."""
+        probe = guard.breaker.admit()
+        error: BaseException | None = None
+        try:
+            return await self.inner.predict_batch(route, rows, call)
         except BaseException as exc:
             error = exc
             raise

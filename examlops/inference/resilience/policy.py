@@ -28,7 +28,10 @@ class RetryPolicy(_Section):
     backoff_s: float = Field(default=0.05, gt=0)
     """The first backoff; each later one doubles, up to ``max_backoff_s``."""
     max_backoff_s: float = Field(default=2.0, gt=0)
-    """The longest backoff of our own; a backend's ``Retry-After`` may ask for longer and is honoured."""
+    """The longest backoff of our own; a backend's ``Retry-After`` may ask for longer and is honoured
+    up to ``max_retry_after_s``."""
+    max_retry_after_s: float = Field(default=30.0, ge=0)
+    """The longest ``Retry-After`` honoured: a backend asking for more is not retried (its error is raised)."""
     jitter_s: float = Field(default=0.05, ge=0)
     """A uniform random extra in [0, jitter_s] on every backoff, so callers throttled together spread out."""
 

@@ -2,11 +2,12 @@
 
 ``retry_call(attempt, ...)`` runs ``attempt`` and, when it raises an ``InferenceError`` that ``should_retry``
 accepts (by default: ``error.retryable``, i.e. throttled or infrastructure), runs it again after a backoff:
-``backoff_s * 2**n`` capped at ``max_backoff_s``, plus uniform jitter in [0, ``jitter_s``], and at least
-the backend's ``retry_after_s`` when it gave one. It stops after ``max_attempts`` attempts in all, and it
-does not start a retry that cannot answer in time: one whose backoff plus the route's typical latency
-(``expected_s()``) would end at or past the deadline. When it stops, the last error is raised as it was.
-Any other exception (a non-retryable kind, cancellation) passes through at once.
+``backoff_s * 2**n`` capped at ``max_backoff_s``, plus uniform jitter in [0, ``jitter_s``], and at least the
+backend's ``retry_after_s`` when it gave one; a backend asking for more than ``max_retry_after_s`` is not
+retried at all (its error is raised at once: nobody sleeps that long inside a call). It stops after
+``max_attempts`` attempts in all, and it does not start a retry that cannot answer in time: one whose backoff
+plus the route's typical latency (``expected_s()``) would end at or past the deadline. When it stops, the last
+error is raised as it was. Any other exception (a non-retryable kind, cancellation) passes through at once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ async def retry_call(
         return deadline is not None and clock() + state.upcoming_sleep + expected_s() >= deadline
 
     def accepted(error: BaseException) -> bool:
-        return isinstance(error, InferenceError) and should_retry(error)
+        if not isinstance(error, InferenceError):
+            return False
+        too_late = error.retry_after_s is not None and error.retry_after_s > policy.max_retry_after_s
+        return not too_late and should_retry(error)
 
     async def once() -> T:
         # tenacity awaits only a coroutine function; ``attempt`` may be any callable returning an awaitable.

@@ -150,3 +150,31 @@ async def test_a_serialized_route_never_runs_two_predictions_even_after_a_timeou
     finally:
         gate.set()
         await adapter.close()
+
+
+async def test_a_serialized_call_that_timed_out_waiting_for_the_route_never_runs_the_model() -> None:
+    gate = threading.Event()
+    model = Doubler(gate)
+    adapter = LocalInferenceAdapter({"fraud_scorer": LocalTarget(lambda: model, serialize_calls=True)}, workers=4)
+    await adapter.start()
+    try:
+        port = InferencePort(FRAUD, adapter)
+        first = asyncio.create_task(port.predict(features(1.0)))
+        await asyncio.to_thread(model.entered.wait, 30)
+        first.cancel()  # the caller gives up; its prediction runs on and keeps the route's thread lock
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        for amount in (2.0, 3.0):  # each waits on a worker for the stale call's thread lock, then gives up
+            with pytest.raises(InferenceError) as caught:
+                await port.predict(features(amount), options={"timeout": 0.05})
+            assert caught.value.kind is Kind.TIMEOUT
+        last = asyncio.create_task(port.predict(features(4.0), options={"timeout": 30}))
+        gate.set()
+        assert await last == FraudScore(risk=0.004)
+        pool = adapter._executor
+        assert pool is not None
+        await asyncio.to_thread(pool.shutdown, True)  # every worker done, the timed-out ones included
+        assert model.calls == 2  # the first call and the last: never the two that timed out waiting
+    finally:
+        gate.set()
+        await adapter.close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+
 import pytest
 
 from examlops.inference import Capture, FeatureUnsupported, InferenceError, InferencePort, Kind
 from examlops.inference.adapters.mock import MockInferenceRegistry
+from examlops.inference.ports import Call, Capabilities, Row
 from tests.unit.inference.fakes import (
     FRAUD,
     FRAUD_VERBATIM,
@@ -163,7 +166,7 @@ async def test_a_capture_hook_that_raises_does_not_fail_the_prediction(caplog: p
 
 async def test_an_adapter_exception_outside_the_taxonomy_becomes_infrastructure() -> None:
     class Broken(RecordingAdapter):
-        async def predict_batch(self, route, rows, call):  # type: ignore[no-untyped-def]
+        async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
             raise ConnectionResetError("peer went away")
 
     with pytest.raises(InferenceError) as caught:
@@ -183,3 +186,48 @@ async def test_a_backend_without_native_batching_gets_one_instance_per_call_in_o
     scores = await InferencePort(FRAUD, adapter).predict_many([features(float(a)) for a in range(4)])
     assert [s.risk for s in scores] == [0.0, 0.001, 0.002, 0.003]
     assert [len(rows) for _, rows in adapter.inner.calls] == [1, 1, 1, 1]
+
+
+class _CappedStreamer:
+    """A streaming backend that refuses a stream of more than ``max_batch`` rows, like the examlops adapter."""
+
+    backend = "capped"
+
+    def __init__(self, max_batch: int, *, answer: int | None = None) -> None:
+        self.capabilities = Capabilities(native_batching=True, max_batch=max_batch, streaming=True)
+        self.streamed: list[int] = []
+        self.answer = answer
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
+        raise AssertionError("a stream goes through stream_batches")
+
+    async def stream_batches(self, route: str, rows: Sequence[Row], call: Call) -> AsyncIterator[Sequence[Row]]:
+        cap = self.capabilities.max_batch or len(rows)
+        if len(rows) > cap:
+            raise FeatureUnsupported(f"more than {cap} instances", backend=self.backend, route=route)
+        self.streamed.append(len(rows))
+        outputs = [{"risk": row["amount"] / 1000} for row in rows][: self.answer]
+        for start in range(0, len(outputs), 10):
+            yield outputs[start : start + 10]
+
+
+async def test_a_native_stream_longer_than_the_backend_cap_is_sent_in_windows_of_the_cap() -> None:
+    backend = _CappedStreamer(64)
+    port = InferencePort(FRAUD, backend)
+    chunks = [chunk async for chunk in port.predict_stream([features(float(a)) for a in range(150)], chunk_size=50)]
+    assert [len(chunk) for chunk in chunks] == [50, 50, 50]
+    assert [s.risk for chunk in chunks for s in chunk] == [a / 1000 for a in range(150)]
+    assert backend.streamed == [64, 64, 22]
+
+
+async def test_a_window_answered_short_fails_the_stream_rather_than_shift_outputs() -> None:
+    port = InferencePort(FRAUD, _CappedStreamer(64, answer=63))
+    with pytest.raises(InferenceError) as raised:
+        _ = [chunk async for chunk in port.predict_stream([features(float(a)) for a in range(100)])]
+    assert raised.value.code == "inference_output_invalid"

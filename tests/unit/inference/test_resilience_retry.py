@@ -122,3 +122,20 @@ async def test_the_resilient_adapter_is_an_adapter_with_its_inner_capabilities()
     await adapter.start()
     await adapter.close()
     assert inner.started and inner.closed
+
+
+async def test_a_retry_after_past_the_cap_is_not_retried_and_its_error_is_raised() -> None:
+    error = failure(Kind.THROTTLED, retry_after_s=31.0)
+    inner = ScriptedAdapter(fail=[error])
+    adapter = resilient(inner, max_attempts=3)
+    with pytest.raises(InferenceError) as raised:
+        await adapter.predict_batch("r", ROWS, call())
+    assert raised.value is error
+    assert len(inner.calls) == 1
+
+
+async def test_a_retry_after_within_a_configured_cap_is_waited_for() -> None:
+    inner = ScriptedAdapter(fail=[failure(Kind.THROTTLED, retry_after_s=5.0)])
+    adapter = resilient(inner, max_attempts=3, max_retry_after_s=5.0)
+    assert await adapter.predict_batch("r", ROWS, call()) == [{"y": 2}, {"y": 4}]
+    assert inner.calls[1].at - inner.calls[0].at >= 5.0

@@ -6,10 +6,12 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from pydantic import BaseModel
 
+from examlops.inference import InferencePort, InferenceSpec
 from examlops.inference.context import Criticality
 from examlops.inference.errors import FeatureUnsupported, InferenceError, Kind
-from examlops.inference.ports import Call, Row
+from examlops.inference.ports import Call, Capabilities, Row
 from examlops.inference.resilience import CIRCUIT_OPEN, Policy, ResilientAdapter, State
 from tests.unit.inference.resilience_fakes import PlainAdapter, ScriptedAdapter, failure
 
@@ -108,3 +110,52 @@ async def test_an_adapter_without_streaming_refuses_a_stream_before_any_io() -> 
         await consume(adapter)
     assert raised.value.code == "inference_feature_unsupported"
     assert raised.value.feature == "streaming"
+
+
+class X(BaseModel):
+    x: int
+
+
+class Y(BaseModel):
+    y: int
+
+
+SPEC = InferenceSpec(name="r", input=X, output=Y)
+
+
+async def test_an_emulated_stream_chunk_gets_the_breaker_only_never_a_retry() -> None:
+    error = failure(Kind.INFRASTRUCTURE)
+    inner = ScriptedAdapter(fail=[error], capabilities=Capabilities(native_batching=True))
+    adapter = resilient(inner)
+    port = InferencePort(SPEC, adapter, emulate_streaming=True)
+    with pytest.raises(InferenceError) as raised:
+        _ = [chunk async for chunk in port.predict_stream([{"x": n} for n in range(4)], chunk_size=2)]
+    assert raised.value is error
+    assert len(inner.calls) == 1 and inner.calls[0].call.stream
+    assert adapter.guard("r").breaker.state is State.CLOSED  # the failure was counted: one more opens it
+    inner.fail = [failure(Kind.INFRASTRUCTURE)]
+    with pytest.raises(InferenceError):
+        _ = [chunk async for chunk in port.predict_stream([{"x": 1}])]
+    assert adapter.guard("r").breaker.state is State.OPEN
+
+
+async def test_a_call_marked_stream_is_not_shed_even_under_throttling() -> None:
+    inner = ScriptedAdapter(capabilities=Capabilities(native_batching=True))
+    adapter = resilient(inner)
+    for _ in range(50):
+        adapter.guard("r").shedder.note_throttled()
+    call = Call(route="r", criticality=Criticality.BEST_EFFORT, stream=True)
+    assert await adapter.predict_batch("r", ROWS[:2], call) == [{"y": 0}, {"y": 2}]
+
+
+async def test_every_backend_call_of_a_port_stream_is_marked_stream() -> None:
+    inner = ScriptedAdapter()
+    port = InferencePort(SPEC, resilient(inner))
+    _ = [chunk async for chunk in port.predict_stream([{"x": n} for n in range(4)])]
+    assert [seen.call.stream for seen in inner.streams] == [True]
+    emulated = ScriptedAdapter(capabilities=Capabilities(native_batching=True))
+    port = InferencePort(SPEC, resilient(emulated), emulate_streaming=True)
+    _ = [chunk async for chunk in port.predict_stream([{"x": n} for n in range(4)], chunk_size=2)]
+    assert [seen.call.stream for seen in emulated.calls] == [True, True]
+    _ = await port.predict_many([{"x": 1}])
+    assert emulated.calls[-1].call.stream is False

@@ -136,6 +136,7 @@ async def test_a_stream_refused_before_its_first_line_is_throttled_with_retry_af
         await adapter.predict_batch("score", ROWS, Call(route="score"))
     await adapter.close()
     assert (caught.value.kind, caught.value.retry_after_s) == (Kind.THROTTLED, 1.0)
+    assert "no placement" in caught.value.message  # examlops' own error text never echoes the input: kept
 
 
 async def test_a_stream_without_its_last_line_is_infrastructure() -> None:

@@ -119,4 +119,12 @@ async def test_an_http_error_names_backend_and_route() -> None:
     with pytest.raises(InferenceError) as caught:
         await predict(Network(reply(404, {"error": "Model m not found"})), V2Target(model="m"))
     assert (caught.value.kind, caught.value.backend, caught.value.route) == (Kind.PRECONDITION, "kserve_v2", "score")
-    assert "not found" in str(caught.value)
+    assert str(caught.value).count("HTTP 404") == 1
+
+
+async def test_a_third_party_error_text_is_dropped_since_it_may_echo_the_inputs() -> None:
+    body = {"error": "could not convert string to float: '123-45-6789'", "code": "bad_input"}
+    with pytest.raises(InferenceError) as caught:
+        await predict(Network(reply(400, body)), V2Target(model="m"))
+    assert "123-45-6789" not in str(caught.value) and "HTTP 400" in str(caught.value)
+    assert (caught.value.kind, caught.value.code) == (Kind.VALIDATION, "bad_input")
