@@ -8,6 +8,10 @@ and how long they have run. The estimate of a call is::
 
     (work queued ahead + work left in flight) / workers  +  its own batch's predict time  +  overhead
 
+A call that fits its own budget is still refused when it would push a call already admitted, queued
+behind it (a later deadline), past a deadline that call can still meet (``endangers``): under EDF a tight
+call jumps the queue, so without this test admitted calls would miss their budgets under overload.
+
 It is a model, not a promise: ``error`` records how far each answered call's actual time was from its
 estimate (the ``examlops_admission_error_ms`` histogram), so an operator sees whether to trust it. A
 model or batch size never observed is assumed to take ``settings.admission.prior_ms``.
@@ -35,6 +39,8 @@ class Queue(Protocol):
     """What the estimate reads of the micro-batcher (``serving.batcher.MicroBatcher``)."""
 
     def queued(self, key: float = math.inf) -> list[InferenceRequest]: ...
+
+    def waiting(self) -> list[tuple[float, float, InferenceRequest]]: ...
 
     def in_flight(self) -> list[InFlight[InferenceRequest]]: ...
 
@@ -97,26 +103,52 @@ class Estimator:
         waiting for the calls ahead), in milliseconds from ``now``."""
         ahead = Counter(request.model for request in self._queue.queued(due))
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
+        wait_ms = (queued_ms + self._running_ms(now)) / self._workers
+        own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
+        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+
+    def _running_ms(self, now: float) -> float:
+        """Predict time left in the batches being handled."""
         running_ms = 0.0
         for batch in self._queue.in_flight():
             elapsed_ms = (now - batch.started) * 1000.0
             expected_ms = self.costs.lead_ms(batch.items)
             # A batch past its expected time is not about to end: count a quarter of it still to come.
             running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
-        wait_ms = (queued_ms + running_ms) / self._workers
-        own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
-        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+        return running_ms
+
+    def endangers(self, model: str, due: float, now: float) -> bool:
+        """Whether a call to ``model`` due at ``due`` would make a call already admitted, queued behind it (a
+        later deadline), miss a deadline it can still meet: the EDF admission test. Every call behind it
+        waits its share of one more row; a call that will miss anyway does not count."""
+        per_row: dict[str, float] = {}
+
+        def row_ms(name: str) -> float:
+            if name not in per_row:
+                per_row[name] = self.costs.predict_ms(name, self._max_size) / self._max_size
+            return per_row[name]
+
+        extra_ms = row_ms(model) / self._workers
+        work_ms = self._running_ms(now)
+        for key, queued_due, request in self._queue.waiting():
+            work_ms += row_ms(request.model)
+            if key <= due or key == math.inf or queued_due == math.inf:
+                continue
+            slack_ms = (queued_due - now) * 1000.0 - work_ms / self._workers - self.settings.overhead_ms
+            if 0.0 <= slack_ms < extra_ms:
+                return True
+        return False
 
     def admit(self, model: str, due: float, now: float) -> float:
-        """The estimate (ms) of a call that can be answered within its budget; ``Refused`` (reason
-        ``budget``) naming the estimate when it cannot."""
+        """The estimate (ms) of a call that can be answered within its budget without making an admitted
+        call miss its own (``endangers``); ``Refused`` (reason ``budget``) naming the estimate otherwise."""
         estimate, wait_ms = self.estimate_ms(model, due, now)
         left_ms = (due - now) * 1000.0
-        if self.settings.enabled and estimate > left_ms:
+        if self.settings.enabled and (estimate > left_ms or self.endangers(model, due, now)):
             retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
             raise Refused(
-                f"no placement can answer within the budget: {estimate:.1f} ms estimated, "
-                f"{max(left_ms, 0):.1f} ms left",
+                f"no placement can answer within the budget without another call missing its own: "
+                f"{estimate:.1f} ms estimated, {max(left_ms, 0):.1f} ms left",
                 reason="budget",
                 estimate_ms=round(estimate, 1),
                 retry_after_s=math.ceil(retry_after),

@@ -125,6 +125,11 @@ class MicroBatcher(Generic[T, R]):
         ahead += [waiter.item for waiter in self._heap if waiter.key <= key and not waiter.future.done()]
         return ahead
 
+    def waiting(self) -> list[tuple[float, float, T]]:
+        """``(key, due, item)`` of every item waiting, in the order they will be taken."""
+        live = sorted(waiter for waiter in self._heap if not waiter.future.done())
+        return [(waiter.key, waiter.due, waiter.item) for waiter in (*self._collecting, *live)]
+
     def in_flight(self) -> list[InFlight[T]]:
         """The batches being handled now, oldest first."""
         return list(self._in_flight.values())

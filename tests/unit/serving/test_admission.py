@@ -4,14 +4,17 @@ the estimate follows what serving observes, background work goes last."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from examlops.core.errors import Refused
+from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings, PredictSettings
-from examlops.serving.admission import CostModel
+from examlops.serving.admission import CostModel, Estimator
+from examlops.serving.batcher import InFlight
 from tests.unit.serving.test_pipeline import World, eventually, req
 
 
@@ -164,3 +167,37 @@ async def test_a_queued_call_is_refused_late_at_its_deadline_not_when_a_worker_f
     world.runtime.gate.set()  # type: ignore[union-attr]
     await held
     assert all(count != 9 for _, count in world.runtime.predicts)
+
+
+class FakeQueue:
+    """What the estimate reads: calls waiting (key, due, request) and nothing running."""
+
+    def __init__(self, waiting: list[tuple[float, float, InferenceRequest]]) -> None:
+        self._waiting = waiting
+
+    def queued(self, key: float = math.inf) -> list[InferenceRequest]:
+        return [request for queued_key, _, request in self._waiting if queued_key <= key]
+
+    def waiting(self) -> list[tuple[float, float, InferenceRequest]]:
+        return list(self._waiting)
+
+    def in_flight(self) -> list[InFlight[InferenceRequest]]:
+        return []
+
+
+@pytest.mark.parametrize(("queued_due_s", "admitted"), [(0.1, True), (0.07, False)])
+def test_a_tight_call_is_refused_when_it_would_make_an_admitted_call_behind_it_miss(
+    queued_due_s: float, admitted: bool
+) -> None:
+    now = 100.0
+    behind = (now + queued_due_s, now + queued_due_s, req(1))  # admitted earlier, a later deadline
+    estimator = Estimator(AdmissionSettings(overhead_ms=2.0), FakeQueue([behind]), workers=1, max_size=1)
+    estimator.costs.observe("JPCP", 1, 40.0)  # 40 ms a row
+    # The tight call fits its own 50 ms (40 + 2 ms); it delays the call behind by 40 ms, whose slack is
+    # 100 - 40 - 2 = 58 ms (enough) or 70 - 40 - 2 = 28 ms (not).
+    if admitted:
+        assert estimator.admit("JPCP", now + 0.05, now) == pytest.approx(42.0)
+    else:
+        with pytest.raises(Refused) as refused:
+            estimator.admit("JPCP", now + 0.05, now)
+        assert refused.value.reason == "budget"
