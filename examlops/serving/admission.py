@@ -6,10 +6,7 @@ power-of-two size bucket, fed by every predict call) and reads the queue as the 
 the calls queued ahead of this one (deadline order: only those due no later), the batches being handled
 and how long they have run. The estimate of a call is::
 
-    (work queued ahead + work left in flight) / workers  +  loop lag  +  its own batch's predict time  +  overhead
-
-where the loop lag is how late serving's event loop runs what is due (``watch_loop``): when HTTP handling
-saturates its core, replies wait there, a queue the predict queue does not show.
+    (work queued ahead + work left in flight) / workers  +  its own batch's predict time  +  overhead
 
 A call that fits its own budget is still refused when it would push a call already admitted, queued
 behind it (a later deadline), past a deadline that call can still meet (``endangers``): under EDF a tight
@@ -22,7 +19,6 @@ model or batch size never observed is assumed to take ``settings.admission.prior
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -35,8 +31,6 @@ from examlops.serving.batcher import InFlight
 
 OVERDUE_SHARE = 0.25
 """The share of its expected time a batch still running past it is counted as having left."""
-LAG_PERIOD_S = 0.01
-"""How often ``watch_loop`` samples the event loop's lag."""
 ALPHA = 0.2
 """Weight of the newest observation in a bucket's mean: recent enough to follow a load change."""
 
@@ -103,27 +97,15 @@ class Estimator:
         self._queue = queue
         self._workers = max(1, workers)
         self._max_size = max_size
-        self.lag_ms = 0.0
-        """The event loop's recent lag (``watch_loop``), added to every estimate's wait."""
 
     def estimate_ms(self, model: str, due: float, now: float) -> tuple[float, float]:
         """(the estimated answer time of a call to ``model`` due at loop time ``due``, the part of it spent
         waiting for the calls ahead), in milliseconds from ``now``."""
         ahead = Counter(request.model for request in self._queue.queued(due))
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
-        wait_ms = (queued_ms + self._running_ms(now)) / self._workers + self.lag_ms
+        wait_ms = (queued_ms + self._running_ms(now)) / self._workers
         own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
-
-    async def watch_loop(self, period_s: float = LAG_PERIOD_S) -> None:
-        """Keep ``lag_ms`` (how late the event loop runs what is due: the wait a reply has to come out,
-        which the predict queue does not show) up to date until cancelled."""
-        loop = asyncio.get_running_loop()
-        while True:
-            began = loop.time()
-            await asyncio.sleep(period_s)
-            late_ms = max(0.0, (loop.time() - began - period_s) * 1000.0)
-            self.lag_ms += ALPHA * (late_ms - self.lag_ms)
 
     def _running_ms(self, now: float) -> float:
         """Predict time left in the batches being handled."""

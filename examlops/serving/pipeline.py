@@ -131,8 +131,6 @@ class Pipeline:
         self._ready = not self._hotset.missing_defaults()
         if not self._ready:
             self._spawn(self._load_missing(), "hotset-retry")
-        if self.settings.admission.enabled:
-            self._spawn(self.estimator.watch_loop(), "loop-lag")
         if self.settings.hotset.reload_poll_s > 0:
             self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -202,21 +201,3 @@ def test_a_tight_call_is_refused_when_it_would_make_an_admitted_call_behind_it_m
         with pytest.raises(Refused) as refused:
             estimator.admit("JPCP", now + 0.05, now)
         assert refused.value.reason == "budget"
-
-
-async def test_the_event_loops_lag_is_watched_and_added_to_every_estimate() -> None:
-    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([]), workers=1, max_size=1)
-    estimator.costs.observe("JPCP", 1, 10.0)
-    assert estimator.estimate_ms("JPCP", 101.0, 100.0)[0] == pytest.approx(10.0)
-    watcher = asyncio.create_task(estimator.watch_loop(period_s=0.005))
-    try:
-        for _ in range(10):
-            await asyncio.sleep(0.006)
-            time.sleep(0.02)  # noqa: ASYNC251 - on purpose: the loop is held, what is due runs ~20 ms late
-        assert estimator.lag_ms > 5.0
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-    estimate, wait = estimator.estimate_ms("JPCP", 101.0, 100.0)
-    assert estimate == pytest.approx(10.0 + estimator.lag_ms)
-    assert wait == pytest.approx(estimator.lag_ms)
