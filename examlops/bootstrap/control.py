@@ -30,11 +30,24 @@ if TYPE_CHECKING:
     from examlops.monitoring.failure_store import RedisFailureStore
     from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import SnapshotStream
+    from examlops.promotion.aliases import AliasMove
     from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 AuditHook = Callable[[str, str, Mapping[str, Any]], None]
 """``(event type, subject, data)``: appends one event to the audit trail; raises ``StoreUnavailable``."""
+
+
+def audit_moves(audit: AuditHook, actor: str, by: str = "promote flow") -> Callable[[AliasMove], None]:
+    """The ``on_moved`` hook of a promotion or rollback: one ``alias.moved`` event naming ``actor``."""
+    from dataclasses import asdict
+
+    from examlops.monitoring.audit import ALIAS_MOVED
+
+    def on_moved(move: AliasMove) -> None:
+        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": by, "actor": actor})
+
+    return on_moved
 
 
 def control_events(settings: Settings, engine: Engine) -> AuditHook:

@@ -8,7 +8,8 @@
   adapter, whose loader is the MLflow loader for a registered version (``models:/NAME/VERSION`` from the
   settings' registry and model cache) or hands over a fitted estimator (the candidate, not registered
   yet). The model is loaded at start (a version that cannot load fails the call closed, as the registry's
-  loader did), every row is predicted in one ``predict_many``, then the adapter is closed.
+  loader did), every row is predicted in one ``predict_many``, then the adapter is closed. A version
+  whose model fails on the rows raises ``InferenceFailed``.
 
 Nothing connects or loads until called.
 """
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
+from examlops.core.errors import InferenceFailed
 from examlops.core.settings import Settings
 from examlops.inference import InferenceSpec
 
@@ -89,7 +91,14 @@ def holdout_scorer(settings: Settings) -> HoldoutScorer:
             async with Inference.from_wiring(Wiring({SCORE_VERSION.name: LocalTarget(loader)})) as inference:
                 return await inference.model(SCORE_VERSION).predict_many(rows)
 
-        predictions = run_sync(predict())
+        from examlops.inference.errors import InferenceError, Kind
+
+        try:
+            predictions = run_sync(predict())
+        except InferenceError as exc:
+            if exc.kind is Kind.MODEL_FAILURE:  # the version cannot predict the held-out rows: say it as ours
+                raise InferenceFailed(f"{exc}") from exc
+            raise
         return np.asarray([p.prediction for p in predictions], dtype=np.float64)
 
     return score

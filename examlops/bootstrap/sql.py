@@ -23,6 +23,7 @@ def table_metadata() -> MetaData:
 
     import examlops.identity.sql
     import examlops.jobs.sql
+    import examlops.loop.sql
     import examlops.monitoring.audit.checkpoints
     import examlops.monitoring.drift_store
     import examlops.serving.traffic_store

@@ -105,6 +105,39 @@ class FailureSettings(_Section):
     """Seconds after a retrain request during which no other is made for that model."""
 
 
+class LoopSettings(_Section):
+    """The closed loop: the canary analysis after a retrain, its gates, and the guard after a promotion."""
+
+    auto_canary: bool = True
+    """Whether a retrain that points Canary at a better candidate starts the canary analysis itself."""
+    canary_share: int = Field(10, ge=1, le=50)
+    """Percent of the default alias's traffic sent to Canary during an analysis."""
+    min_requests: int = Field(100, ge=1)
+    """Calls Canary must answer or fail within the window before the analysis decides."""
+    min_seconds: float = Field(60.0, ge=0)
+    """Seconds the window lasts at least, however much traffic came."""
+    max_seconds: float = Field(900.0, gt=0)
+    """Seconds after which an analysis without enough traffic ends undecided and changes nothing."""
+    poll_s: float = Field(5.0, gt=0)
+    """Seconds between two looks at the figures."""
+    failure_margin: float = Field(0.02, ge=0, le=1)
+    """Canary passes when its model-failure rate exceeds Production's by at most this much."""
+    p99_ratio: float = Field(1.2, ge=1)
+    """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
+    p99_slack_ms: float = Field(10.0, ge=0)
+    """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
+    drift_p_value: float = Field(0.05, gt=0, lt=1)
+    """Canary fails when its predictions differ from Production's in the same window (K-S p below this)."""
+    drift_min_rows: int = Field(30, ge=2)
+    """Bus predictions each version needs in the window before the drift gate is judged (else not judged)."""
+    refusal_margin: float = Field(0.02, ge=0, le=1)
+    """Canary passes when its share of late budget refusals exceeds Production's by at most this much."""
+    grace_s: float = Field(600.0, ge=0)
+    """Seconds after the loop's promotion during which the failure trigger rolls the promotion back."""
+    lease_s: float = Field(120.0, gt=0)
+    """Seconds a loop holds its model without a sign of life before another run may take it over."""
+
+
 class AuditSettings(_Section):
     """The audit trail's signed checkpoints in SQL (seed 000, step 9)."""
 

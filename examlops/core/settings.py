@@ -27,6 +27,7 @@ from examlops.core.setting_sections import (
     HttpSettings,
     JobsSettings,
     LogSettings,
+    LoopSettings,
     MlflowSettings,
     PredictSettings,
     PrefectSettings,
@@ -83,6 +84,7 @@ class Settings(BaseSettings):
     jobs: JobsSettings = JobsSettings()
     hotset: HotSetSettings = HotSetSettings()
     failure: FailureSettings = FailureSettings()
+    loop: LoopSettings = LoopSettings()
     audit: AuditSettings = AuditSettings()
     recording: RecordingSettings = RecordingSettings()
     bus: BusSettings = BusSettings()
@@ -190,6 +192,7 @@ __all__ = [
     "HotSetSettings",
     "HttpSettings",
     "LogSettings",
+    "LoopSettings",
     "MlflowSettings",
     "PredictSettings",
     "PrefectSettings",

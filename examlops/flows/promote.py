@@ -14,19 +14,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from examlops.bootstrap.control import AuditHook, ControlPlane
+from examlops.bootstrap.control import ControlPlane, audit_moves
 from examlops.core.settings import Settings
 from examlops.flows.wiring import artifact_key
-from examlops.monitoring.audit import ALIAS_MOVED
-from examlops.promotion.aliases import AliasMove
 from examlops.promotion.service import DEFAULT_TIMEOUT_S, promote
-
-
-def audit_moves(audit: AuditHook, actor: str = "system:promote") -> Any:
-    def on_moved(move: AliasMove) -> None:
-        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": "promote flow", "actor": actor})
-
-    return on_moved
 
 
 @flow(name="promote")

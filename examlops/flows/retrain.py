@@ -1,8 +1,11 @@
-"""The retrain flow: ``registry.retrain.retrain`` for one model, a table artifact and a ``model.retrained`` event.
+"""The retrain flow: one turn of the closed loop (``loop.cycle.retrain_cycle``) around
+``registry.retrain.retrain``, with a table artifact and a ``model.retrained`` event.
 
-Started by the bridges' failure tracker (its outbox creates a run of the
-``retrain/retrain`` deployment with ``model`` and ``reason``), by
-``exa retrain MODEL --via-prefect``, or from the Prefect UI.
+Started by the bridges' failure trigger (its outbox creates a run of the ``retrain/retrain`` deployment with
+``model`` and ``reason``; ``source`` stays ``failure-trigger``), by ``exa retrain MODEL --via-prefect``
+(``source`` ``operator``), or from the Prefect UI. For the trigger, a model another loop holds drops the
+request, and a model the loop promoted within the grace period is rolled back instead. A better candidate
+goes to Canary and, with ``loop.auto_canary``, the canary-analysis flow runs as this run's subflow.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 
 from examlops.bootstrap.control import AuditHook, ControlPlane
 from examlops.bootstrap.inference import holdout_scorer
@@ -59,19 +63,51 @@ def retrain_flow(
     data_shift: float = 0.0,
     seed: int | None = None,
     actor: str = "system:retrain",
+    source: str = "failure-trigger",
 ) -> dict[str, Any]:
-    """Train a candidate of ``model`` on fresh data, compare it with Production, register it, point Canary at it.
-    ``actor`` is the identity that triggered the run (``system:retrain`` for the failure trigger)."""
-    plane = ControlPlane(Settings())
+    """Train a candidate of ``model`` on fresh data and compare it with Production; a better one goes to
+    Canary and its canary analysis runs. ``actor`` is the identity that triggered the run (``system:retrain``
+    for the failure trigger); ``source`` is ``failure-trigger`` or ``operator``."""
+    from examlops.bootstrap.loop import closed_loop
+    from examlops.flows.canary import canary_flow
+    from examlops.loop.cycle import retrain_cycle
+
+    settings = Settings()
+    plane = ControlPlane(settings)
     logger = get_run_logger()
-    result = run_retrain(
-        plane, model, reason=reason, candidate_alias=candidate_alias, data_shift=data_shift, seed=seed,
-        audit=plane.audit, on_progress=logger.info, actor=actor,
-    )  # fmt: skip
-    summary = {**asdict(result), "better": result.better}
-    create_table_artifact(
-        key=artifact_key("retrain", result.model),
-        table=[{"field": key, "value": value} for key, value in summary.items()],
-        description=f"Retrained {result.model}: version {result.version} is {result.alias}",
-    )
-    return summary
+    name = plane.catalog.get(model).name
+    owner = str(flow_run.get_id() or f"retrain-{name}")
+    results: list[RetrainResult] = []
+
+    def retrain() -> RetrainResult:
+        result = run_retrain(
+            plane, name, reason=reason, candidate_alias=candidate_alias, data_shift=data_shift, seed=seed,
+            audit=plane.audit, on_progress=logger.info, actor=actor,
+        )  # fmt: skip
+        results.append(result)
+        summary = {**asdict(result), "better": result.better}
+        create_table_artifact(
+            key=artifact_key("retrain", result.model),
+            table=[{"field": key, "value": value} for key, value in summary.items()],
+            description=f"Retrained {result.model}: version {result.version}"
+            + (f" is {result.alias}" if result.moved else f" kept back ({result.alias} not moved)"),
+        )
+        return result
+
+    def analyse() -> dict[str, Any]:
+        return canary_flow(name, owner=owner)
+
+    with closed_loop(settings, actor=actor, say=logger.info) as parts:
+        cycle = retrain_cycle(
+            parts, name, owner=owner, run=f"flow run {owner}", from_trigger=source == "failure-trigger",
+            retrain=retrain, analyse=analyse if settings.loop.auto_canary else None, reason=reason,
+        )  # fmt: skip
+    retrained = results[0] if results else None
+    return {
+        "model": name,
+        "action": cycle.action,
+        "note": cycle.note,
+        "retrain": None if retrained is None else {**asdict(retrained), "better": retrained.better},
+        "analysis": cycle.analysis,
+        "rollback": None if cycle.rollback is None else asdict(cycle.rollback),
+    }

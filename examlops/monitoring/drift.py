@@ -23,6 +23,7 @@ snapshots and saves the verdicts is ``drift_report``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,23 @@ def compare(current: pd.DataFrame, reference: pd.DataFrame) -> tuple[DriftResult
         DriftResult("input", sum(c.drifted for c in inputs) >= needed, deciding, METHOD, THRESHOLD, *sizes, inputs),
         snapshot,
     )
+
+
+def prediction_p_value(current: Sequence[float], reference: Sequence[float]) -> float:
+    """The K-S p-value of two samples of predictions, by Evidently's ``ValueDrift`` (the canary's drift gate).
+
+    ``InvalidInput`` when a sample has fewer than 2 values.
+    """
+    if min(len(current), len(reference)) < 2:
+        raise InvalidInput("a drift test needs 2 predictions on each side")
+    from evidently import Report
+    from evidently.metrics import ValueDrift
+
+    report = Report([ValueDrift(column=PREDICTION_COLUMN, method=METHOD, threshold=THRESHOLD)])
+    snapshot = report.run(
+        pd.DataFrame({PREDICTION_COLUMN: list(current)}), pd.DataFrame({PREDICTION_COLUMN: list(reference)})
+    )
+    return float(snapshot.dict()["metrics"][0]["value"])
 
 
 def _column_verdicts(result: dict[str, Any]) -> dict[str, ColumnDrift]:

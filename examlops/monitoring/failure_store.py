@@ -154,6 +154,13 @@ class RedisFailureStore:
         with translated("claiming a retrain"):
             return bool(self._claim(keys=keys, args=args))
 
+    def reset(self, model: str, *, cooldown: bool) -> None:
+        """Empty the model's window, and with ``cooldown`` end its retrain cooldown (the closed loop, once it
+        has put a new version in Production)."""
+        keys = [WINDOW_PREFIX + model.lower(), *([COOLDOWN_PREFIX + model.lower()] if cooldown else [])]
+        with translated("resetting a failure window"):
+            self.redis.delete(*keys)
+
     def window(self, model: str, capacity: int) -> WindowState:
         with translated("reading a failure window"):
             items: Any = self.redis.lrange(WINDOW_PREFIX + model.lower(), -capacity, -1)

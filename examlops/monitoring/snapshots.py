@@ -230,6 +230,25 @@ class SnapshotStream:
                 continue
         return snapshots
 
+    def predictions_since(self, model: str, since: float, *, page: int = 10_000) -> dict[str, list[float]]:
+        """The predictions of the answered snapshots written at or after ``since`` (UNIX seconds), by version:
+        what the canary analysis compares. Reads the stream from that time on, ``page`` entries at a time."""
+        found: dict[str, list[float]] = {}
+        start = f"{max(0, int(since * 1000))}-0"
+        while True:
+            with translated("reading snapshots"):
+                entries: Any = self.redis.xrange(stream_of(model), min=start, count=page)
+            for entry_id, fields in entries:
+                try:
+                    snapshot = Snapshot.from_fields(entry_id, fields)
+                except (KeyError, ValueError, TypeError):
+                    continue
+                if snapshot.ok:
+                    found.setdefault(snapshot.version, []).append(snapshot.prediction)
+            if len(entries) < page:
+                return found
+            start = "(" + str(entries[-1][0])
+
     def read_new(self, model: str, count: int = 10_000) -> list[Snapshot]:
         """Snapshots after the drift checkpoint: what the drift flow has not consumed yet."""
         return self.read(model, self.checkpoint(model), count)

@@ -197,7 +197,13 @@ def bridge_spec(settings: Settings) -> ServiceSpec:
     return ServiceSpec("bridge", "Bus bridge", redact(settings.redis_url), process=process)
 
 
-FLOWS_DEPLOYMENTS = ("drift-report/drift-report", "retrain/retrain", "promote/promote", "retention/retention")
+FLOWS_DEPLOYMENTS = (
+    "drift-report/drift-report",
+    "retrain/retrain",
+    "canary-analysis/canary-analysis",
+    "promote/promote",
+    "retention/retention",
+)
 """What ``exa flows serve`` must have registered before the flows service counts as ready."""
 
 

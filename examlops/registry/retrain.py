@@ -9,15 +9,17 @@
    model has none). Both are predicted by ``score`` (the composition root's
    ``bootstrap.inference.holdout_scorer``: the inference port's local adapter,
    with the MLflow loader for Production); its errors propagate;
+   A Production whose model fails on the held-out rows (``InferenceFailed``)
+   is scored as failing: any candidate that predicts them beats it;
 3. logs a run in the ``examlops-retrain`` experiment (metrics, the data source
-   and seed as params), registers the version, and points ``candidate_alias``
+   and seed as params) and registers the version. Only a candidate at least as
+   good as Production (``better`` is not False) gets ``candidate_alias``
    (Canary or Staging, never Production: promotion is a separate, audited
-   step) at it with ``promotion.move_alias``, so the alias move can be rolled back.
+   step), moved with ``promotion.move_alias`` so that the move can be rolled
+   back: a worse candidate is registered, never served (``moved`` False).
 
-Returns a ``RetrainResult``. The candidate alias moves whether or not the
-candidate beats Production (``better`` says which): a canary exists to be
-watched before anyone promotes it. Errors: ``InvalidInput`` for an alias that
-is not a candidate alias, the registry's errors otherwise.
+Returns a ``RetrainResult``. Errors: ``InvalidInput`` for an alias that is
+not a candidate alias, the registry's errors otherwise.
 
 The data source is also what the drift report's reference describes: the
 distribution a version was trained on (``source_of_run`` rebuilds it from the
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from examlops.core.errors import AliasNotFound, InvalidInput
+from examlops.core.errors import AliasNotFound, InferenceFailed, InvalidInput
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion.aliases import move_alias
@@ -102,13 +104,21 @@ class RetrainResult:
     candidate_rmse: float
     production_version: str | None
     production_rmse: float | None
+    """None without Production, or when its model failed on the held-out rows (``production_error``)."""
     seed: int
     train_rows: int
     holdout_rows: int
+    moved: bool = True
+    """Whether ``alias`` now points at the candidate (False: it was worse than Production)."""
+    production_error: str = ""
+    """Why Production could not be scored ('' when it was, or there is none)."""
 
     @property
     def better(self) -> bool | None:
-        """Whether the candidate beats Production on the held-out rows; None without Production."""
+        """Whether the candidate beats Production on the held-out rows; None without Production; True when
+        Production's model failed on them."""
+        if self.production_error:
+            return True
         return None if self.production_rmse is None else self.candidate_rmse < self.production_rmse
 
 
@@ -147,9 +157,13 @@ def retrain(
     candidate_rmse = _rmse(score(model, holdout.embeddings, counts), holdout.target)
     say(f"{spec.name}: scoring Production on {holdout_rows} held-out rows")
     production = _production(registry, spec.name)
-    production_rmse = None
+    production_rmse, production_error = None, ""
     if production is not None:
-        production_rmse = _rmse(score(production, holdout.embeddings, counts), holdout.target)
+        try:
+            production_rmse = _rmse(score(production, holdout.embeddings, counts), holdout.target)
+        except InferenceFailed as exc:
+            production_error = f"Production (version {production.version}) failed on the held-out rows: {exc}"
+            say(f"{spec.name}: {production_error}")
     metrics = {"holdout_rmse": candidate_rmse, "train_rows": float(train_rows), "holdout_rows": float(holdout_rows)}
     if production_rmse is not None:
         metrics["production_holdout_rmse"] = production_rmse
@@ -166,11 +180,18 @@ def retrain(
     say(f"{spec.name}: logging and registering the candidate")
     experiment = ensure_experiment(registry, settings, RETRAIN_EXPERIMENT)
     registered = log_and_register(registry, settings, experiment, spec, model, f"{spec.name}-retrain", metrics, params)
-    move = move_alias(registry, spec.name, alias, version=registered.version)
-    say(f"{spec.name}: {alias} -> version {registered.version}")
+    worse = not production_error and production_rmse is not None and candidate_rmse >= production_rmse
+    replaced = None
+    if worse:
+        say(f"{spec.name}: version {registered.version} (RMSE {candidate_rmse:.4f}) is not better than Production "
+            f"(RMSE {production_rmse:.4f}); {alias} stays where it was")  # fmt: skip
+    else:
+        replaced = move_alias(registry, spec.name, alias, version=registered.version).old_version
+        say(f"{spec.name}: {alias} -> version {registered.version}")
     return RetrainResult(
-        spec.name, registered.version, registered.run_id, alias, move.old_version, candidate_rmse,
+        spec.name, registered.version, registered.run_id, alias, replaced, candidate_rmse,
         production.version if production else None, production_rmse, seed, train_rows, holdout_rows,
+        not worse, production_error,
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Index, delete, func, update
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -30,7 +31,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 
 from examlops.core.errors import StoreUnavailable
 from examlops.tracing.record import Channel, Outcome, TraceRecord, trace_fields
-from examlops.tracing.store import MAX_PAGE, Pruned, TraceQuery
+from examlops.tracing.store import MAX_PAGE, CallOutcome, Pruned, TraceQuery
 
 S = TypeVar("S")
 
@@ -127,10 +128,13 @@ class _DriverUpsert:
         return [dict(zip(_COLUMNS, values, strict=True)) for values in rows]
 
 
+def _timestamp(at: datetime) -> float:
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()  # SQLite hands datetimes back naive
+
+
 def _record(row: Trace) -> TraceRecord:
-    at = row.at if row.at.tzinfo else row.at.replace(tzinfo=UTC)  # SQLite hands datetimes back naive
     values = row.model_dump()
-    values["at"] = at.timestamp()
+    values["at"] = _timestamp(row.at)
     values["channel"] = cast(Channel, row.channel)
     values["outcome"] = cast(Outcome, row.outcome)
     return TraceRecord(**values)
@@ -215,6 +219,23 @@ class SqlTraceStore:
                 return [_record(row) for row in session.exec(statement).all()]
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
+
+    def outcomes(self, model: str, since: float, *, limit: int = 1_000_000) -> list[CallOutcome]:
+        """The calls of ``model`` (catalog name) that arrived at or after ``since``, oldest first, at most
+        ``limit``: only the columns a canary analysis needs. ``StoreUnavailable``."""
+        columns = (col(Trace.version), col(Trace.outcome), col(Trace.error_code), col(Trace.used_ms), col(Trace.at))
+        statement = (
+            sa_select(*columns)
+            .where(col(Trace.model) == model, col(Trace.at) >= datetime.fromtimestamp(since, UTC))
+            .order_by(col(Trace.at))
+            .limit(limit)
+        )
+        try:
+            with Session(self._engine) as session:
+                rows = session.execute(statement).all()
+        except (OperationalError, ProgrammingError) as exc:
+            raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
+        return [CallOutcome(v, o, e, u, _timestamp(a)) for v, o, e, u, a in rows]
 
     def count(self, query: TraceQuery) -> int:
         statement = _filtered(select(func.count()).select_from(Trace), query)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from examlops.core.errors import InvalidInput
 from examlops.tracing.record import Outcome, TraceRecord
@@ -42,6 +42,17 @@ class Pruned:
 
     deleted: int
     cleared: int
+
+
+class CallOutcome(NamedTuple):
+    """What a canary analysis reads of one trace: the version that served it, its outcome, error code, time
+    used (ms) and arrival (UNIX seconds)."""
+
+    version: str | None
+    outcome: str
+    error_code: str
+    used_ms: float
+    at: float
 
 
 class TraceStore(Protocol):

@@ -1,0 +1,144 @@
+"""The closed loop's adapters: ``closed_loop(settings)`` yields the ``LoopParts`` a canary analysis, a
+rollback or `exa loop` acts through, and closes what it opened.
+
+- the loop records in SQL (``loop.sql``), the traffic split in SQL with a ``traffic.changed`` audit event
+  (serving applies it within its rules cache, ``traffic.rules_ttl_s``, plus a second);
+- the window's calls from the trace store, its bus predictions from the snapshot stream, the drift test by
+  Evidently (``monitoring.drift.prediction_p_value``);
+- promotion and rollback by ``promotion.service`` (what `exa promote` and `exa rollback` run: every
+  serving instance reloads and confirms), each move an ``alias.moved`` audit event;
+- the failure windows in Redis; the audit hook of the control plane.
+
+Nothing connects until used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from examlops.bootstrap.control import AuditHook, ControlPlane, audit_moves
+from examlops.bootstrap.sql import sql_engine
+from examlops.core.settings import Settings
+from examlops.loop.analysis import LoopParts
+from examlops.loop.figures import CallSample
+from examlops.loop.ports import Promotion
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from examlops.monitoring.snapshots import SnapshotStream
+    from examlops.serving.traffic_store import SqlTrafficRuleStore
+    from examlops.tracing.sql_store import SqlTraceStore
+
+SETTLE_MARGIN_S = 1.0
+"""Added to the rules cache's TTL before a canary window opens."""
+
+
+@dataclass
+class _Versions:
+    plane: ControlPlane
+
+    def version(self, model: str, alias: str) -> str:
+        return self.plane.registry.resolve(model, alias).version
+
+
+@dataclass
+class _Traffic:
+    store: SqlTrafficRuleStore
+    audit: AuditHook
+    settle_s: float
+    actor: str
+
+    def get(self, model: str) -> dict[str, int]:
+        return self.store.get(model)
+
+    def set(self, model: str, weights: Mapping[str, int]) -> None:
+        from examlops.monitoring.audit import TRAFFIC_CHANGED
+
+        self.store.set(model, weights)
+        self.audit(TRAFFIC_CHANGED, model, {"weights": dict(weights), "actor": self.actor})
+
+
+@dataclass
+class _Calls:
+    traces: SqlTraceStore
+
+    def calls(self, model: str, since: float) -> list[CallSample]:
+        return [CallSample(*row) for row in self.traces.outcomes(model, since)]
+
+
+@dataclass
+class _Predictions:
+    stream: SnapshotStream
+
+    def predictions(self, model: str, since: float) -> Mapping[str, Sequence[float]]:
+        return self.stream.predictions_since(model, since)
+
+
+@dataclass
+class _Promoter:
+    plane: ControlPlane
+    actor: str
+
+    def promote(self, model: str) -> Promotion:
+        from examlops.promotion.service import promote
+
+        return self._done(promote(self.plane.settings, self.plane.registry, model, "Production",
+                                  from_alias="Canary", **self._follow()))  # fmt: skip
+
+    def rollback(self, model: str) -> Promotion:
+        from examlops.promotion.service import rollback
+
+        return self._done(rollback(self.plane.settings, self.plane.registry, model, "Production", **self._follow()))
+
+    def _follow(self) -> dict[str, Any]:
+        from examlops.bootstrap.identity import platform_token
+
+        return {"on_moved": audit_moves(self.plane.audit, self.actor), "token": platform_token(self.plane.settings)}
+
+    @staticmethod
+    def _done(result: Any) -> Promotion:
+        return Promotion(result.model, result.old_version, result.new_version, tuple(result.instances))
+
+
+@contextmanager
+def closed_loop(
+    settings: Settings, *, actor: str = "system:loop", say: Callable[[str], None] | None = None
+) -> Iterator[LoopParts]:
+    """The loop's parts on the settings' SQL, Redis, MLflow and serving instances; closed on exit.
+    ``actor`` is named in the audit events of the traffic changes and alias moves it makes."""
+    from examlops.adapters.redis import connect
+    from examlops.loop.sql import SqlLoopStore
+    from examlops.monitoring.drift import prediction_p_value
+    from examlops.monitoring.failure_store import RedisFailureStore
+    from examlops.monitoring.snapshots import SnapshotStream
+    from examlops.serving.traffic_store import SqlTrafficRuleStore
+    from examlops.tracing.sql_store import SqlTraceStore
+
+    plane = ControlPlane(settings)
+    engine: Engine = sql_engine(settings)
+    client = connect(settings.redis_url, socket_timeout_s=30.0)
+    try:
+        parts = LoopParts(
+            store=SqlLoopStore(engine),
+            versions=_Versions(plane),
+            traffic=_Traffic(
+                SqlTrafficRuleStore(engine), plane.audit, settings.traffic.rules_ttl_s + SETTLE_MARGIN_S, actor
+            ),
+            calls=_Calls(SqlTraceStore(engine)),
+            predictions=_Predictions(SnapshotStream(client)),
+            drift=prediction_p_value,
+            promoter=_Promoter(plane, actor),
+            failures=RedisFailureStore(client),
+            audit=plane.audit,
+            settings=settings.loop,
+        )
+        if say is not None:
+            parts.say = say
+        yield parts
+    finally:
+        client.close()
+        engine.dispose()

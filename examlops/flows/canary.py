@@ -1,0 +1,56 @@
+"""The canary-analysis flow: ``loop.analysis.CanaryAnalysis`` for one model, with its artifacts.
+
+Started as a subflow of a retrain run that put a better candidate on Canary, by `exa canary start MODEL`
+(a run of the ``canary-analysis`` deployment), or from the Prefect UI. ``owner`` is the hold the run takes
+over (the retrain run's); a standalone run holds the model as its own flow run. Publishes a table artifact
+of the gates and a markdown artifact plotting the two versions side by side; the run fails when the
+analysis raised (its record says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+
+from examlops.bootstrap.loop import closed_loop
+from examlops.core.settings import Settings
+from examlops.flows.wiring import artifact_key
+from examlops.loop.analysis import AnalysisResult, CanaryAnalysis, LoopParts
+from examlops.loop.report import gate_rows, side_by_side
+
+
+def run_canary(parts: LoopParts, model: str, *, owner: str, run: str, share: int | None = None) -> AnalysisResult:
+    """The analysis as the flow and `exa canary start --here` run it."""
+    return CanaryAnalysis(parts).run(model, owner=owner, run=run, share=share)
+
+
+def publish(result: AnalysisResult) -> None:
+    """The decision as Prefect artifacts: a table of the gates and the side-by-side plot."""
+    key = artifact_key("canary", result.model)
+    create_table_artifact(key=key, table=gate_rows(result),
+                          description=f"{result.model}: {result.decision}; {result.note}")  # fmt: skip
+    create_markdown_artifact(key=f"{key}-plot", markdown=side_by_side(result),
+                             description=f"{result.model}: Production and Canary side by side")  # fmt: skip
+
+
+@flow(name="canary-analysis")
+def canary_flow(model: str, share: int | None = None, owner: str | None = None) -> dict[str, Any]:
+    """Send ``share`` % (default: the setting) of ``model``'s default-alias traffic to Canary, compare it with
+    Production over a window, then promote it, set its share to 0, or leave things as they were."""
+    settings = Settings()
+    logger = get_run_logger()
+    run_id = str(flow_run.get_id() or "")
+    with closed_loop(settings, actor="system:canary", say=logger.info) as parts:
+        spec = _spec(settings, model)
+        result = run_canary(parts, spec, owner=owner or run_id, run=f"flow run {run_id}", share=share)
+    publish(result)
+    return result.to_json()
+
+
+def _spec(settings: Settings, model: str) -> str:
+    from examlops.bootstrap.serving import catalog
+
+    return catalog(settings).get(model).name

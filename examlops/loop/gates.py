@@ -1,0 +1,119 @@
+"""The canary's gates: each compares Canary with Production over the same window and passes, fails, or is
+not judged (too little to go on), and ``verdict`` turns them into a decision.
+
+Gates (their limits are ``LoopSettings``):
+
+- ``failures``: Canary's model-failure rate is at most Production's plus ``failure_margin``;
+- ``latency``: Canary's p99 is at most ``p99_ratio`` times Production's plus ``p99_slack_ms`` (not judged
+  when either version answered nothing);
+- ``drift``: Canary's predictions do not differ from Production's in the same window (two-sample K-S
+  p-value at or above ``drift_p_value``; not judged with fewer than ``drift_min_rows`` bus predictions of
+  either version). Both versions see the same traffic (the split draws at random), so a difference is the
+  model's, not the traffic's;
+- ``refusals``: Canary's share of late budget refusals is at most Production's plus ``refusal_margin``.
+
+``verdict``: ``undecided`` until the window holds ``min_requests`` Canary calls and ``min_seconds`` have
+passed; then ``pass`` when no gate failed, else ``fail``. A gate that is not judged never fails a canary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from examlops.core.settings import LoopSettings
+from examlops.loop.figures import VersionFigures
+
+Decision = Literal["pass", "fail", "undecided"]
+
+
+@dataclass(frozen=True, slots=True)
+class DriftFigure:
+    """Canary's bus predictions against Production's in the window: the K-S p-value (None when not computed)."""
+
+    p_value: float | None
+    canary_rows: int
+    production_rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    gate: str
+    passed: bool | None
+    """None: not judged (too little to go on); it never fails a canary."""
+    canary: float | None
+    production: float | None
+    limit: float | None
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge(
+    production: VersionFigures, canary: VersionFigures, drift: DriftFigure, settings: LoopSettings
+) -> tuple[GateResult, ...]:
+    """Every gate of ``canary`` against ``production`` (module docstring)."""
+    return (
+        _failures(production, canary, settings),
+        _latency(production, canary, settings),
+        _drift(drift, settings),
+        _refusals(production, canary, settings),
+    )
+
+
+def verdict(gates: Sequence[GateResult], canary: VersionFigures, elapsed_s: float, settings: LoopSettings) -> Decision:
+    if canary.requests < settings.min_requests or elapsed_s < settings.min_seconds:
+        return "undecided"
+    return "fail" if any(gate.passed is False for gate in gates) else "pass"
+
+
+def _failures(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
+    limit = production.failure_rate + settings.failure_margin
+    passed = canary.failure_rate <= limit
+    detail = (
+        f"model-failure rate {canary.failure_rate:.3f} ({canary.model_failures}/{canary.requests}) against "
+        f"Production's {production.failure_rate:.3f} ({production.model_failures}/{production.requests}); "
+        f"limit {limit:.3f}"
+    )
+    return GateResult("failures", passed, canary.failure_rate, production.failure_rate, limit, detail)
+
+
+def _latency(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
+    if canary.p99_ms is None or production.p99_ms is None:
+        who = "Canary" if canary.p99_ms is None else "Production"
+        return GateResult("latency", None, canary.p99_ms, production.p99_ms, None, f"{who} answered no call")
+    limit = settings.p99_ratio * production.p99_ms + settings.p99_slack_ms
+    detail = (
+        f"p99 {canary.p99_ms:.1f} ms against Production's {production.p99_ms:.1f} ms; "
+        f"limit {settings.p99_ratio:g} x + {settings.p99_slack_ms:g} ms = {limit:.1f} ms"
+    )
+    return GateResult("latency", canary.p99_ms <= limit, canary.p99_ms, production.p99_ms, limit, detail)
+
+
+def _drift(drift: DriftFigure, settings: LoopSettings) -> GateResult:
+    rows = min(drift.canary_rows, drift.production_rows)
+    if drift.p_value is None or rows < settings.drift_min_rows:
+        detail = (
+            f"{drift.canary_rows} Canary and {drift.production_rows} Production bus predictions in the window; "
+            f"{settings.drift_min_rows} of each are needed"
+        )
+        return GateResult("drift", None, drift.p_value, None, settings.drift_p_value, detail)
+    passed = drift.p_value >= settings.drift_p_value
+    detail = (
+        f"K-S p-value {drift.p_value:.4f} of Canary's {drift.canary_rows} predictions against Production's "
+        f"{drift.production_rows}; drift below {settings.drift_p_value:g}"
+    )
+    return GateResult("drift", passed, drift.p_value, None, settings.drift_p_value, detail)
+
+
+def _refusals(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
+    limit = production.refusal_rate + settings.refusal_margin
+    detail = (
+        f"late budget refusals {canary.refusal_rate:.3f} ({canary.late_refusals}/{canary.requests}) against "
+        f"Production's {production.refusal_rate:.3f}; limit {limit:.3f}"
+    )
+    return GateResult(
+        "refusals", canary.refusal_rate <= limit, canary.refusal_rate, production.refusal_rate, limit, detail
+    )

@@ -1,0 +1,68 @@
+"""The ports the closed loop acts through; ``bootstrap.loop`` builds their adapters.
+
+Every method may raise ``StoreUnavailable`` / ``RegistryUnavailable`` (a dependency is down) and the
+promotion errors (``PromotionIncomplete`` names the instances that did not follow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from examlops.loop.figures import CallSample
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """An alias move every serving instance followed."""
+
+    model: str
+    old_version: str | None
+    new_version: str
+    instances: tuple[str, ...]
+
+
+class Versions(Protocol):
+    def version(self, model: str, alias: str) -> str:
+        """The version ``alias`` points at in the registry; ``AliasNotFound`` when it points nowhere."""
+
+
+class TrafficSplit(Protocol):
+    def get(self, model: str) -> dict[str, int]:
+        """The stored split of the default alias's traffic (empty: all to the default alias)."""
+
+    def set(self, model: str, weights: Mapping[str, int]) -> None:
+        """Store a split (empty clears it) and record the change; serving applies it within ``settle_s``."""
+
+    @property
+    def settle_s(self) -> float:
+        """Seconds until every serving instance applies a stored split (their rules cache)."""
+
+
+class CallSource(Protocol):
+    def calls(self, model: str, since: float) -> list[CallSample]:
+        """Every traced call of ``model`` (catalog name) that arrived at or after ``since``."""
+
+
+class PredictionSource(Protocol):
+    def predictions(self, model: str, since: float) -> Mapping[str, Sequence[float]]:
+        """The predictions each version answered on the bus since ``since`` (UNIX seconds), by version."""
+
+
+DriftTest = Callable[[Sequence[float], Sequence[float]], float]
+"""``(Canary's predictions, Production's)`` -> the two-sample K-S p-value."""
+
+
+class Promoter(Protocol):
+    def promote(self, model: str) -> Promotion:
+        """Point Production at Canary's version and make every serving instance serve it."""
+
+    def rollback(self, model: str) -> Promotion:
+        """Point Production back at the version its last promotion replaced, on every instance."""
+
+
+class FailureWindows(Protocol):
+    def reset(self, model: str, *, cooldown: bool) -> None:
+        """Empty the model's failure window (and its retrain cooldown with ``cooldown``): a new Production
+        is not judged by the failures of the version it replaced."""
