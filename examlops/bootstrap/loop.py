@@ -25,6 +25,7 @@ from examlops.core.settings import Settings
 from examlops.loop.analysis import LoopParts
 from examlops.loop.figures import CallSample
 from examlops.loop.ports import Promotion
+from examlops.loop.state import LoopStore
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -141,4 +142,16 @@ def closed_loop(
         yield parts
     finally:
         client.close()
+        engine.dispose()
+
+
+@contextmanager
+def loop_store(settings: Settings) -> Iterator[LoopStore]:
+    """The loop records alone (`exa loop status`), on the settings' SQL; the engine is disposed on exit."""
+    from examlops.loop.sql import SqlLoopStore
+
+    engine = sql_engine(settings)
+    try:
+        yield SqlLoopStore(engine)
+    finally:
         engine.dispose()

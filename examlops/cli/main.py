@@ -17,6 +17,7 @@ from examlops.cli.drift import drift_app
 from examlops.cli.flows import flows_app
 from examlops.cli.identity import identity_app
 from examlops.cli.jobs import jobs_app
+from examlops.cli.loop import canary_app, loop_app
 from examlops.cli.output import JsonOption, console, err_console, errors_as_exit, load_settings, print_json
 from examlops.cli.predict import predict
 from examlops.cli.retrain import retrain
@@ -52,7 +53,11 @@ app.add_typer(flows_app, name="flows")
 app.add_typer(trace_app, name="trace")
 app.add_typer(identity_app, name="identity")
 app.add_typer(jobs_app, name="jobs")
-app.command("retrain", help="Train a candidate, compare it with Production, register it, point Canary at it.")(retrain)
+app.add_typer(loop_app, name="loop")
+app.add_typer(canary_app, name="canary")
+app.command(
+    "retrain", help="Train a candidate and compare it with Production; a better one goes to Canary."
+)(retrain)
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)
 promote.register(app)

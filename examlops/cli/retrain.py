@@ -26,7 +26,9 @@ def retrain(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Train a candidate on fresh data, compare it with Production, register it and point Canary at it."""
+    """Train a candidate on fresh data and compare it with Production on held-out rows; a better one goes to
+    Canary (a worse one is registered but never served). Refused while a loop holds the model. Through
+    Prefect (--via-prefect), a candidate on Canary then gets its canary analysis."""
     from examlops.bootstrap.identity import acting_identity
     from examlops.identity import Permission
 
@@ -39,24 +41,43 @@ def retrain(
     from dataclasses import asdict
 
     from examlops.bootstrap.control import ControlPlane
+    from examlops.bootstrap.loop import closed_loop
     from examlops.flows.retrain import run_retrain
+    from examlops.loop.cycle import retrain_cycle
+    from examlops.registry.retrain import RetrainResult
 
     plane = ControlPlane(settings)
     with errors_as_exit(), console.status(f"retraining {model}") as status:
-        result = run_retrain(
-            plane, model, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
-            audit=plane.audit, on_progress=status.update, actor=actor,
-        )  # fmt: skip
+        name = plane.catalog.get(model).name
+
+        def train() -> RetrainResult:
+            return run_retrain(
+                plane, name, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
+                audit=plane.audit, on_progress=status.update, actor=actor,
+            )  # fmt: skip
+
+        with closed_loop(settings, actor=actor, say=status.update) as parts:
+            cycle = retrain_cycle(parts, name, owner=f"cli-retrain-{name}", run=f"exa retrain by {actor}",
+                                  from_trigger=False, retrain=train, analyse=None, reason="exa retrain")  # fmt: skip
+    result = cycle.candidate
+    assert isinstance(result, RetrainResult)
     if as_json:
-        print_json({**asdict(result), "better": result.better})
+        print_json({**asdict(result), "better": result.better, "loop": cycle.note})
         return
-    prod = "no Production version" if result.production_rmse is None else (
-        f"Production (version {result.production_version}) RMSE {result.production_rmse:.4f}"
-    )  # fmt: skip
+    if result.production_error:
+        prod = result.production_error
+    elif result.production_rmse is None:
+        prod = "no Production version"
+    else:
+        prod = f"Production (version {result.production_version}) RMSE {result.production_rmse:.4f}"
+    moved = (
+        f"{result.alias} {result.replaced_version or '(unset)'} -> {result.version}"
+        if result.moved
+        else f"not better than Production: {result.alias} not moved"
+    )
     console.print(
-        f"{result.model}: version {result.version} registered (run {result.run_id}); "
-        f"{result.alias} {result.replaced_version or '(unset)'} -> {result.version}\n"
-        f"held-out RMSE {result.candidate_rmse:.4f} vs {prod}",
+        f"{result.model}: version {result.version} registered (run {result.run_id}); {moved}\n"
+        f"held-out RMSE {result.candidate_rmse:.4f} vs {prod}\n{cycle.note}",
         highlight=False,
     )
 
@@ -70,7 +91,7 @@ def _retrain_via_prefect(
     from prefect.deployments import run_deployment
 
     parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
-    parameters |= {"data_shift": shift, "seed": seed, "actor": actor}
+    parameters |= {"data_shift": shift, "seed": seed, "actor": actor, "source": "operator"}
     try:
         run = run_deployment("retrain/retrain", parameters=parameters, timeout=0, as_subflow=False)
     except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there
