@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from examlops.core.settings import LoopSettings
+from examlops.loop.figures import CallSample, figures_of
+from examlops.loop.gates import DriftFigure, judge, verdict
+
+SETTINGS = LoopSettings(min_requests=10, min_seconds=5.0)
+
+
+def calls(version: str, answered: int, failed: int = 0, *, used_ms: float = 5.0, late: int = 0) -> list[CallSample]:
+    return (
+        [CallSample(version, "answered", "", used_ms, 0.0)] * answered
+        + [CallSample(version, "failed", "inference_failed", 1.0, 0.0)] * failed
+        + [CallSample(version, "refused", "refused", 1.0, 0.0)] * late
+    )
+
+
+def gates_of(
+    production: list[CallSample], canary: list[CallSample], drift: DriftFigure | None = None
+) -> dict[str, bool | None]:
+    samples = production + canary
+    result = judge(figures_of(samples, "1"), figures_of(samples, "2"), drift or DriftFigure(None, 0, 0), SETTINGS)
+    return {gate.gate: gate.passed for gate in result}
+
+
+def test_figures_count_model_failures_and_late_refusals_apart_and_take_percentiles_over_answers() -> None:
+    samples = [*calls("2", 98, 1, late=1), CallSample("2", "refused", "invalid_input", 0.0, 0.0)]
+    samples += [CallSample("2", "answered", "", 500.0, 0.0)] * 2
+    figures = figures_of(samples, "2")
+    assert (figures.requests, figures.answered, figures.model_failures, figures.late_refusals) == (103, 100, 1, 1)
+    assert figures.p50_ms == 5.0 and figures.p99_ms is not None and figures.p99_ms > 5.0
+    assert figures_of(samples, "9").p99_ms is None
+
+
+def test_a_canary_failing_more_than_production_plus_the_margin_fails_the_failure_gate() -> None:
+    assert gates_of(calls("1", 100), calls("2", 95, 5))["failures"] is False
+    assert gates_of(calls("1", 100), calls("2", 99, 1))["failures"] is True  # 1 % within the 2 % margin
+    assert gates_of(calls("1", 0, 100), calls("2", 100))["failures"] is True  # a failing Production: Canary is better
+
+
+def test_the_latency_gate_compares_p99_with_ratio_and_slack_and_is_not_judged_without_answers() -> None:
+    assert gates_of(calls("1", 100, used_ms=100.0), calls("2", 100, used_ms=125.0))["latency"] is True  # 120 + 10
+    assert gates_of(calls("1", 100, used_ms=100.0), calls("2", 100, used_ms=131.0))["latency"] is False
+    assert gates_of(calls("1", 0, 100), calls("2", 100))["latency"] is None
+
+
+def test_the_drift_gate_needs_rows_of_both_versions_and_fails_below_the_p_value() -> None:
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300))["drift"] is None
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300))["drift"] is False
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300))["drift"] is True
+
+
+def test_late_refusals_of_canary_beyond_production_fail_the_refusal_gate() -> None:
+    assert gates_of(calls("1", 100), calls("2", 90, late=10))["refusals"] is False
+    assert gates_of(calls("1", 90, late=10), calls("2", 90, late=10))["refusals"] is True
+
+
+def test_the_verdict_waits_for_enough_canary_calls_and_time_and_a_not_judged_gate_never_fails() -> None:
+    samples = calls("1", 100, 100) + calls("2", 20)
+    production, canary = figures_of(samples, "1"), figures_of(samples, "2")
+    gates = judge(production, canary, DriftFigure(None, 0, 0), SETTINGS)
+    assert verdict(gates, canary, 4.0, SETTINGS) == "undecided"
+    assert verdict(gates, figures_of(calls("2", 9), "2"), 100.0, SETTINGS) == "undecided"
+    assert verdict(gates, canary, 5.0, SETTINGS) == "pass"
