@@ -55,9 +55,7 @@ app.add_typer(identity_app, name="identity")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(loop_app, name="loop")
 app.add_typer(canary_app, name="canary")
-app.command(
-    "retrain", help="Train a candidate and compare it with Production; a better one goes to Canary."
-)(retrain)
+app.command("retrain", help="Train a candidate and compare it with Production; a better one goes to Canary.")(retrain)
 demo_app.command("traffic")(demo_traffic)
 lifecycle.register(app)
 promote.register(app)

@@ -59,7 +59,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     root = tmp_path_factory.mktemp("flows")
     home = root / "state"
     home.mkdir()
-    env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server}
+    env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_LOOP__AUTO_CANARY": "false"}
     settings = Settings(home=home, redis={"url": redis_server})
     seed_demo(settings, load_catalog(settings.catalog_path))
     upgrade_database(settings)  # as `exa up` does first
@@ -169,7 +169,9 @@ def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_en
     from examlops.monitoring.audit import tail
 
     before = [v.version for v in flow_env.registry.list_versions("CRCP")]
-    result = retrain_flow(model="CRCP", reason="test", seed=7)
+    summary = retrain_flow(model="CRCP", reason="test", seed=7, source="operator")
+    assert summary["action"] == "on_canary"  # the analysis is not started here (auto_canary off)
+    result = summary["retrain"]
     assert result["version"] not in before and result["alias"] == "Canary" and result["replaced_version"] == "2"
     assert flow_env.registry.resolve("CRCP", "Canary").version == result["version"]
     assert flow_env.registry.resolve("CRCP", "Production").version == "1"
@@ -210,7 +212,7 @@ def test_the_served_deployments_come_from_prefect_yaml(plane: Plane) -> None:
     from examlops.flows.deployments import default_path, load_deployments
 
     deployments = {d.name: d for d in load_deployments(default_path())}
-    assert set(deployments) == {"drift-report", "retrain", "promote", "retention"}
+    assert set(deployments) == {"drift-report", "retrain", "canary-analysis", "promote", "retention"}
     [schedule] = deployments["drift-report"].schedules
     assert schedule.schedule.cron == "*/15 * * * *"  # type: ignore[union-attr]
     assert deployments["retrain"].entrypoint == "examlops.flows.retrain.retrain_flow"
