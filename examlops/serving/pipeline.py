@@ -6,6 +6,7 @@ one that has a deadline is admitted only when the estimate (``admission``) says 
 then, else ``Refused`` (reason ``budget``) at once, before it is queued. Queued requests wait in deadline
 order; one whose deadline comes while it waits never reaches a worker: ``Refused`` (reason ``late``).
 ``background=True`` work (offline jobs) queues behind every interactive call and is never refused early.
+Every refusal notes the refused call's ``budget_ms`` and deadline (``Refused.of_call``) for its reply.
 An unknown model is ``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
 micro-batches (``settings.batch``, ``batcher``), then routed and predicted per batch as ``dispatch``
 says: one predict call per loaded version, a bad payload fails alone, a failed predict fails its group,
@@ -246,6 +247,7 @@ class Pipeline:
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
             if isinstance(exc, Refused):
+                exc.of_call(req.budget_ms, req.deadline)  # the refusal says what remained, as an answer does
                 when = "early" if exc.reason == "budget" else "late"
                 self._metrics.refusals.labels(model, req.task or "", req.identity or "", when).inc()
             raise

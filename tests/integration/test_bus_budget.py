@@ -212,6 +212,7 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert answered.status_code == 200 and answered.json()["budget_ms"] == 60_000.0
     assert refused.status_code == 503 and refused.json()["refused"] == "budget"
     assert refused.json()["estimate_ms"] >= 5000 and refused.headers["Retry-After"]
+    assert refused.json()["budget_ms"] == 3000.0 and 0 < refused.json()["budget_remaining_ms"] <= 3000.0
     assert declared.status_code == 200 and declared.json()["budget_ms"] == 60_000.0  # a declared budget wins
 
     async with running_bridge(settings, task_map=True), bus_client(settings) as client:
@@ -222,6 +223,7 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert 25_000 < over_bus["budget_remaining_ms"] < 30_000  # the 30 s timeout is the earlier end
     assert early.value.reason == "budget" and early.value.estimate_ms is not None and early.value.estimate_ms >= 5000
     assert isinstance(early.value, RefusedJob) and early.value.reply["budget_ms"] == 3000.0
+    assert 0 < early.value.reply["budget_remaining_ms"] <= 3000.0
     assert all(record.job_id != "tight-bus" for record in recorded(redis_url))
 
 
