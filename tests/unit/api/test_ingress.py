@@ -30,6 +30,8 @@ class FakePipeline:
     fail_with: Exception | None = None
     traffic_set: list[tuple[str, str]] = field(default_factory=list)
     reloads: list[tuple[str | None, str]] = field(default_factory=list)
+    admitted: list[tuple[InferenceRequest, int]] = field(default_factory=list)
+    refuse_admission: Exception | None = None
 
     async def start(self) -> None:
         return None
@@ -43,6 +45,12 @@ class FakePipeline:
             raise self.fail_with
         spec = self.catalog.get(request.model)
         return InferenceResult(spec.name, request.alias or "Production", "1", "run-1", 0.5, request.job_id)
+
+    def admit(self, request: InferenceRequest, rows: int = 1) -> float | None:
+        self.admitted.append((request, rows))
+        if self.refuse_admission is not None:
+            raise self.refuse_admission
+        return None
 
     async def route(self, model: str, alias: str | None = None) -> str:
         return alias or self.catalog.get(model).default_alias_canonical
