@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException
 from examlops.api.limits import received_bytes
 from examlops.api.schemas import ErrorReply
 from examlops.core import errors
+from examlops.core.budget import remaining_ms
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,8 @@ STATUS_TEXTS: dict[int, str] = {
     422: "the payload does not match the model's schema (never a model failure)",
     500: "the model raised or returned nothing (inference_failed: true)",
     503: "not ready, a dependency is unavailable, or refused: no placement can meet the budget (refused: budget, "
-    "with the estimate and Retry-After) or it ran out while queued (refused: late); a refusal is a normal outcome",
+    "with the estimate and Retry-After) or it ran out while queued (refused: late); a refusal carries the call's "
+    "budget_ms and budget_remaining_ms, as an answer does, and is a normal outcome",
     504: "the prediction ran past the hard limit, or the caller's deadline passed",
 }
 """What each error status of an inference route means, for the OpenAPI docs."""
@@ -117,6 +120,7 @@ def error_reply(error: errors.ExamlopsError, *, model: str | None = None, job_id
     )
     if isinstance(error, errors.Refused):
         body.refused, body.estimate_ms = error.reason, error.estimate_ms
+        body.budget_ms, body.budget_remaining_ms = error.budget_ms, remaining_ms(error.deadline, time.time())
     return body
 
 

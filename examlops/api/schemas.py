@@ -134,6 +134,11 @@ class ErrorReply(BaseModel):
     once, nothing queued), ``late`` when it ran out while the call was queued (it was never run)."""
     estimate_ms: float | None = None
     """On an early refusal: the estimated answer time that exceeded the budget."""
+    budget_ms: float | None = None
+    """On a refusal, as on an answer: the budget the call declared or its task's default; None: it had none."""
+    budget_remaining_ms: float | None = None
+    """On a refusal, as on an answer: what was left of the budget (or deadline) when the refusal was sent
+    (negative once it has passed); None: the call had neither."""
 
 
 class HotSetEntry(BaseModel):

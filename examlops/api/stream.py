@@ -10,8 +10,11 @@ The budget (``budget_ms``, the ``X-Examlops-Budget-Ms`` header, the task's defau
 ``deadline`` wins) governs the whole stream: every instance carries the stream's deadline. Everything
 that fails before the first line is sent is answered as a single call's error with the same status and
 body: authentication, validation (``field`` names ``instances.<i>.<field>``), an unknown task or model,
-not ready, and the first chunk refused (503 ``refused: budget`` with the estimate and ``Retry-After``).
-A stream is one call for its trace (``api.tracing``); one that stops early notes its code on the trace.
+not ready, and the stream refused at its start (503 ``refused: budget`` with the estimate, ``Retry-After``,
+``budget_ms`` and ``budget_remaining_ms``). Admission decides once, for the whole stream, on an estimate
+for its first chunk (``Pipeline.admit``); a later chunk is never refused early: the stream ends at its
+deadline with an ``expired`` last line instead. A stream is one call for its trace (``api.tracing``),
+refused or answered as a single call is; one that stops early notes its code on the trace.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Streaming(Protocol):
     def ready(self) -> bool: ...
 
     async def route(self, model: str, alias: str | None = None) -> str: ...
+
+    def admit(self, request: InferenceRequest, rows: int = 1) -> float | None: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResult: ...
 
@@ -104,7 +109,15 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
             )
             for instance in body.instances
         ]
-        run = StreamRun(pipeline.infer, requests, size=size, window=window, deadline=deadline, budget_ms=budget_ms)
+        run = StreamRun(
+            pipeline.infer,
+            requests,
+            admit=pipeline.admit,
+            size=size,
+            window=window,
+            deadline=deadline,
+            budget_ms=budget_ms,
+        )
         head = await run.first()
         if call is not None:
             call.model, call.alias, call.version = head[0].model, head[0].alias, head[0].version

@@ -4,12 +4,15 @@
 ``window`` chunks submitted ahead of the one being answered, so the batcher stays fed while admission
 sees only the work actually queued. Contract:
 
-- ``first()`` awaits chunk 0; any error of it (a refusal, a bad instance, a model failure) cancels every
-  submitted request and is raised, so the route answers it as a single call's error, before any line.
+- ``first()`` asks admission once for the whole stream, on an estimate for chunk 0's rows together
+  (``admit``), before any request is submitted: a refusal is raised with nothing queued. Every request is
+  then sent ``admitted``, so no later chunk is refused early on its own. ``first()`` then awaits chunk 0;
+  any error of it (a bad instance, a model failure, a late refusal) cancels every submitted request and is
+  raised. The route answers either as a single call's error, before any line.
 - ``lines()`` then yields chunk 0 and each later chunk IN ORDER, one JSON line each (``StreamChunk``), and
   always a last line (``StreamEnd``). Every chunk boundary checks the deadline: once it has passed, or a
-  chunk is refused (its budget would run out), the work still queued is cancelled and the last line says
-  ``expired``; another error ends the stream with the error, naming the instance.
+  chunk's deadline came while it was queued (refused late), the work still queued is cancelled and the
+  last line says ``expired``; another error ends the stream with the error, naming the instance.
 - ``cancel()`` cancels every request still pending (the batcher drops a cancelled request before any
   worker sees it). ``NdjsonStream`` calls it whenever the response ends: the client disconnected, the
   send failed, or the stream finished.
@@ -22,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 NDJSON = "application/x-ndjson"
 
 Infer = Callable[[InferenceRequest], Coroutine[Any, Any, InferenceResult]]
+Admit = Callable[[InferenceRequest, int], object]
+"""Admission of a call of ``rows`` rows like the request (``serving.pipeline.Pipeline.admit``): raises
+``Refused`` when it cannot be answered within its budget."""
 Outcome = InferenceResult | BaseException
 E = TypeVar("E", bound=BaseException)
 
@@ -50,6 +57,7 @@ class StreamRun:
         infer: Infer,
         requests: Sequence[InferenceRequest],
         *,
+        admit: Admit,
         size: int,
         window: int,
         deadline: float | None,
@@ -57,7 +65,9 @@ class StreamRun:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._infer = infer
-        self._chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
+        self._admit = admit
+        admitted = [replace(request, admitted=True) for request in requests]
+        self._chunks = [admitted[i : i + size] for i in range(0, len(admitted), size)]
         self._size = size
         self._window = max(1, window)
         self._deadline = deadline
@@ -91,7 +101,10 @@ class StreamRun:
         return failed[0] if failed else None
 
     async def first(self) -> list[InferenceResult]:
-        """Chunk 0's results; its error raised (and everything cancelled) when one instance of it failed."""
+        """Chunk 0's results; a refusal raised before anything is submitted; an instance's error raised (and
+        everything cancelled) when one instance of chunk 0 failed."""
+        if self._chunks:
+            self._admit(self._chunks[0][0], len(self._chunks[0]))
         try:
             outcomes = await self._outcomes(0)
         except BaseException:

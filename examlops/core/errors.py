@@ -162,17 +162,34 @@ class Refused(ExamlopsError):
     or ``"late"`` (the budget ran out while the call was queued; it never reached a worker).
     ``estimate_ms`` is the estimated answer time that decided an early refusal; ``retry_after_s`` how long
     the caller should wait before asking again (never at once: the pool has just said it is full).
+    ``budget_ms`` and ``deadline`` are the refused call's: the budget it declared (or its task's default)
+    and the UNIX time its budget (or deadline) ends, so that a refusal says what remained of the budget
+    as an answer does (``of_call``; serving notes them on every refusal it raises).
     """
 
     code = "refused"
 
     def __init__(
-        self, message: str, *, reason: str = "budget", estimate_ms: float | None = None, retry_after_s: float = 1.0
+        self,
+        message: str,
+        *,
+        reason: str = "budget",
+        estimate_ms: float | None = None,
+        retry_after_s: float = 1.0,
+        budget_ms: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.estimate_ms = estimate_ms
         self.retry_after_s = retry_after_s
+        self.budget_ms = budget_ms
+        self.deadline = deadline
+
+    def of_call(self, budget_ms: float | None, deadline: float | None) -> Refused:
+        """This refusal, noting the budget and deadline of the call it refuses; returns itself."""
+        self.budget_ms, self.deadline = budget_ms, deadline
+        return self
 
 
 class InferenceFailed(ExamlopsError):

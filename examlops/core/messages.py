@@ -74,6 +74,9 @@ class InferenceRequest:
     the trace. ``task`` and ``identity`` label refusals in the metrics. ``routed`` says the alias was already
     drawn from the traffic split for a call of several rows (``Pipeline.route``),
     so every row of that call is answered by the same alias: it is taken as is.
+    ``admitted`` says the call this row belongs to was admitted as a whole before the row was sent (a stream,
+    once at its start: ``Pipeline.admit``), so serving does not estimate the row again; it still ends at
+    its deadline (refused late, never run).
     """
 
     model: str
@@ -91,6 +94,7 @@ class InferenceRequest:
     budget_ms: float | None = None
     task: str | None = None
     identity: str | None = None
+    admitted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,13 +98,13 @@ class Estimator:
         self._workers = max(1, workers)
         self._max_size = max_size
 
-    def estimate_ms(self, model: str, due: float, now: float) -> tuple[float, float]:
-        """(the estimated answer time of a call to ``model`` due at loop time ``due``, the part of it spent
-        waiting for the calls ahead), in milliseconds from ``now``."""
+    def estimate_ms(self, model: str, due: float, now: float, rows: int = 1) -> tuple[float, float]:
+        """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
+        part of it spent waiting for the calls ahead), in milliseconds from ``now``."""
         ahead = Counter(request.model for request in self._queue.queued(due))
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
         wait_ms = (queued_ms + self._running_ms(now)) / self._workers
-        own_ms = self.costs.predict_ms(model, min(ahead[model] + 1, self._max_size))
+        own_ms = self.costs.predict_ms(model, min(ahead[model] + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
     def _running_ms(self, now: float) -> float:
@@ -117,10 +117,10 @@ class Estimator:
             running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
         return running_ms
 
-    def endangers(self, model: str, due: float, now: float) -> bool:
-        """Whether a call to ``model`` due at ``due`` would make a call already admitted, queued behind it (a
-        later deadline), miss a deadline it can still meet: the EDF admission test. Every call behind it
-        waits its share of one more row; a call that will miss anyway does not count."""
+    def endangers(self, model: str, due: float, now: float, rows: int = 1) -> bool:
+        """Whether a call of ``rows`` rows to ``model`` due at ``due`` would make a call already admitted,
+        queued behind it (a later deadline), miss a deadline it can still meet: the EDF admission test. Every
+        call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count."""
         per_row: dict[str, float] = {}
 
         def row_ms(name: str) -> float:
@@ -128,7 +128,7 @@ class Estimator:
                 per_row[name] = self.costs.predict_ms(name, self._max_size) / self._max_size
             return per_row[name]
 
-        extra_ms = row_ms(model) / self._workers
+        extra_ms = rows * row_ms(model) / self._workers
         work_ms = self._running_ms(now)
         for key, queued_due, request in self._queue.waiting():
             work_ms += row_ms(request.model)
@@ -139,12 +139,13 @@ class Estimator:
                 return True
         return False
 
-    def admit(self, model: str, due: float, now: float) -> float:
-        """The estimate (ms) of a call that can be answered within its budget without making an admitted
-        call miss its own (``endangers``); ``Refused`` (reason ``budget``) naming the estimate otherwise."""
-        estimate, wait_ms = self.estimate_ms(model, due, now)
+    def admit(self, model: str, due: float, now: float, rows: int = 1) -> float:
+        """The estimate (ms) of a call of ``rows`` rows (a stream's first chunk; one for a single call) that
+        can be answered within its budget without making an admitted call miss its own (``endangers``);
+        ``Refused`` (reason ``budget``) naming the estimate otherwise."""
+        estimate, wait_ms = self.estimate_ms(model, due, now, rows)
         left_ms = (due - now) * 1000.0
-        if self.settings.enabled and (estimate > left_ms or self.endangers(model, due, now)):
+        if self.settings.enabled and (estimate > left_ms or self.endangers(model, due, now, rows)):
             retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
             raise Refused(
                 f"no placement can answer within the budget without another call missing its own: "

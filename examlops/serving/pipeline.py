@@ -3,9 +3,12 @@
 ``infer`` contract: a request whose ``deadline`` (UNIX time) has passed on entry is ``DeadlineExceeded``,
 or ``Refused`` (reason ``budget``) when it declared a budget (a refusal, not an error, for a budgeted call);
 one that has a deadline is admitted only when the estimate (``admission``) says it can be answered by
-then, else ``Refused`` (reason ``budget``) at once, before it is queued. Queued requests wait in deadline
+then, else ``Refused`` (reason ``budget``) at once, before it is queued. A call of many rows sent apart (a
+stream) is admitted once, before any row is sent (``admit``), and its rows come ``admitted``: none of
+them is refused early on its own. Queued requests wait in deadline
 order; one whose deadline comes while it waits never reaches a worker: ``Refused`` (reason ``late``).
 ``background=True`` work (offline jobs) queues behind every interactive call and is never refused early.
+Every refusal notes the refused call's ``budget_ms`` and deadline (``Refused.of_call``) for its reply.
 An unknown model is ``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
 micro-batches (``settings.batch``, ``batcher``), then routed and predicted per batch as ``dispatch``
 says: one predict call per loaded version, a bad payload fails alone, a failed predict fails its group,
@@ -211,27 +214,63 @@ class Pipeline:
         await self._router.refresh_stale({spec.name})
         return self._router.choose(spec, alias, self._hotset.available_aliases(spec.name))
 
+    def admit(self, req: InferenceRequest, rows: int = 1) -> float | None:
+        """Admission of a call of ``rows`` rows like ``req`` before any of them is sent (a stream, once, for
+        its first chunk): ``infer``'s entry checks and its estimate for the rows together. The estimate (ms),
+        None for a call without a deadline; ``Refused`` (reason ``budget``) at once otherwise, counted and
+        noted as ``infer``'s refusals are. Rows then sent with ``admitted=True`` are not estimated again."""
+        model, alias = "unknown", "other"
+        try:
+            model, alias = self._labels(req)
+            self._enter(req)
+            now = asyncio.get_running_loop().time()
+            due = self._due(req, now)
+            return None if due is None else self.estimator.admit(model, due, now, rows)
+        except Exception as exc:
+            self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
+            if isinstance(exc, Refused):
+                self._note_refusal(exc, req, model)
+            raise
+
+    def _labels(self, req: InferenceRequest) -> tuple[str, str]:
+        """The model's catalog name and the alias label of ``req``; ``ModelNotFound`` for an unknown model."""
+        spec = self.catalog.get(req.model)
+        return spec.name, self._label(
+            spec.name, PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias
+        )
+
+    def _enter(self, req: InferenceRequest) -> None:
+        """Raise what keeps ``req`` out (the contract above); nothing when it may enter."""
+        if req.alias is not None and req.version is not None:
+            raise InvalidInput("give either alias or version, not both", field="version")
+        if req.budget_ms is not None and req.deadline is not None and req.deadline <= self._wall():
+            raise Refused("the budget ran out before the call reached serving's queue", reason="budget")
+        check_deadline(req, self._wall())
+        if not self._started or self._closed:
+            raise NotReady("the pipeline is not started")
+
+    def _due(self, req: InferenceRequest, now: float) -> float | None:
+        """``req``'s deadline on the loop's clock (``now`` is its time), None without one."""
+        return None if req.deadline is None else now + (req.deadline - self._wall())
+
+    def _note_refusal(self, exc: Refused, req: InferenceRequest, model: str) -> None:
+        exc.of_call(req.budget_ms, req.deadline)  # the refusal says what remained, as an answer does
+        when = "early" if exc.reason == "budget" else "late"
+        self._metrics.refusals.labels(model, req.task or "", req.identity or "", when).inc()
+
     async def infer(self, req: InferenceRequest, *, background: bool = False) -> InferenceResult:
         started = self._clock()
         model, alias = "unknown", "other"
         self._metrics.in_flight.inc()
         try:
-            spec = self.catalog.get(req.model)
-            model = spec.name
-            alias = self._label(spec.name, PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias)
-            if req.alias is not None and req.version is not None:
-                raise InvalidInput("give either alias or version, not both", field="version")
-            if req.budget_ms is not None and req.deadline is not None and req.deadline <= self._wall():
-                raise Refused("the budget ran out before the call reached serving's queue", reason="budget")
-            check_deadline(req, self._wall())
-            if not self._started or self._closed:
-                raise NotReady("the pipeline is not started")
+            model, alias = self._labels(req)
+            self._enter(req)
             if req.facts is not None:
                 req.facts.queued_at = self._clock()
             now = asyncio.get_running_loop().time()
-            due = None if req.deadline is None else now + (req.deadline - self._wall())
+            due = self._due(req, now)
             estimate = None
-            if due is not None and not background:
+            if due is not None and not background and not req.admitted:
                 estimate = self.estimator.admit(model, due, now)
             reply = await self._submit(req, due, background)
             alias = self._label(model, reply.alias) if reply.alias else alias
@@ -246,8 +285,7 @@ class Pipeline:
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
             if isinstance(exc, Refused):
-                when = "early" if exc.reason == "budget" else "late"
-                self._metrics.refusals.labels(model, req.task or "", req.identity or "", when).inc()
+                self._note_refusal(exc, req, model)
             raise
         finally:
             self._metrics.in_flight.dec()

@@ -212,6 +212,7 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert answered.status_code == 200 and answered.json()["budget_ms"] == 60_000.0
     assert refused.status_code == 503 and refused.json()["refused"] == "budget"
     assert refused.json()["estimate_ms"] >= 5000 and refused.headers["Retry-After"]
+    assert refused.json()["budget_ms"] == 3000.0 and 0 < refused.json()["budget_remaining_ms"] <= 3000.0
     assert declared.status_code == 200 and declared.json()["budget_ms"] == 60_000.0  # a declared budget wins
 
     async with running_bridge(settings, task_map=True), bus_client(settings) as client:
@@ -222,6 +223,7 @@ async def test_a_tasks_default_budget_applies_over_http_and_the_bus_and_a_tight_
     assert 25_000 < over_bus["budget_remaining_ms"] < 30_000  # the 30 s timeout is the earlier end
     assert early.value.reason == "budget" and early.value.estimate_ms is not None and early.value.estimate_ms >= 5000
     assert isinstance(early.value, RefusedJob) and early.value.reply["budget_ms"] == 3000.0
+    assert 0 < early.value.reply["budget_remaining_ms"] <= 3000.0
     assert all(record.job_id != "tight-bus" for record in recorded(redis_url))
 
 
@@ -280,3 +282,37 @@ async def test_the_bus_trace_of_a_job_whose_budget_ran_out_before_serving_record
     engine.dispose()
     assert record is not None
     assert (record.channel, record.outcome, record.budget_ms, record.job_id) == ("bus", "refused", 0.5, "spent")
+
+
+async def test_a_stream_that_cannot_start_within_its_budget_is_refused_and_traced_as_a_single_call_is(
+    serving: Any,
+) -> None:
+    tight = {"budget_ms": 3_000}
+    async with httpx.AsyncClient(base_url=serving.url, headers=serving.auth, timeout=30) as http:
+        single = await http.post("/v1/models/JPCP/predict", json=PAYLOAD | tight)
+        streamed = await http.post("/v1/models/JPCP/stream", json={"instances": [PAYLOAD] * 20} | tight)
+        assert single.status_code == streamed.status_code == 503
+        for reply in (single, streamed):
+            data = reply.json()
+            assert (data["code"], data["refused"], data["budget_ms"]) == ("refused", "budget", 3000.0)
+            assert data["estimate_ms"] >= 5000 and 0 < data["budget_remaining_ms"] <= 3000.0
+            assert reply.headers["Retry-After"] and reply.headers["X-Examlops-Trace"]
+        traces = [await written_trace(http, reply.headers["X-Examlops-Trace"]) for reply in (single, streamed)]
+
+    def seen(trace: dict[str, Any]) -> tuple[Any, ...]:
+        return (trace["outcome"], trace["error_code"], trace["model"], trace["budget_ms"], trace["status"])
+
+    assert seen(traces[1]) == seen(traces[0]) == ("refused", "refused", "JPCP", 3000.0, 503)
+    assert traces[1]["budget_remaining_ms"] is not None and traces[1]["batch_id"] is None  # never queued
+
+
+async def written_trace(http: httpx.AsyncClient, trace_id: str) -> dict[str, Any]:
+    """The trace ``trace_id`` once the tracer's background writer has stored it."""
+    deadline = time.monotonic() + 20
+    while True:
+        reply = await http.get(f"/v1/traces/{trace_id}")
+        if reply.status_code == 200:
+            trace: dict[str, Any] = reply.json()
+            return trace
+        assert reply.status_code == 404 and time.monotonic() < deadline, reply.text
+        await asyncio.sleep(0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -13,8 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from examlops.api.app import create_app
+from examlops.api.errors import error_reply
 from examlops.core.budget import BUDGET_HEADER
 from examlops.core.errors import Refused
+from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
 from examlops.tasks.resolver import TaskResolver
@@ -129,3 +131,46 @@ async def test_a_late_refusal_says_late(client: httpx.AsyncClient, pipeline: Fak
     reply = await client.post("/v1/models/JPCP/predict", json=body(budget_ms=50))
     assert reply.status_code == 503
     assert (reply.json()["refused"], reply.json()["estimate_ms"]) == ("late", None)
+
+
+@dataclass
+class NotingPipeline(FakePipeline):
+    """Refuses every call as serving does: the refusal notes the call's budget and deadline."""
+
+    reason: str = "budget"
+
+    async def infer(self, request: InferenceRequest) -> InferenceResult:
+        self.seen.append(request)
+        raise Refused("no placement", reason=self.reason, estimate_ms=900.0).of_call(
+            request.budget_ms, request.deadline
+        )
+
+
+@pytest.mark.parametrize("reason", ["budget", "late"])
+@pytest.mark.parametrize("path", ["/v1/models/JPCP/predict", "/v1/tasks/pavement.distress.jpcp/infer"])
+async def test_a_refusal_carries_the_calls_budget_and_what_remained_of_it_as_an_answer_does(
+    settings: Settings, path: str, reason: str
+) -> None:
+    tasks = InMemoryTaskMap()
+    tasks.map("pavement.distress.jpcp", "JPCP", "Production")
+    pipeline = NotingPipeline(load_catalog(settings.catalog_path), reason=reason)
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None, tasks=TaskResolver(tasks, ttl_s=0.0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        reply = await client.post(path, json=body(), headers={BUDGET_HEADER: "800"})
+    assert reply.status_code == 503
+    data = reply.json()
+    assert (data["refused"], data["budget_ms"]) == (reason, 800)
+    assert 0 < data["budget_remaining_ms"] <= 800
+
+
+async def test_a_refusal_of_a_call_without_a_budget_says_it_had_none() -> None:
+    data = error_reply(Refused("ran out while queued", reason="late")).model_dump()
+    assert (data["refused"], data["budget_ms"], data["budget_remaining_ms"]) == ("late", None, None)
+
+
+async def test_the_openapi_error_body_documents_the_budget_of_a_refusal(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    error = spec["components"]["schemas"]["ErrorReply"]["properties"]
+    assert {"refused", "estimate_ms", "budget_ms", "budget_remaining_ms"} <= set(error)
+    refusal = spec["paths"]["/v1/models/{model}/predict"]["post"]["responses"]["503"]["description"]
+    assert "budget_ms and budget_remaining_ms" in refusal

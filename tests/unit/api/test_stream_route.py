@@ -161,6 +161,46 @@ async def test_a_stream_whose_first_chunk_is_refused_is_refused_like_a_single_ca
     assert pipeline.done == 0 and pipeline.submitted < 40
 
 
+async def test_a_stream_is_admitted_once_for_its_first_chunk_and_every_row_is_sent_admitted(
+    client: httpx.AsyncClient, pipeline: StreamingPipeline
+) -> None:
+    reply = await client.post(
+        "/v1/models/jpcp/stream", json={"instances": instances(20)}, headers={"X-Examlops-Budget-Ms": "60000"}
+    )
+    assert reply.status_code == 200
+    [(first, rows)] = pipeline.admitted
+    assert (first.node_count, rows, first.budget_ms) == (1, CHUNK, 60000)
+    assert len(pipeline.seen) == 20 and all(request.admitted for request in pipeline.seen)
+
+
+async def test_a_stream_refused_at_its_start_is_answered_and_traced_as_a_refused_single_call_is(
+    client: httpx.AsyncClient, pipeline: StreamingPipeline, tracer: RecordingTracer
+) -> None:
+    refusal = Refused("no placement", reason="budget", estimate_ms=900.0)
+    pipeline.refuse_admission = refusal
+    pipeline.refuse_from, pipeline.refusal = 0, refusal  # the single call is refused by infer, as serving does
+    headers = {"X-Examlops-Budget-Ms": "500"}
+    single = await client.post("/v1/tasks/pavement.distress.jpcp/infer", json=instances(1)[0], headers=headers)
+    streamed = await client.post(
+        "/v1/tasks/pavement.distress.jpcp/stream", json={"instances": instances(40)}, headers=headers
+    )
+    assert single.status_code == streamed.status_code == 503
+    assert single.headers["retry-after"] == streamed.headers["retry-after"]
+    assert streamed.json() == single.json()
+    assert pipeline.submitted == 1  # the single call; no row of the stream was sent
+    (one, one_code), (stream, stream_code) = tracer.finished
+
+    def traced(call: CallTrace) -> tuple[object, ...]:
+        return (call.task, call.model, call.alias, call.identity, call.budget_ms, call.deadline is None, call.ended)
+
+    assert one_code == stream_code == "refused"
+    assert (
+        traced(stream)
+        == traced(one)
+        == ("pavement.distress.jpcp", "JPCP", "Production", "system:auth-off", 500, False, None)
+    )
+
+
 async def test_a_budget_that_runs_out_mid_way_ends_with_an_expired_line_counting_the_answered(
     client: httpx.AsyncClient, pipeline: StreamingPipeline, tracer: RecordingTracer
 ) -> None:

@@ -32,6 +32,10 @@ class HeldPipeline:
         return InferenceResult(request.model, "Production", "1", None, float(request.node_count))
 
 
+def admit_all(request: InferenceRequest, rows: int) -> None:
+    return None
+
+
 def requests(n: int, deadline: float | None = 100.0) -> list[InferenceRequest]:
     return [InferenceRequest("JPCP", (0.1,), i + 1, deadline=deadline) for i in range(n)]
 
@@ -40,7 +44,14 @@ async def test_a_deadline_passed_at_a_chunk_boundary_ends_the_stream_expired_and
     now = [0.0]
     pipeline = HeldPipeline(answer=2)
     run = StreamRun(
-        pipeline.infer, requests(8), size=2, window=2, deadline=100.0, budget_ms=100_000.0, wall=lambda: now[0]
+        pipeline.infer,
+        requests(8),
+        admit=admit_all,
+        size=2,
+        window=2,
+        deadline=100.0,
+        budget_ms=100_000.0,
+        wall=lambda: now[0],
     )
     assert [r.prediction for r in await run.first()] == [1.0, 2.0]
     lines = run.lines()
@@ -56,7 +67,9 @@ async def test_a_deadline_passed_at_a_chunk_boundary_ends_the_stream_expired_and
 
 async def test_only_a_window_of_chunks_is_submitted_ahead_of_the_one_being_answered() -> None:
     pipeline = HeldPipeline(answer=100)
-    run = StreamRun(pipeline.infer, requests(40, None), size=4, window=1, deadline=None, budget_ms=None)
+    run = StreamRun(
+        pipeline.infer, requests(40, None), admit=admit_all, size=4, window=1, deadline=None, budget_ms=None
+    )
     await run.first()
     assert len(pipeline.submitted) == 8
     out = [json.loads(line) async for line in run.lines()]
@@ -71,7 +84,7 @@ async def test_a_bad_instance_in_the_first_chunk_is_raised_naming_its_index_and_
         await asyncio.sleep(0)
         return InferenceResult(request.model, "Production", "1", None, 0.5)
 
-    run = StreamRun(infer, requests(10), size=4, window=2, deadline=None, budget_ms=None)
+    run = StreamRun(infer, requests(10), admit=admit_all, size=4, window=2, deadline=None, budget_ms=None)
     with pytest.raises(InvalidInput) as caught:
         await run.first()
     assert caught.value.field == "instances.2.embedding"
@@ -83,7 +96,7 @@ async def test_outcomes_of_chunks_no_longer_wanted_are_not_left_unread(caplog: p
             raise InvalidInput("bad", field="embedding")
         return InferenceResult(request.model, "Production", "1", None, 0.5)
 
-    run = StreamRun(infer, requests(12, None), size=2, window=4, deadline=None, budget_ms=None)
+    run = StreamRun(infer, requests(12, None), admit=admit_all, size=2, window=4, deadline=None, budget_ms=None)
     await run.first()
     out = [json.loads(line) async for line in run.lines()]
     assert out[-1]["error"]["field"] == "instances.2.embedding"

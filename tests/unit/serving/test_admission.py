@@ -124,6 +124,23 @@ async def test_a_budgeted_call_whose_budget_is_gone_on_entry_is_refused_not_an_e
     assert world.runtime.predicts == []
 
 
+async def test_every_refusal_notes_the_budget_and_deadline_of_the_call_it_refuses(busy_world: World) -> None:
+    world = busy_world
+    pipeline = world.pipeline(predict=PredictSettings(workers=1))
+    await pipeline.start()
+    pipeline.estimator.costs.observe("JPCP", 1, 100.0)
+    early_end, gone_end = world.wall.now + 0.05, world.wall.now - 0.001
+    with pytest.raises(Refused) as early:
+        await pipeline.infer(req(3, deadline=early_end, budget_ms=50))
+    with pytest.raises(Refused) as gone:
+        await pipeline.infer(req(3, deadline=gone_end, budget_ms=5))
+    with pytest.raises(Refused) as unbudgeted:
+        await pipeline.infer(req(3, deadline=early_end))
+    assert (early.value.reason, early.value.budget_ms, early.value.deadline) == ("budget", 50, early_end)
+    assert (gone.value.reason, gone.value.budget_ms, gone.value.deadline) == ("budget", 5, gone_end)
+    assert (unbudgeted.value.budget_ms, unbudgeted.value.deadline) == (None, early_end)
+
+
 async def test_a_request_whose_deadline_passes_while_its_group_waits_for_a_worker_never_reaches_one(
     tmp_path: Path,
 ) -> None:
@@ -160,8 +177,8 @@ async def test_a_queued_call_is_refused_late_at_its_deadline_not_when_a_worker_f
     loop = asyncio.get_running_loop()
     began = loop.time()
     with pytest.raises(Refused) as refused:
-        await pipeline.infer(req(9, deadline=world.wall.now + 0.05))
-    assert refused.value.reason == "late"
+        await pipeline.infer(req(9, deadline=world.wall.now + 0.05, budget_ms=50))
+    assert (refused.value.reason, refused.value.budget_ms) == ("late", 50)
     assert loop.time() - began < 2.0  # the worker is still held: the refusal came at the deadline
     assert pipeline._batcher.queued() == []  # and the call left the queue
     world.runtime.gate.set()  # type: ignore[union-attr]
