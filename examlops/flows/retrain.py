@@ -103,6 +103,11 @@ def retrain_flow(
             retrain=retrain, analyse=analyse if settings.loop.auto_canary else None, reason=reason,
         )  # fmt: skip
     retrained = results[0] if results else None
+    if cycle.action in ("dropped", "rolled_back", "kept_back"):  # the analysis publishes its own decision
+        rows = [{"field": "action", "value": cycle.action}, {"field": "note", "value": cycle.note}]
+        if cycle.rollback is not None:
+            rows += [{"field": key, "value": value} for key, value in asdict(cycle.rollback).items()]
+        create_table_artifact(key=artifact_key("loop", name), table=rows, description=f"{name}: {cycle.note}")
     return {
         "model": name,
         "action": cycle.action,
