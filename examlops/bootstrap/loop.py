@@ -6,7 +6,8 @@ rollback or `exa loop` acts through, and closes what it opened.
 - the window's calls from the trace store, its bus predictions from the snapshot stream, the drift test by
   Evidently (``monitoring.drift.prediction_p_value``);
 - promotion and rollback by ``promotion.service`` (what `exa promote` and `exa rollback` run: every
-  serving instance reloads and confirms), each move an ``alias.moved`` audit event;
+  serving instance reloads and confirms), each move an ``alias.move_intended`` audit event before it and
+  ``alias.moved`` or ``alias.move_failed`` after;
 - the failure windows in Redis; the audit hook of the control plane.
 
 Nothing connects until used.
@@ -98,7 +99,8 @@ class _Promoter:
     def _follow(self) -> dict[str, Any]:
         from examlops.bootstrap.identity import platform_token
 
-        return {"on_moved": audit_moves(self.plane.audit, self.actor), "token": platform_token(self.plane.settings)}
+        trail = audit_moves(self.plane, self.actor, by="closed loop")
+        return {"trail": trail, "token": platform_token(self.plane.settings)}
 
     @staticmethod
     def _done(result: Any) -> Promotion:
@@ -142,6 +144,8 @@ def closed_loop(
         yield parts
     finally:
         client.close()
+        if "redis" in vars(plane):  # built only when a promotion ran
+            plane.redis.close()
         engine.dispose()
 
 

@@ -21,6 +21,7 @@ from examlops.registry.catalog import Catalog, load_catalog
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from examlops.registry.mlflow_client import HttpLimits
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 
@@ -32,7 +33,16 @@ def model_registry(settings: Settings) -> MlflowRegistry:
     from examlops.registry.mlflow_registry import MlflowRegistry
 
     settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
-    return MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+    return MlflowRegistry(
+        settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models", limits=mlflow_limits(settings)
+    )
+
+
+def mlflow_limits(settings: Settings) -> HttpLimits:
+    """What bounds each HTTP request to an MLflow server: ``mlflow.timeout_s`` and ``mlflow.max_retries``."""
+    from examlops.registry.mlflow_client import HttpLimits
+
+    return HttpLimits(timeout_s=settings.mlflow.timeout_s, max_retries=settings.mlflow.max_retries)
 
 
 def serving_app(settings: Settings) -> FastAPI:

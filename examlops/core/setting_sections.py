@@ -290,6 +290,11 @@ class MlflowSettings(_Section):
     """MLflow tracking and registry URI; unset, a SQLite store in the state folder."""
     ui_port: int = Field(18002, ge=1, le=65535)
     """Port of the embedded `mlflow server` (the UI)."""
+    timeout_s: int = Field(5, ge=1, le=600)
+    """Seconds one HTTP request to an MLflow server may take (connect or read); MLflow's own default is 120."""
+    max_retries: int = Field(1, ge=0, le=10)
+    """Retries of one failed HTTP request to an MLflow server, about a second apart; MLflow's own default is 7,
+    with backoff that adds up to minutes. A call then fails within about (max_retries + 1) x timeout_s + 2 s."""
 
 
 class PrefectSettings(_Section):
