@@ -94,6 +94,10 @@ class _Notes:
     unaccounted: str | None = None
     warnings: tuple[str, ...] = ()
 
+    def lines(self) -> list[str]:
+        before = [f"the audit trail did not account for this alias: {self.unaccounted}"] if self.unaccounted else []
+        return before + list(self.warnings)
+
 
 def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) -> tuple[AliasMove, _Notes]:
     """Steps 2 to 4 of the module docstring."""
@@ -143,7 +147,7 @@ def _follow(
         raise PromotionIncomplete(
             f"{move.model}@{move.alias} now points at version {move.new_version} in MLflow "
             f"(was {move.old_version or 'unset'}; that move stays done), but {len(lagging)} of {len(reports)} "
-            f"serving instance(s) do not serve it: {where}" + "".join(f"; {note}" for note in notes.warnings),
+            f"serving instance(s) do not serve it: {where}" + "".join(f"; {note}" for note in notes.lines()),
             confirmed=confirmed,
             lagging=lagging,
         )
