@@ -297,6 +297,20 @@ class MlflowSettings(_Section):
     with backoff that adds up to minutes. A call then fails within about (max_retries + 1) x timeout_s + 2 s."""
 
 
+class UpSettings(_Section):
+    """How `exa up` keeps its services running."""
+
+    restart_limit: int = Field(5, ge=0)
+    """Restarts of one service allowed within ``restart_window_s``; one more exit and it counts as failing:
+    `exa up` then stops the platform (or, for the MLflow UI, which serving does not need, leaves it stopped)."""
+    restart_window_s: float = Field(300.0, gt=0)
+    """The window, in seconds, over which a service's exits are counted."""
+    restart_backoff_s: float = Field(1.0, gt=0)
+    """Seconds before the first restart of a service; doubled for each further exit within the window."""
+    restart_backoff_cap_s: float = Field(30.0, gt=0)
+    """The longest wait before a restart."""
+
+
 class PrefectSettings(_Section):
     """The Prefect server that runs the control-plane flows."""
 

@@ -36,6 +36,7 @@ from examlops.core.setting_sections import (
     ServingSettings,
     TracingSettings,
     TrafficSettings,
+    UpSettings,
 )
 
 ENV_PREFIX = "EXAMLOPS_"
@@ -95,6 +96,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()
     prefect: PrefectSettings = PrefectSettings()
+    up: UpSettings = UpSettings()
 
     @field_validator("environment")
     @classmethod
