@@ -1,0 +1,162 @@
+"""`exa up` keeps the platform serving: SIGKILL of Redis, the MLflow server, the bridge and serving each end with
+the platform serving again by itself; `exa down` under load answers every request accepted before it with 200.
+
+One platform for the module (`exa up --detach`, demo models seeded; Prefect and the served flows left out, as
+no kill here concerns them), driven as an operator does: signals to the pids `exa status` shows, `exa` for
+everything else. The load is bounded: ``E2E_DRAIN_RPS`` requests per second (100 by default; 800 is the
+issue's high variant, for a machine that can produce it) for at most ``LOAD_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.e2e.test_up_down import Exa, _free_port
+
+pytestmark = pytest.mark.e2e
+
+KILLED = ("redis", "mlflow", "bridge", "serving")
+LOAD_S = 4.0
+DOWN_AFTER_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def exa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exa]:
+    home = tmp_path_factory.mktemp("resilience") / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env.update(
+        EXAMLOPS_HOME=str(home),
+        EXAMLOPS_REDIS__PORT=str(_free_port()),
+        EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
+        EXAMLOPS_PREFECT__PORT=str(_free_port()),
+        EXAMLOPS_SERVING__PORT=str(_free_port()),
+        EXAMLOPS_PREDICT__WORKERS="2",
+        EXAMLOPS_UP__RESTART_BACKOFF_S="0.5",
+        COLUMNS="200",
+    )
+    runner = Exa(env)
+    up = runner("up", "--detach", "--skip", "prefect", "--skip", "flows", "--timeout", "240", timeout=400)
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield runner
+    runner("down", timeout=120)
+
+
+def _services(exa: Exa) -> dict[str, dict[str, Any]]:
+    doc = json.loads((Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").read_text())
+    return {s["name"]: s for s in doc["services"]}
+
+
+def _wait_running_again(exa: Exa, name: str, old_pid: int, timeout_s: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            service = _services(exa)[name]
+        except (OSError, ValueError):
+            service = {}
+        if service.get("state") == "running" and service.get("pid") != old_pid:
+            return service
+        time.sleep(0.5)
+    log = Path(exa.env["EXAMLOPS_HOME"]) / "logs" / "up.log"
+    raise AssertionError(f"{name} not running again after {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+def _serves(exa: Exa) -> None:
+    by_http = exa("serve", "infer-check", "--json")
+    assert by_http.returncode == 0, by_http.stdout + by_http.stderr
+    by_bus = exa("bus", "send", "JPCP", "--random", "--node-count", "7", "--json", timeout=60)
+    assert by_bus.returncode == 0, by_bus.stdout + by_bus.stderr
+
+
+def test_sigkill_of_each_service_ends_with_the_platform_serving_again(exa: Exa) -> None:
+    _serves(exa)
+    for name in KILLED:
+        pid = _services(exa)[name]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        back = _wait_running_again(exa, name, pid)
+        assert back["restarts"] >= 1 and back["last_exit"] == -signal.SIGKILL
+        _serves(exa)
+    status = exa("status", "--json")
+    doc = json.loads(status.stdout)
+    assert status.returncode == 0, status.stdout
+    assert {s["name"]: s["restarts"] for s in doc["services"]} == dict.fromkeys(KILLED, 1)
+    verified = exa("audit", "verify", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    up_log = (Path(exa.env["EXAMLOPS_HOME"]) / "logs" / "up.log").read_text()
+    for name in KILLED:
+        assert f"{name} exited unexpectedly with code -9" in up_log and f"{name} is back" in up_log
+
+
+@dataclass
+class Sent:
+    at: float
+    status: int | None = None
+    body: str = ""
+    error: str = ""
+
+
+async def _load(exa: Exa, url: str, token: str, rps: int) -> tuple[list[Sent], float, int]:
+    """``rps`` predictions a second for at most ``LOAD_S`` seconds; `exa down` starts after ``DOWN_AFTER_S``."""
+    rng = np.random.default_rng(0)
+    payload = {"model": "JPCP", "embedding": [float(v) for v in rng.normal(0, 0.05, 384)], "node_count": 12}
+    sent: list[Sent] = []
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+
+    async def one(client: httpx.AsyncClient, record: Sent) -> None:
+        try:
+            reply = await client.post("/infer-pipeline/infer", json=payload)
+            record.status, record.body = reply.status_code, reply.text[:300]
+        except httpx.TransportError as exc:
+            record.error = type(exc).__name__
+
+    async with httpx.AsyncClient(
+        base_url=url, timeout=60, limits=limits, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
+        tasks, down, down_at = [], None, float("inf")
+        t0 = time.monotonic()
+        for i in range(int(rps * LOAD_S)):
+            await asyncio.sleep(max(0.0, t0 + i / rps - time.monotonic()))
+            if down is None and time.monotonic() - t0 >= DOWN_AFTER_S:
+                down_at = time.monotonic()
+                down = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "examlops.cli.main", "down", env=exa.env,
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                )  # fmt: skip
+            if down is not None and down.returncode is not None:
+                break  # everything is stopped
+            record = Sent(time.monotonic())
+            sent.append(record)
+            tasks.append(asyncio.create_task(one(client, record)))
+        await asyncio.gather(*tasks)
+        assert down is not None
+        code = await asyncio.wait_for(down.wait(), 120)
+    return sent, down_at, code
+
+
+def test_down_under_load_answers_every_request_accepted_before_it_with_200(exa: Exa) -> None:
+    rps = int(os.environ.get("E2E_DRAIN_RPS", "100"))
+    serving = _services(exa)["serving"]
+    token = (Path(exa.env["EXAMLOPS_HOME"]) / "admin.token").read_text().strip()
+    sent, down_at, code = asyncio.run(_load(exa, serving["url"], token, rps))
+    assert code == 0
+    before = [s for s in sent if s.at < down_at]
+    assert len(before) >= rps  # the load ran for a second before `exa down`
+    assert [s for s in before if s.status != 200] == []
+    # After `exa down`: answered (200), refused as draining (503, retryable), or the listener closed; never a
+    # request cut off in a worker (503 worker_lost) or left without an answer.
+    after = [s for s in sent if s.at >= down_at]
+    assert all(s.status in (200, 503) or s.error == "ConnectError" for s in after), after
+    assert not [s for s in sent if "worker_lost" in s.body]
+    assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
