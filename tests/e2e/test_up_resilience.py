@@ -49,6 +49,11 @@ def exa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exa]:
         EXAMLOPS_PREDICT__WORKERS="2",
         EXAMLOPS_UP__RESTART_BACKOFF_S="0.5",
         COLUMNS="200",
+        # The services start in the state folder: this keeps them on the code under test, not on whatever
+        # checkout the environment's editable install points at.
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+        ),
     )
     runner = Exa(env)
     up = runner("up", "--detach", "--skip", "prefect", "--skip", "flows", "--timeout", "240", timeout=400)
