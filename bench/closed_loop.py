@@ -34,9 +34,11 @@ platform's start-up has its own limit) and stops every process it started, on Ct
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -45,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from closed_loop_platform import Platform, instance_versions
 from closed_loop_report import Bounds, Timeline, Totals
 from closed_loop_scenes import burst_report, worse_report
-from closed_loop_traffic import Traffic, versions_of_traces
+from closed_loop_traffic import Call, Traffic, versions_of_traces
 from closed_loop_watch import Watch
 from demo import auth_headers
 
@@ -79,6 +81,14 @@ def wait_for(until: float, done: Any) -> float | None:
             return time.time()
         time.sleep(0.5)
     return None
+
+
+def save_calls(path: Path, calls: list[Call], traces: dict[str, str | None]) -> None:
+    """One JSON line per request (a failed one with the version its trace names), for a closer look."""
+    with path.open("w") as out:
+        for call in calls:
+            row = asdict(call) | ({"trace_version": traces.get(call.trace)} if call.trace in traces else {})
+            out.write(json.dumps(row) + "\n")
 
 
 def run(args: argparse.Namespace) -> bool:
@@ -132,8 +142,11 @@ def run(args: argparse.Namespace) -> bool:
         watch.stop()
         after = {alias: registry.resolve(MODEL, alias).version for alias in ("Production", "Canary")}
         failed = [call.trace for call in traffic.calls if call.outcome == "failed" and call.trace]
-        totals = Totals.of(traffic.calls, versions_of_traces(settings, failed))
-        timeline, bounds = Timeline(t0), Bounds()
+        traces = versions_of_traces(settings, failed)
+        totals = Totals.of(traffic.calls, traces)
+        save_calls(platform.home / "bench-calls.jsonl", traffic.calls, traces)
+        timeline = Timeline(t0, "the operator's retrain" if args.worse_candidate else "the burst start")
+        bounds = Bounds()
         timeline.mark(t0, f"exa {' '.join(command)} started")
         timeline.mark(t_cmd, f"exa {command[0]} returned ({done_cmd.returncode})")
         scene = worse_report if args.worse_candidate else burst_report
@@ -153,6 +166,7 @@ def run(args: argparse.Namespace) -> bool:
             bounds.check("the load ran to the end", False, repr(traffic.error))
         print(f"watch polls that failed: {watch.errors}; load {args.bus_rate:g} bus/s + {args.http_rate:g} HTTP/s; "
               f"{len(platform.urls)} serving instances")  # fmt: skip
+        print(f"every request: {platform.home / 'bench-calls.jsonl'}")
         bounds.print()
         return bounds.held
     finally:
@@ -181,11 +195,14 @@ def main() -> None:
     args = parser.parse_args()
     args.model = MODEL
     signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (`cmd &`)
+    began = time.monotonic()
     try:
         held = run(args)
     except KeyboardInterrupt:
-        print("interrupted: every process was stopped")
+        print(f"interrupted after {time.monotonic() - began:.0f} s: every process it started was stopped")
         sys.exit(130)
+    print(f"the whole run took {time.monotonic() - began:.0f} s")
     sys.exit(0 if held else 1)
 
 

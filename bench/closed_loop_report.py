@@ -20,13 +20,14 @@ from closed_loop_traffic import Call
 @dataclass
 class Timeline:
     t0: float
+    start: str = "the burst start"
     marks: list[tuple[float | None, str]] = field(default_factory=list)
 
     def mark(self, at: float | None, text: str) -> None:
         self.marks.append((at, text))
 
     def print(self) -> None:
-        print("timeline (seconds from the burst start; 'not seen' = it did not happen in the run)")
+        print(f"timeline (seconds from {self.start}; 'not seen': it did not happen in the run)")
         for at, text in sorted(self.marks, key=lambda mark: float("inf") if mark[0] is None else mark[0]):
             when = "not seen" if at is None else f"{at - self.t0:+8.1f} s"
             print(f"  {when:>10}  {text}")
