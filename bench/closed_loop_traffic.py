@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import select
+from sqlmodel import col
 
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.sql import sql_engine
@@ -191,7 +192,8 @@ def versions_of_traces(settings: Settings, traces: list[str]) -> dict[str, str |
         with engine.connect() as connection:
             for i in range(0, len(traces), 500):
                 chunk = traces[i : i + 500]
-                rows = connection.execute(select(Trace.trace_id, Trace.version).where(Trace.trace_id.in_(chunk)))
+                query = select(col(Trace.trace_id), col(Trace.version)).where(col(Trace.trace_id).in_(chunk))
+                rows = connection.execute(query)
                 found.update({trace_id: version for trace_id, version in rows})
     finally:
         engine.dispose()

@@ -106,8 +106,11 @@ class Watch:
             self.seen.append(Seen(time.time() if at is None else at, what, key, value))
 
     def _audit(self) -> None:
-        while entries := self._redis.xrange(STREAM, f"({self._audit_after}" if self._audit_after != "0-0" else "-",
-                                            "+", count=2000):  # fmt: skip
+        while True:
+            start = f"({self._audit_after}" if self._audit_after != "0-0" else "-"
+            entries: list[tuple[str, dict[str, str]]] = self._redis.xrange(STREAM, start, "+", count=2000)  # type: ignore[assignment]  # decode_responses: text
+            if not entries:
+                return
             for entry_id, fields in entries:
                 self._audit_after = entry_id
                 if fields.get("type") == SERVED or fields.get("subject", "").lower() != self.model.lower():
