@@ -63,12 +63,11 @@ class Call:
 class Traffic:
     def __init__(
         self, settings: Settings, urls: list[str], headers: dict[str, str], model: str, *,
-        bus_rate: float, http_rate: float, timeout_s: float = 30.0, rows: int = 1024, seed: int = 5,
+        bus_rate: float, http_rate: float, dim: int, timeout_s: float = 30.0, rows: int = 1024, seed: int = 5,
     ) -> None:  # fmt: skip
         self.settings, self.urls, self.headers, self.model = settings, urls, headers, model
         self.bus_rate, self.http_rate, self.timeout_s = bus_rate, http_rate, timeout_s
-        spec_dim = 384
-        x, nodes, _ = make_dataset(rows, dim=spec_dim, seed=seed)
+        x, nodes, _ = make_dataset(rows, dim=dim, seed=seed)
         self.bodies = [{"embedding": [float(v) for v in x[i]], "node_count": int(nodes[i])} for i in range(rows)]
         self.calls: list[Call] = []
         self.started_at = 0.0
