@@ -124,6 +124,8 @@ class LoopSettings(_Section):
     """Canary passes when its model-failure rate exceeds Production's by at most this much."""
     p99_ratio: float = Field(1.2, ge=1)
     """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
+    p99_min_answers: int = Field(300, ge=1)
+    """Canary answers below which the latency gate compares p95 (a p99 of fewer calls is mostly noise)."""
     p99_slack_ms: float = Field(10.0, ge=0)
     """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
     drift_p_value: float = Field(0.05, gt=0, lt=1)
