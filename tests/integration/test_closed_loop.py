@@ -237,11 +237,11 @@ def test_an_analysis_without_traffic_ends_undecided_and_an_abort_restores_the_sp
     runner.start()
     import time
 
-    deadline = time.monotonic() + 60
-    while (loop_record(site, "JPCP").phase.value != "canary") and time.monotonic() < deadline:
-        time.sleep(0.2)
     with closed_loop(Settings()) as parts:
-        assert parts.traffic.get("JPCP") == {"Production": 50, "Canary": 50}
+        deadline = time.monotonic() + 60  # the run loads Canary everywhere, then sets the split
+        while parts.traffic.get("JPCP") != {"Production": 50, "Canary": 50} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert loop_record(site, "JPCP").phase.value == "canary"
         aborted = abort_analysis(parts, "JPCP", actor="tests")
         assert aborted.how == "asked"
         runner.join(30)
