@@ -93,11 +93,19 @@ class RayServingProcess:
     """Serving on Ray Serve in the foreground: ``host``/``port`` default to the settings'."""
 
     def __init__(self, settings: Settings, *, host: str | None = None, port: int | None = None) -> None:
+        self.settings = replica_settings(settings)
+        # Ray reads its environment once, when it is imported: set it first.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports from a platform offline
+        if self.settings.ray.address is None:
+            temp = ray_temp_dir(self.settings)
+            temp.mkdir(parents=True, exist_ok=True)
+            # Token auth stays on, with the token in the state folder rather than ~/.ray/auth_token.
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
+            os.environ.setdefault("RAY_AUTH_TOKEN", cluster_token(temp / "auth_token"))
         try:
             import ray  # noqa: F401  # the extra is checked before anything starts
         except ImportError as exc:
             raise RayUnavailable("the Ray engine needs the ray extra: pip install 'examlops[ray]'") from exc
-        self.settings = replica_settings(settings)
         self.host = host or settings.serving.host
         self.port = port or settings.serving.port
         self._stop = threading.Event()
@@ -136,17 +144,11 @@ class RayServingProcess:
             "log_to_driver": False,
             "runtime_env": {"env_vars": {"PYTHONPATH": path}},
         }
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports from a platform offline
         if address is None:
-            temp = ray_temp_dir(self.settings)
-            temp.mkdir(parents=True, exist_ok=True)
-            # Token auth stays on, with the token in the state folder rather than ~/.ray/auth_token.
-            os.environ.setdefault("RAY_AUTH_MODE", "token")
-            os.environ.setdefault("RAY_AUTH_TOKEN", cluster_token(temp / "auth_token"))
             kwargs.update(
                 num_cpus=self.settings.ray.num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
-                _temp_dir=str(temp),
+                _temp_dir=str(ray_temp_dir(self.settings)),
                 _node_ip_address="127.0.0.1",  # a local cluster talks over loopback only
             )
         try:
