@@ -29,19 +29,21 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from examlops.core.errors import DependencyUnavailable
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
+    from ray.serve import Application
     from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
 INGRESS_APP = "examlops"
-MAX_TEMP_DIR_CHARS = 50
-"""Ray's socket paths (``<temp>/session_<date>_<pid>/sockets/raylet``) must fit in 107 bytes."""
+MAX_TEMP_DIR_CHARS = 43
+"""Ray's socket paths (``<temp>/session_<date>_<time>_<micros>_<pid>/sockets/plasma_store``, 64 characters
+past the folder) must fit in the 107 bytes of a Unix socket address."""
 
 
 class RayUnavailable(DependencyUnavailable):
@@ -122,7 +124,7 @@ class RayServingProcess:
             self._wait()
         finally:
             try:
-                serve.shutdown()
+                serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
             finally:
                 if owned:
                     ray.shutdown()
@@ -157,17 +159,22 @@ class RayServingProcess:
             raise RayUnavailable(f"cannot start or reach the Ray cluster: {type(exc).__name__}: {exc}") from exc
         return address is None
 
-    def _ingress(self) -> Any:
+    def _ingress(self) -> Application:
         from ray import serve
+        from ray.serve import Deployment
 
-        ingress = serve.deployment(
-            serve.ingress()(ExamlopsIngress),
-            name="ingress",
-            num_replicas=1,
-            max_ongoing_requests=max(1000, self.settings.serving.max_connections),
-            ray_actor_options={"num_cpus": 0.25},
-            health_check_period_s=5,
-            graceful_shutdown_timeout_s=self.settings.serving.drain_grace_s,
+        # ``serve.deployment``'s annotation only knows its decorator form: say what it returns.
+        ingress = cast(
+            Deployment,
+            serve.deployment(
+                serve.ingress()(ExamlopsIngress),
+                name="ingress",
+                num_replicas=1,
+                max_ongoing_requests=max(1000, self.settings.serving.max_connections),
+                ray_actor_options={"num_cpus": 0.25},
+                health_check_period_s=5,
+                graceful_shutdown_timeout_s=self.settings.serving.drain_grace_s,
+            ),
         )
         return ingress.bind(self.settings)
 

@@ -314,7 +314,7 @@ class RaySettings(_Section):
     """CPUs of the local cluster serving starts; unset, the machine's."""
     temp_dir: Path | None = None
     """Ray's session, socket and log folder; unset, ``ray`` under the state folder. Ray's socket paths must
-    stay under 108 bytes: serving refuses to start when this folder's path is longer than 50 characters."""
+    stay under 108 bytes: serving refuses to start when this folder's path is longer than 43 characters."""
     num_replicas: int = Field(1, ge=1)
     """Replicas of each model deployment when ``max_replicas`` is unset (no autoscaling)."""
     min_replicas: int = Field(1, ge=0)

@@ -97,8 +97,10 @@ class ModelReplica:
         self._models: dict[str, Predictor] = {}
         self._locations: dict[str, str] = {}
         self._failed: dict[str, tuple[str, str]] = {}  # key -> (location, reason)
-        self.predict.set_max_batch_size(max_rows)
-        self.predict.set_batch_wait_timeout_s(max_wait_s)
+        # ``@serve.batch`` adds these setters to the method; its annotations only say it is a callable.
+        batched: Any = self.predict
+        batched.set_max_batch_size(max_rows)
+        batched.set_batch_wait_timeout_s(max_wait_s)
 
     async def reconfigure(self, config: Mapping[str, Any]) -> None:
         versions: dict[str, str] = dict(config.get("versions", {}))

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 from ray import serve
 from ray.exceptions import RayActorError
+from ray.serve import Deployment
 from ray.serve.handle import DeploymentHandle
 
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
@@ -79,7 +80,8 @@ def model_application(settings: Settings, model: str, versions: dict[str, str]) 
             "max_replicas": ray.max_replicas,
             "target_ongoing_requests": ray.target_ongoing_requests,
         }
-    deployment = serve.deployment(ModelReplica).options(**options)
+    # The overloads of ``serve.deployment`` read a class as a decorator's argument list: say what it returns.
+    deployment = cast(Deployment, serve.deployment(ModelReplica)).options(**options)
     # ``version`` is no longer a public option; the internal flag keeps it fixed (see INTERNAL_VERSION).
     deployment = deployment.options(version=INTERNAL_VERSION, _internal=True)
     return deployment.bind(model, settings.batch.max_size, settings.batch.max_wait_ms / 1000)
@@ -95,7 +97,7 @@ class RayPredictRuntime:
         self._asked: dict[str, int] = {}
         self._applied: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._handles: dict[str, DeploymentHandle] = {}
+        self._handles: dict[str, DeploymentHandle[Any]] = {}
 
     async def start(self) -> None:
         """Nothing to start: a model's application is created by its first load."""
@@ -130,7 +132,7 @@ class RayPredictRuntime:
         try:
             outcome = await asyncio.wait_for(_result(response), self._timeout_s)
         except TimeoutError:
-            response.cancel()
+            response.cancel()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
             raise InferenceTimeout(f"{key} did not answer within {self._timeout_s:g} s") from None
         except RayActorError as exc:
             raise WorkerLost(f"the replica of {key} died under the call: {exc}") from exc
@@ -143,7 +145,7 @@ class RayPredictRuntime:
             raise VersionNotFound(str(value))
         raise InferenceFailed(str(value))
 
-    def _handle(self, model: str) -> DeploymentHandle:
+    def _handle(self, model: str) -> DeploymentHandle[Any]:
         handle = self._handles.get(model)
         if handle is None:
             handle = self._handles[model] = serve.get_deployment_handle(DEPLOYMENT, app_name=app_name(model))

@@ -19,13 +19,13 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
 
-from examlops.core.settings import Settings  # noqa: E402
-from examlops.promotion.service import promote, rollback  # noqa: E402
-from examlops.registry.catalog import load_catalog  # noqa: E402
-from examlops.registry.demo import seed_demo  # noqa: E402
-from examlops.registry.mlflow_registry import MlflowRegistry  # noqa: E402
-from tests.integration.servers import ServingProcess  # noqa: E402
-from tests.integration.test_serving_http import (  # noqa: E402, F401  # collected here against the Ray server
+from examlops.core.settings import Settings
+from examlops.promotion.service import promote, rollback
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from examlops.registry.mlflow_registry import MlflowRegistry
+from tests.integration.servers import ServingProcess
+from tests.integration.test_serving_http import (  # noqa: F401  # collected here against the Ray server
     SLOW_YAML,
     embedding,
     infer,
@@ -161,7 +161,9 @@ def test_promotion_reaches_the_ray_served_pipeline_and_rollback_moves_it_back(se
     settings = Settings(home=server.home)
     registry = MlflowRegistry(settings.mlflow_tracking_uri, server.home / "cache")
     urls = [server.url]
-    result = promote(settings, registry, "ac", "production", version=2, instances=urls, timeout_s=120, token=server.token)
+    result = promote(
+        settings, registry, "ac", "production", version=2, instances=urls, timeout_s=120, token=server.token
+    )
     assert (result.old_version, result.new_version, result.instances) == ("1", "2", tuple(urls))
     body = {"model": "AC", "embedding": embedding(), "node_count": 3}
     answer = httpx.post(f"{server.url}/infer-pipeline/infer", json=body, timeout=30, headers=server.auth)
