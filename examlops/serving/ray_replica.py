@@ -12,9 +12,12 @@ artifact cannot fail the deployment, and the ingress refuses it.
 settings' batch size or the batch wait passes (the ingress's micro-batches of several requests each
 count by their rows), and the batch runs one ``predict`` per version in a worker thread so that the
 replica keeps answering health checks meanwhile. Each call gets an ``Outcome``: ``("ok", values)``,
-``("missing", reason)`` for a version this replica does not hold, or ``("failed", reason)`` when the
-model raised or returned a wrong count or a non-finite value; the calls of other versions in the same
-batch are not affected. Plain tuples: they cross process boundaries without our classes.
+``("missing", reason)`` for a version this replica does not hold, ``("failed", reason)`` when the
+model raised or returned a wrong count or a non-finite value (the calls of other versions in the same
+batch are not affected), or ``("timeout", reason)`` for every call of a batch still predicting after
+``timeout_s``. A thread cannot be killed, so a replica whose prediction timed out fails its next health
+check (``check_health``): Ray replaces the process, and with it the stuck thread, as the predict pool
+replaces a stuck worker. Plain tuples: they cross process boundaries without our classes.
 
 Imports ray: only the Ray engine loads this module.
 """
@@ -36,8 +39,8 @@ log = logging.getLogger(__name__)
 
 Call = tuple[str, Rows]
 """One predict call: the version's key and its rows."""
-Outcome = tuple[Literal["ok", "missing", "failed"], Any]
-"""``("ok", float64 array)`` or ``("missing" | "failed", reason)``."""
+Outcome = tuple[Literal["ok", "missing", "failed", "timeout"], Any]
+"""``("ok", float64 array)`` or ``("missing" | "failed" | "timeout", reason)``."""
 DEFAULT_MAX_ROWS = 32
 DEFAULT_WAIT_S = 0.05
 
@@ -90,9 +93,12 @@ class ModelReplica:
         model: str,
         max_rows: int = DEFAULT_MAX_ROWS,
         max_wait_s: float = DEFAULT_WAIT_S,
+        timeout_s: float = 30.0,
         loader: Callable[[str], Predictor] = load_sklearn_model,
     ) -> None:
         self._model = model
+        self._timeout_s = timeout_s
+        self._stuck: str | None = None
         self._loader = loader
         self._models: dict[str, Predictor] = {}
         self._locations: dict[str, str] = {}
@@ -128,7 +134,29 @@ class ModelReplica:
         failed = self._failed.get(key)
         return False, None, failed[1] if failed else f"{key} is not in the deployment's versions"
 
+    async def check_health(self) -> None:
+        """Ray's health check: fails once a prediction outlived its limit, so that Ray replaces this process."""
+        if self._stuck is not None:
+            raise RuntimeError(self._stuck)
+
     @serve.batch(max_batch_size=DEFAULT_MAX_ROWS, batch_wait_timeout_s=DEFAULT_WAIT_S, batch_size_fn=rows_in)
     async def predict(self, calls: list[Call]) -> list[Outcome]:
+        return await self.predict_batch(calls)
+
+    async def predict_batch(self, calls: list[Call]) -> list[Outcome]:
+        """One batch, as ``predict`` runs it (``@serve.batch`` needs a running replica; this does not)."""
         models = dict(self._models)  # the versions of this batch, whatever a reconfigure does meanwhile
-        return await asyncio.to_thread(predict_calls, models, calls)
+        work = asyncio.ensure_future(asyncio.to_thread(predict_calls, models, calls))
+        done, _ = await asyncio.wait({work}, timeout=self._timeout_s)
+        if not done:
+            work.add_done_callback(_consume)  # its late result or error has no one left to read it
+            keys = sorted({key for key, _ in calls})
+            self._stuck = f"a prediction of {', '.join(keys)} ran past {self._timeout_s:g} s; replacing the replica"
+            log.error("%s", self._stuck)
+            return [("timeout", self._stuck)] * len(calls)
+        return work.result()
+
+
+def _consume(future: asyncio.Future[list[Outcome]]) -> None:
+    if not future.cancelled():
+        future.exception()

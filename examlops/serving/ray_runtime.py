@@ -31,7 +31,9 @@ Imports ray: only the Ray engine loads this module (the serving core does not im
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -49,6 +51,8 @@ from examlops.serving.ray_replica import ModelReplica
 log = logging.getLogger(__name__)
 
 DEPLOYMENT = "replica"
+HEALTH_CHECK_PERIOD_S = 2.0
+"""A replica whose prediction timed out fails its health check; Ray looks this often."""
 INTERNAL_VERSION = "examlops-model-replica"
 """Fixed, so that a redeploy that changes only ``user_config`` reconfigures replicas instead of replacing
 them (Ray gives an unversioned deployment a new random version on every ``serve.run``)."""
@@ -63,14 +67,14 @@ def model_of(key: str) -> str:
     return key.rpartition("/")[0]
 
 
-def model_application(settings: Settings, model: str, versions: dict[str, str]) -> serve.Application:
-    """The application of one model's replicas holding ``versions`` (key -> artifact location)."""
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """Serve options of every model deployment: replicas or autoscaling, limits and CPUs from ``settings.ray``."""
     ray = settings.ray
     options: dict[str, Any] = {
         "name": DEPLOYMENT,
-        "user_config": {"versions": versions},
         "max_ongoing_requests": ray.max_ongoing_requests,
         "ray_actor_options": {"num_cpus": ray.replica_cpus},
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
     }
     if ray.max_replicas is None:
         options["num_replicas"] = ray.num_replicas
@@ -80,24 +84,48 @@ def model_application(settings: Settings, model: str, versions: dict[str, str]) 
             "max_replicas": ray.max_replicas,
             "target_ongoing_requests": ray.target_ongoing_requests,
         }
+    return options
+
+
+def model_application(settings: Settings, model: str, versions: dict[str, str]) -> serve.Application:
+    """The application of one model's replicas holding ``versions`` (key -> artifact location)."""
+    options = {**deployment_options(settings), "user_config": {"versions": versions}}
     # The overloads of ``serve.deployment`` read a class as a decorator's argument list: say what it returns.
     deployment = cast(Deployment, serve.deployment(ModelReplica)).options(**options)
     # ``version`` is no longer a public option; the internal flag keeps it fixed (see INTERNAL_VERSION).
     deployment = deployment.options(version=INTERNAL_VERSION, _internal=True)
-    return deployment.bind(model, settings.batch.max_size, settings.batch.max_wait_ms / 1000)
+    batch = settings.batch
+    return deployment.bind(model, batch.max_size, batch.max_wait_ms / 1000, settings.predict.timeout_s)
+
+
+def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> None:
+    """Create or update the application of ``model`` (blocking until Ray reports it running)."""
+    serve.run(model_application(settings, model, versions), name=app_name(model), route_prefix=None)
+
+
+def model_handle(model: str) -> DeploymentHandle[Any]:
+    return serve.get_deployment_handle(DEPLOYMENT, app_name=app_name(model))
 
 
 class RayPredictRuntime:
     """A ``PredictRuntime`` over one Ray Serve application per model (contract above)."""
 
-    def __init__(self, settings: Settings, *, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        deploy: Callable[[Settings, str, dict[str, str]], None] = deploy_model,
+        handle: Callable[[str], Any] = model_handle,
+    ) -> None:
         self._settings = settings
-        self._timeout_s = timeout_s if timeout_s is not None else settings.predict.timeout_s
+        self._deploy = deploy
+        self._new_handle = handle
+        self._timeout_s = settings.predict.timeout_s
         self._wanted: dict[str, dict[str, str]] = {}
         self._asked: dict[str, int] = {}
         self._applied: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._handles: dict[str, DeploymentHandle[Any]] = {}
+        self._handles: dict[str, Any] = {}
 
     async def start(self) -> None:
         """Nothing to start: a model's application is created by its first load."""
@@ -111,12 +139,13 @@ class RayPredictRuntime:
             await self._apply(model)
             return await self._width(key)
         self._wanted.setdefault(model, {})[key] = location
-        await self._apply(model)
         try:
-            return await self._width(key)
-        except ModelLoadError:
-            self._wanted[model].pop(key, None)
             await self._apply(model)
+            return await self._width(key)
+        except Exception:
+            self._wanted[model].pop(key, None)
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                await self._apply(model)
             raise
 
     async def unload(self, key: str) -> None:
@@ -132,7 +161,7 @@ class RayPredictRuntime:
         try:
             outcome = await asyncio.wait_for(_result(response), self._timeout_s)
         except TimeoutError:
-            response.cancel()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+            response.cancel()
             raise InferenceTimeout(f"{key} did not answer within {self._timeout_s:g} s") from None
         except RayActorError as exc:
             raise WorkerLost(f"the replica of {key} died under the call: {exc}") from exc
@@ -143,12 +172,14 @@ class RayPredictRuntime:
             return np.asarray(value, dtype=np.float64)
         if kind == "missing":
             raise VersionNotFound(str(value))
+        if kind == "timeout":
+            raise InferenceTimeout(str(value))
         raise InferenceFailed(str(value))
 
-    def _handle(self, model: str) -> DeploymentHandle[Any]:
+    def _handle(self, model: str) -> Any:
         handle = self._handles.get(model)
         if handle is None:
-            handle = self._handles[model] = serve.get_deployment_handle(DEPLOYMENT, app_name=app_name(model))
+            handle = self._handles[model] = self._new_handle(model)
         return handle
 
     def _lock(self, model: str) -> asyncio.Lock:
@@ -161,8 +192,7 @@ class RayPredictRuntime:
             if self._applied.get(model, 0) >= asked:
                 return
             current, versions = self._asked[model], dict(self._wanted.get(model, {}))
-            app = model_application(self._settings, model, versions)
-            await asyncio.to_thread(serve.run, app, name=app_name(model), route_prefix=None)
+            await asyncio.to_thread(self._deploy, self._settings, model, versions)
             self._applied[model] = current
 
     async def _width(self, key: str) -> int | None:

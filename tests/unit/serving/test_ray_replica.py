@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -85,3 +86,21 @@ async def test_reconfigure_loads_new_versions_before_dropping_old_ones_and_recor
 
     await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
     assert loader.loaded == ["x1", "x2", "broken"]  # neither a held nor a refused version is loaded again
+
+
+class Sleepy:
+    n_features_in_ = 3
+
+    def predict(self, rows: Any) -> Any:
+        time.sleep(0.5)
+        return np.zeros(len(rows))
+
+
+async def test_a_batch_past_the_limit_times_out_and_fails_the_health_check_so_ray_replaces_the_replica() -> None:
+    replica = ModelReplica("M", max_wait_s=0.0, timeout_s=0.05, loader=lambda location: Sleepy())
+    await replica.reconfigure({"versions": {"M/1": "x"}})
+    await replica.check_health()
+    [(kind, reason), second] = await replica.predict_batch([("M/1", rows(1)), ("M/1", rows(2))])
+    assert kind == "timeout" and "M/1" in reason and second[0] == "timeout"
+    with pytest.raises(RuntimeError, match="replacing the replica"):
+        await replica.check_health()
