@@ -147,14 +147,23 @@ class ModelReplica:
         """One batch, as ``predict`` runs it (``@serve.batch`` needs a running replica; this does not)."""
         models = dict(self._models)  # the versions of this batch, whatever a reconfigure does meanwhile
         work = asyncio.ensure_future(asyncio.to_thread(predict_calls, models, calls))
+        # The watchdog holds even when the caller gives up first and Ray cancels this batch: the thread
+        # runs on either way, and only replacing the replica ends it.
+        watchdog = asyncio.get_running_loop().call_later(self._timeout_s, self._overdue, work, calls)
+        work.add_done_callback(lambda _: watchdog.cancel())
+        work.add_done_callback(_consume)  # a late result or error has no one left to read it
         done, _ = await asyncio.wait({work}, timeout=self._timeout_s)
         if not done:
-            work.add_done_callback(_consume)  # its late result or error has no one left to read it
-            keys = sorted({key for key, _ in calls})
-            self._stuck = f"a prediction of {', '.join(keys)} ran past {self._timeout_s:g} s; replacing the replica"
-            log.error("%s", self._stuck)
+            self._overdue(work, calls)
             return [("timeout", self._stuck)] * len(calls)
         return work.result()
+
+    def _overdue(self, work: asyncio.Future[list[Outcome]], calls: list[Call]) -> None:
+        if work.done() or self._stuck is not None:
+            return
+        keys = sorted({key for key, _ in calls})
+        self._stuck = f"a prediction of {', '.join(keys)} ran past {self._timeout_s:g} s; replacing the replica"
+        log.error("%s", self._stuck)
 
 
 def _consume(future: asyncio.Future[list[Outcome]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -103,4 +104,15 @@ async def test_a_batch_past_the_limit_times_out_and_fails_the_health_check_so_ra
     [(kind, reason), second] = await replica.predict_batch([("M/1", rows(1)), ("M/1", rows(2))])
     assert kind == "timeout" and "M/1" in reason and second[0] == "timeout"
     with pytest.raises(RuntimeError, match="replacing the replica"):
+        await replica.check_health()
+
+
+async def test_a_batch_cancelled_by_its_caller_still_fails_the_health_check_once_its_thread_overruns() -> None:
+    replica = ModelReplica("M", timeout_s=0.05, loader=lambda location: Sleepy())
+    await replica.reconfigure({"versions": {"M/1": "x"}})
+    batch = asyncio.ensure_future(replica.predict_batch([("M/1", rows(1))]))
+    await asyncio.sleep(0.01)
+    batch.cancel()
+    await asyncio.sleep(0.1)
+    with pytest.raises(RuntimeError, match="ran past"):
         await replica.check_health()
