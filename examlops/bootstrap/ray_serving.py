@@ -5,10 +5,10 @@ one (its session, sockets and logs under ``settings.ray.temp_dir``, by default `
 no dashboard), starts Serve's HTTP proxy on the serving host and port, and runs the application
 ``examlops``: one ingress replica whose ASGI app is ``serving_app`` (the uvicorn engine's app, routes,
 error bodies, metrics, limits) with the predict runtime ``RayPredictRuntime`` in place of the process
-pool; the ingress creates one application per catalog model as its hot set loads. It returns once the
-ingress runs (readiness, as on uvicorn, is ``/readyz``: every default alias loaded) and serves until
-SIGTERM/SIGINT or ``close()``: then Serve shuts down (replicas finish the calls they hold), a local
-cluster stops, and ``run`` returns.
+pool; the ingress creates one application per catalog model as its hot set loads (readiness, as on
+uvicorn, is ``/readyz``: every default alias loaded). It serves until SIGTERM/SIGINT or ``close()``: then
+Serve shuts down (replicas finish the calls they hold), a local cluster stops, and ``run`` returns; on a
+cluster it joined, it deletes its own applications only and leaves Serve running.
 
 The ingress stays at one replica: its pipeline owns the traffic-rule cache, the admission estimate and
 the hot set that ``/admin/reload`` (and so ``exa promote``) moves, which a second ingress replica would
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 INGRESS_APP = "examlops"
+MODEL_APP_PREFIX = "examlops-model-"
 MAX_TEMP_DIR_CHARS = 43
 """Ray's socket paths (``<temp>/session_<date>_<time>_<micros>_<pid>/sockets/plasma_store``, 64 characters
 past the folder) must fit in the 107 bytes of a Unix socket address."""
@@ -123,11 +124,24 @@ class RayServingProcess:
             log.warning("serving on Ray Serve at http://%s:%d", self.host, self.port)
             self._wait()
         finally:
-            try:
-                serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
-            finally:
-                if owned:
+            if owned:
+                try:
+                    serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+                finally:
                     ray.shutdown()
+            else:
+                self._delete_applications()
+
+    def _delete_applications(self) -> None:
+        """On a cluster this process joined: remove its applications only; Serve and the cluster stay."""
+        from ray import serve
+
+        for name in serve.status().applications:
+            if name == INGRESS_APP or name.startswith(MODEL_APP_PREFIX):
+                try:
+                    serve.delete(name)
+                except Exception as exc:  # the others still go
+                    log.error("could not delete the Serve application %s: %s", name, exc)
 
     def close(self) -> None:
         """Stop serving, as a SIGTERM does."""

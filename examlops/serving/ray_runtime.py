@@ -59,7 +59,7 @@ them (Ray gives an unversioned deployment a new random version on every ``serve.
 
 
 def app_name(model: str) -> str:
-    return f"examlops-model-{model}"
+    return f"examlops-model-{model}"  # bootstrap.ray_serving.MODEL_APP_PREFIX deletes these
 
 
 def model_of(key: str) -> str:
