@@ -3,8 +3,9 @@ window, judge the gates, then promote, reject or leave things as they were.
 
 ``CanaryAnalysis(parts).run(model, owner=...)``:
 
-1. holds the model in the ``canary`` phase (``LoopStore.claim``; a run that already holds it, such as the
-   retrain run that made the candidate, keeps it). ``Conflict`` when another live run holds it;
+1. ends a dead run's hold first (``recovery.end_dead_run``: its split goes back), then holds the model
+   in the ``canary`` phase (``LoopStore.claim``; a run that already holds it, such as the retrain run
+   that made the candidate, keeps it). ``Conflict`` when another live run holds it;
    ``InvalidInput`` when Canary and Production are the same version;
 2. has every serving instance load Canary's version and confirm it (a retrain moved the alias in the
    registry only), then stores the split ``Production: 100 - share, Canary: share``
@@ -48,6 +49,7 @@ from examlops.loop.ports import (
     TrafficSplit,
     Versions,
 )
+from examlops.loop.recovery import end_dead_run
 from examlops.loop.state import LoopRecord, LoopStore, Phase
 
 AuditHook = Callable[[str, str, Mapping[str, Any]], None]
@@ -144,6 +146,7 @@ class CanaryAnalysis:
         production_version = p.versions.version(model, "Production")
         if canary_version == production_version:
             raise InvalidInput(f"{model}: Canary and Production are both version {canary_version}: nothing to analyse")
+        end_dead_run(p, model)  # a dead run's split is not the site's own
         started = p.clock()
         restore = p.traffic.get(model)
         held = p.store.claim(

@@ -284,3 +284,21 @@ def test_a_candidate_worse_than_production_is_registered_but_never_reaches_canar
     assert site.registry.resolve("JPCP", "Canary").version == canary_before
     assert cycle.candidate.version in [v.version for v in site.registry.list_versions("JPCP")]
     assert "loop.candidate_kept_back" in [t for t, _ in events_of(site, "JPCP")]
+
+
+def test_a_cancelled_canary_run_puts_its_split_back_from_its_hook(loop_env: Site) -> None:
+    from types import SimpleNamespace
+
+    from examlops.bootstrap.loop import closed_loop
+    from examlops.flows.canary import _end_after
+    from examlops.loop.state import Phase
+
+    with closed_loop(Settings()) as parts:
+        before = parts.traffic.get("AC")
+        parts.store.claim("AC", "run-x", Phase.CANARY, parts.clock(), 120.0, restore=before, run="flow run x")
+        parts.traffic.set("AC", {"Production": 90, "Canary": 10})
+        run = SimpleNamespace(parameters={"model": "ac", "owner": "run-x"}, id="other", name="brave-fox")
+        _end_after(None, run, SimpleNamespace(type=SimpleNamespace(value="CANCELLED")))
+        assert parts.traffic.get("AC") == before
+    record = loop_record(loop_env, "AC")
+    assert record.phase.value == "aborted" and "brave-fox ended cancelled" in record.note

@@ -164,3 +164,17 @@ def test_an_error_during_the_window_restores_the_split_and_ends_the_hold() -> No
     record = loop.store.get("JPCP")
     assert loop.traffic.split == {"Production": 100}
     assert record is not None and record.phase is Phase.UNDECIDED and "down" in record.note
+
+
+def test_a_dead_canary_runs_split_is_put_back_before_a_new_analysis_takes_the_model() -> None:
+    loop = make_loop()
+    loop.traffic.split = {"Production": 100}
+    loop.store.claim("JPCP", "dead", Phase.CANARY, loop.clock.now, 120.0, restore={"Production": 100}, run="r0")
+    loop.traffic.split = {"Production": 90, "Canary": 10}  # the dead run's
+    loop.clock.now += 500
+    feed(loop)
+    result = CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
+    assert result.decision == "pass"
+    assert loop.traffic.history[0] == {"Production": 100}, "the dead run's split went back first"
+    assert loop.traffic.split == {"Production": 100}, "and the new run restored the site's split, not the dead run's"
+    assert "aborted" in [d.get("decision") for t, _s, d in loop.audit.events if t == events.DECIDED]
