@@ -123,6 +123,8 @@ class LoopSettings(_Section):
     """Seconds between two looks at the figures."""
     failure_margin: float = Field(0.02, ge=0, le=1)
     """Canary passes when its model-failure rate exceeds Production's by at most this much."""
+    max_failure_rate: float = Field(0.1, ge=0, le=1)
+    """Canary never passes with a model-failure rate above this, however badly Production does."""
     p99_ratio: float = Field(1.2, ge=1)
     """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
     p99_min_answers: int = Field(300, ge=1)
@@ -131,10 +133,15 @@ class LoopSettings(_Section):
     """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
     drift_p_value: float = Field(0.05, gt=0, lt=1)
     """Canary fails when its predictions differ from Production's in the same window (K-S p below this)."""
+    drift_min_distance: float = Field(0.1, ge=0, le=1)
+    """The K-S distance below which a difference in predictions is too small to count as drift."""
     drift_min_rows: int = Field(30, ge=2)
     """Bus predictions each version needs in the window before the drift gate is judged (else not judged)."""
     refusal_margin: float = Field(0.02, ge=0, le=1)
     """Canary passes when its share of late budget refusals exceeds Production's by at most this much."""
+    rollback_min_calls: int = Field(20, ge=1)
+    """Calls the promoted version must have answered or failed since its promotion before a failure trigger
+    within the grace period can blame it and roll it back."""
     grace_s: float = Field(600.0, ge=0)
     """Seconds after the loop's promotion during which the failure trigger rolls the promotion back."""
     lease_s: float = Field(120.0, gt=0)

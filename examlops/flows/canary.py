@@ -17,14 +17,23 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from examlops.bootstrap.loop import closed_loop
+from examlops.core.errors import ConfigError
 from examlops.core.settings import Settings
 from examlops.flows.wiring import artifact_key
-from examlops.loop.analysis import AnalysisResult, CanaryAnalysis, LoopParts
+from examlops.loop.analysis import CanaryAnalysis
+from examlops.loop.ports import LoopParts
 from examlops.loop.report import gate_rows, side_by_side
+from examlops.loop.window import AnalysisResult
 
 
-def run_canary(parts: LoopParts, model: str, *, owner: str, run: str, share: int | None = None) -> AnalysisResult:
-    """The analysis as the flow and `exa canary start --here` run it."""
+def run_canary(
+    settings: Settings, parts: LoopParts, model: str, *, owner: str, run: str, share: int | None = None
+) -> AnalysisResult:
+    """The analysis as the flow and `exa canary start --here` run it. ``ConfigError`` when tracing is off:
+    the traces are the analysis's only figures, and without them it could never decide."""
+    if not settings.tracing.enabled:
+        raise ConfigError("the canary analysis reads the traces of every call, and tracing is off "
+                          "(EXAMLOPS_TRACING__ENABLED=false): turn it on to run the closed loop")  # fmt: skip
     return CanaryAnalysis(parts).run(model, owner=owner, run=run, share=share)
 
 
@@ -60,7 +69,7 @@ def canary_flow(model: str, share: int | None = None, owner: str | None = None) 
     run_id = str(flow_run.get_id() or "")
     with closed_loop(settings, actor="system:canary", say=logger.info) as parts:
         spec = _spec(settings, model)
-        result = run_canary(parts, spec, owner=owner or run_id, run=f"flow run {run_id}", share=share)
+        result = run_canary(settings, parts, spec, owner=owner or run_id, run=f"flow run {run_id}", share=share)
     publish(result)
     return result.to_json()
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from examlops.core.errors import NotFound
-from examlops.loop.analysis import LoopParts
+from examlops.loop.ports import LoopParts
 from examlops.loop.recovery import end_run
 from examlops.loop.state import LoopRecord
 

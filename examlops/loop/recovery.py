@@ -16,7 +16,7 @@ from examlops.loop import events
 from examlops.loop.state import LoopRecord, Phase
 
 if TYPE_CHECKING:
-    from examlops.loop.analysis import LoopParts
+    from examlops.loop.ports import LoopParts
 
 
 def end_dead_run(parts: LoopParts, model: str) -> LoopRecord | None:
@@ -30,10 +30,10 @@ def end_run(parts: LoopParts, record: LoopRecord, why: str) -> LoopRecord | None
     """End ``record``'s hold (as its owner) and put its split back; None when it no longer holds the model."""
     if not record.phase.active or record.owner is None:
         return None
-    if record.phase is Phase.CANARY:
-        parts.traffic.set(record.model, record.restore)
     note = f"ended: {why}; the split was put back" if record.phase is Phase.CANARY else f"ended: {why}"
     ended = parts.store.finish(record.model, record.owner, Phase.ABORTED, parts.clock(), note=note[:500], share=0)
+    if ended is not None and record.phase is Phase.CANARY:  # only the run that ended the hold restores its split
+        parts.traffic.set(record.model, record.restore)
     if ended is not None:
         parts.audit(events.DECIDED, record.model, {"decision": "aborted", "note": note, "run": record.run,
                                                    "restored_split": record.restore})  # fmt: skip

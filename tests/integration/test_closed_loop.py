@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,8 +193,21 @@ def test_a_passing_canary_is_promoted_everywhere_and_a_failure_within_grace_roll
         )
     assert {a.type for a in found} == {"table", "markdown"}
 
-    # The failure trigger fires within the grace period: the promotion is rolled back, not retrained.
-    summary = retrain_flow(model="AC", reason="failure rate 50/50 = 1.00 >= 0.5")
+    # The promoted version fails (its calls traced as serving traces them), and the failure trigger fires
+    # within the grace period: the promotion is rolled back, not retrained.
+    from examlops.tracing.record import TraceRecord, new_trace_id
+    from examlops.tracing.sql_store import SqlTraceStore
+
+    now = time.time()
+    failing = [
+        TraceRecord(new_trace_id(), now, "bus", "failed", "inference_failed", "AC", "Production", "2", status=500)
+        for _ in range(30)
+    ]
+    engine = sql_engine(site.settings)
+    SqlTraceStore(engine).add(failing)
+    engine.dispose()
+    summary = retrain_flow(model="AC", reason="failure rate 50/50 = 1.00 >= 0.5", source="failure-trigger",
+                           requested_at=now)  # fmt: skip
     assert summary["action"] == "rolled_back" and summary["retrain"] is None
     assert site.registry.resolve("AC", "Production").version == "1"
     assert serving_versions(site, "AC")["Production"] == "1"

@@ -53,12 +53,20 @@ def test_a_passing_canary_is_promoted_the_split_restored_and_the_failure_window_
     assert result.canary.requests >= 20 and result.decided_at - result.window_start >= 10.0
 
 
-def test_the_window_opens_only_once_every_instance_applies_the_split() -> None:
+def test_the_window_opens_only_once_canary_is_loaded_and_every_instance_applies_the_split() -> None:
     loop = make_loop()
     loop.calls.add("2", loop.clock.now, 50, outcome="failed", code="inference_failed")  # before the window
+    load = loop.promoter.load
+
+    def slow_load(model: str, alias: str, version: str) -> tuple[str, ...]:
+        loop.clock.now += 30  # instances take their time to load the new version
+        return load(model, alias, version)
+
+    loop.promoter.load = slow_load  # type: ignore[method-assign]
     feed(loop)
     result = CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
-    assert result.decision == "pass" and result.window_start == result.started_at + loop.traffic.settle_s
+    assert result.decision == "pass"
+    assert result.window_start == result.started_at + 30 + loop.traffic.settle_s
 
 
 def test_a_failing_canary_gets_share_zero_and_production_stays() -> None:
