@@ -58,6 +58,7 @@ from examlops.core.budget import effective_deadline
 from examlops.core.errors import ExamlopsError, InvalidInput
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
+from examlops.dashboard import dashboard_router
 from examlops.identity import Caller, Permission
 from examlops.jobs.service import JobService
 from examlops.registry.catalog import Catalog
@@ -287,6 +288,7 @@ def create_app(
         app.include_router(traces_router(traces))
     if jobs is not None:
         app.include_router(jobs_router(jobs))
+    app.include_router(dashboard_router(settings, pipeline, metrics, traces=traces, jobs=jobs))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
