@@ -240,8 +240,9 @@ def dashboard_router(
                 checked["check"] = sources.audit.verify()
             except ExamlopsError as exc:
                 checked["check"] = AuditCheck(0, 0, f"cannot verify: {exc}")
-            checked["at"] = time.monotonic()
-        return views.control_view(caller, pipeline, sources, checked["check"])
+            checked["at"], checked["wall"] = time.monotonic(), time.time()
+        view = views.control_view(caller, pipeline, sources, checked["check"])
+        return {**view, "checked_at": views.when(checked.get("wall"))}
 
     @router.get("/control")
     async def control_page(request: Request) -> Response:

@@ -58,7 +58,11 @@
         return { label: label, stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: true };
       })),
       axes: [{}, { size: 50 }],
-      scales: el.dataset.metric === "drift" ? { y: { range: [0, 1] } } : {},
+      scales: {
+        // One point alone would stretch the axis over years: show at least the last minute.
+        x: { time: true, range: function (u, min, max) { return min === max ? [min - 60, max + 5] : [min, max]; } },
+        y: el.dataset.metric === "drift" ? { range: [0, 1] } : { range: function (u, min, max) { return [0, Math.max(1, max || 0)]; } },
+      },
     };
     el._plot = new uPlot(opts, shaped.data, el);
     el._key = key;
