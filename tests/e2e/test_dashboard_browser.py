@@ -68,6 +68,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     server = ServingProcess(home, env=env, port=port)
     try:
         server.wait_ready()
+        drift_rows(settings)
         cli_env = {"EXAMLOPS_HOME": str(home), **env}
         tokens = {}
         for name, role, extra in (("ops", "operator", []), ("viewer", "caller", ["--model", "JPCP"])):
@@ -78,6 +79,38 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     finally:
         server.stop()
         redis.stop()
+
+
+def drift_rows(settings: Settings) -> None:
+    """Three reports' status rows for JPCP, as the drift-report flow stores them (Evidently is not what is
+    tested here: its flow has its own tests), each with its HTML file."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlmodel import Session
+
+    from examlops.bootstrap import sql_engine
+    from examlops.monitoring.drift_store import DriftStatus
+
+    folder = settings.state_dir / "drift" / "JPCP"
+    folder.mkdir(parents=True, exist_ok=True)
+    engine = sql_engine(settings)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    try:
+        with Session(engine) as session:
+            for i, (prediction, embedding) in enumerate(((0.62, 0.48), (0.21, 0.35), (0.01, 0.03))):
+                html = folder / f"report-{i}.html"
+                html.write_text(f"<html><body>report {i}</body></html>")
+                at = start + timedelta(minutes=15 * i)
+                for kind, score in (("prediction", prediction), ("input", embedding)):
+                    session.add(DriftStatus(
+                        model="JPCP", kind=kind, version="1", drifted=score < 0.05, score=score, method="ks",
+                        threshold=0.05, columns="[]", reference="training", reference_rows=500, current_rows=200,
+                        first_id=f"{i}-0", last_id=f"{i}-1", window_start=at, window_end=at + timedelta(minutes=15),
+                        report_html=str(html), report_json=str(html.with_suffix(".json")), created_at=at,
+                    ))  # fmt: skip
+            session.commit()
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +211,12 @@ def test_dashboard_in_chromium(
         browser.execute_script("return new Promise(r => setTimeout(r, 6000))")  # one in-place refresh
         assert problems(browser) == [], name
         browser.save_screenshot(str(shots / f"{name}.png"))
+
+    # The drift page charts the p-values of the reports and links each report.
+    browser.get(f"{base}/dashboard/drift")
+    wait_for(browser, charts_drawn)
+    assert browser.find_elements(By.CSS_SELECTOR, '.chart[data-model="JPCP"] canvas')
+    assert len(browser.find_elements(By.LINK_TEXT, "Evidently HTML")) == 6
 
     # The models page shows the versions `exa serve check` reports.
     browser.get(f"{base}/dashboard/models")

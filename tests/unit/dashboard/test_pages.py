@@ -17,6 +17,7 @@ from examlops.dashboard import DashboardSources, attach_sources
 from examlops.dashboard.ports import DriftPoint, FailureWindow
 from examlops.identity import IdentityResolver, IdentityService, Role
 from examlops.registry.catalog import load_catalog
+from examlops.tracing import TraceQuery, TraceRecord
 from tests.unit.dashboard.fakes import (
     FixedDrift,
     FixedFailures,
@@ -26,6 +27,7 @@ from tests.unit.dashboard.fakes import (
     RecordingPromoter,
 )
 from tests.unit.identity.fakes import InMemoryIdentityStore
+from tests.unit.tracing.test_tracing import InMemoryTraceStore
 
 
 @dataclass
@@ -221,3 +223,31 @@ async def test_with_authentication_off_pages_open_a_session_as_the_system_caller
         reply = await client.get("/dashboard/models")
         assert reply.status_code == 200 and "authentication off" in reply.text
         assert "system:auth-off" in reply.text and "set-cookie" in reply.headers
+
+
+class QueriedTraces(InMemoryTraceStore):
+    """Remembers the queries it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries: list[TraceQuery] = []
+
+    def find(self, query: TraceQuery) -> list[TraceRecord]:
+        self.queries.append(query)
+        return super().find(query)
+
+
+async def test_trace_search_passes_each_filter_and_shows_what_the_store_found(settings: Settings) -> None:
+    traces = QueriedTraces()
+    traces.add([TraceRecord("t" * 32, 1.7e9, "http", "failed", "inference_failed", model="JPCP", identity="robot")])
+    service = IdentityService(InMemoryIdentityStore())
+    app = create_app(settings, HotPipeline(load_catalog(settings.catalog_path)), CollectorRegistry(),
+                     identities=IdentityResolver(service.store, 30.0), traces=traces)  # fmt: skip
+    _, issued = service.add("ops", Role.OPERATOR)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        await client.post("/dashboard/login", data={"token": issued.token})
+        reply = await client.get(
+            "/dashboard/traces", params={"identity": "robot", "model": "JPCP", "outcome": "failed", "task": ""}
+        )
+    assert reply.status_code == 200 and "inference_failed" in reply.text and "robot" in reply.text
+    assert traces.queries == [TraceQuery(identity="robot", model="JPCP", outcome="failed", limit=50)]
