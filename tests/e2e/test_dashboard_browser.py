@@ -188,11 +188,20 @@ def problems(driver: Any) -> list[str]:
     return found
 
 
+def screenshot(driver: Any, path: Path, width: int = 1366) -> None:
+    """The whole page, not only the window: the window grows to the page's height for the shot."""
+    driver.set_window_size(width, 1000)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, min(max(1000, int(height) + 120), 4000))
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1366, 1000)
+
+
 def charts_drawn(driver: Any) -> bool:
     from selenium.webdriver.common.by import By
 
     charts = driver.find_elements(By.CSS_SELECTOR, ".chart")
-    return all(c.find_elements(By.TAG_NAME, "canvas") or c.text == "no data yet" for c in charts)
+    return all(c.find_elements(By.TAG_NAME, "canvas") or c.text in ("no data yet", "one point so far") for c in charts)
 
 
 def test_dashboard_in_chromium(
@@ -201,8 +210,12 @@ def test_dashboard_in_chromium(
     from selenium.webdriver.common.by import By
 
     base = platform.server.url
-    platform.exa("serve", "infer-check")  # something for the rate charts
     log_in(browser, base, platform.operator)
+    # Predictions while the models page is open: its rate charts draw a line from their second point.
+    for _ in range(3):
+        platform.exa("serve", "infer-check", "--model", "AC")
+        browser.execute_script("return new Promise(r => setTimeout(r, 2500))")
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '.chart[data-model="AC"] canvas'), timeout_s=30)
 
     # Every page loads its own assets only, with no console error and no failed request, through a refresh.
     for name in PAGES:
@@ -210,7 +223,11 @@ def test_dashboard_in_chromium(
         wait_for(browser, charts_drawn)
         browser.execute_script("return new Promise(r => setTimeout(r, 6000))")  # one in-place refresh
         assert problems(browser) == [], name
-        browser.save_screenshot(str(shots / f"{name}.png"))
+        screenshot(browser, shots / f"{name}.png")
+    browser.get(f"{base}/dashboard/models")
+    wait_for(browser, charts_drawn)
+    screenshot(browser, shots / "models-tablet.png", width=800)
+    assert problems(browser) == []
 
     # The drift page charts the p-values of the reports and links each report.
     browser.get(f"{base}/dashboard/drift")
@@ -234,7 +251,7 @@ def test_dashboard_in_chromium(
             field.send_keys(weight)
     browser.find_element(By.ID, "set-split-JPCP").click()
     assert "Production 70 % / Canary 30 %" in browser.find_element(By.ID, "description").text
-    browser.save_screenshot(str(shots / "confirm.png"))
+    screenshot(browser, shots / "confirm.png")
     browser.find_element(By.ID, "confirm").click()
     assert "traffic split is now" in browser.find_element(By.ID, "result").text
     assert platform.exa("serve", "traffic", "JPCP")["weights"] == {"Production": 70, "Canary": 30}
@@ -252,14 +269,14 @@ def test_dashboard_in_chromium(
     assert moved[-1]["data"]["new_version"] == canary
     browser.get(f"{base}/dashboard/control")
     assert "ops" in browser.find_element(By.ID, "audit").text
-    browser.save_screenshot(str(shots / "control-after-promotion.png"))
+    screenshot(browser, shots / "control-after-promotion.png")
 
     # An identity without the operator permission sees no action, and an action it asks for is refused.
     browser.delete_all_cookies()
     log_in(browser, base, platform.caller)
     assert not browser.find_elements(By.ID, "promote-JPCP")
     assert "read-only" in browser.page_source
-    browser.save_screenshot(str(shots / "models-as-caller.png"))
+    screenshot(browser, shots / "models-as-caller.png")
     jpcp_moves = [e for e in platform.exa("audit", "tail", "-n", "200") if e["subject"] == "JPCP"]
     browser.get(f"{base}/dashboard/confirm?action=promote&model=JPCP")
     assert "lacks the permission 'promote'" in browser.find_element(By.ID, "result").text

@@ -59,8 +59,7 @@
       })),
       axes: [{}, { size: 50 }],
       scales: {
-        // One point alone would stretch the axis over years: show at least the last minute.
-        x: { time: true, range: function (u, min, max) { return min === max ? [min - 60, max + 5] : [min, max]; } },
+        x: { time: true },
         y: el.dataset.metric === "drift" ? { range: [0, 1] } : { range: function (u, min, max) { return [0, Math.max(1, max || 0)]; } },
       },
     };
@@ -75,8 +74,10 @@
         if (!all) { return; }
         grid.querySelectorAll(".chart").forEach(function (el) {
           var shaped = SHAPES[el.dataset.metric]((all[el.dataset.model]) || {});
-          if (shaped && shaped.data[0].length) { draw(el, shaped); }
-          else if (!el._plot) { el.textContent = "no data yet"; }
+          // uPlot spreads a lone point over years of time axis: a line starts at two points.
+          var points = shaped ? shaped.data[0].length : 0;
+          if (points > 1) { draw(el, shaped); }
+          else if (!el._plot) { el.textContent = points ? "one point so far" : "no data yet"; }
         });
       })
       .catch(function () { /* the next tick tries again */ });
