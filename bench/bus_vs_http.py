@@ -64,7 +64,7 @@ from loadgen import run_load
 from procs import CpuMeter, quantile, start, stop, wait_until
 
 from examlops.bootstrap import bus_client, hop_client
-from examlops.bus.hop import JSON_HEADERS
+from examlops.bus.hop_http import JSON_HEADERS
 from examlops.core.settings import BusSettings, HttpSettings, RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 

@@ -2,6 +2,8 @@
 # Create the virtual environment and install the locked dependencies and examlops itself.
 # uv installs in seconds; it must compile bytecode, or every `import evidently` costs
 # 12-15 s where PYTHONDONTWRITEBYTECODE is set. pip is the fallback.
+# requirements.lock holds the dev and ray extras, so the Ray engine's tests run here and in CI:
+#   uv pip compile pyproject.toml --extra dev --extra ray -p 3.11 -o requirements.lock
 set -euo pipefail
 python=${1:-python3}
 venv=${2:-.venv}

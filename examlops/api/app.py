@@ -3,6 +3,9 @@
 Routes parse, call the pipeline and format; every decision lives in
 ``examlops.serving``. Errors become replies through the one table in
 ``examlops.api.errors``; every error reply carries ``"prediction": 0.0``.
+``create_app`` assembles the app (lifespan, middleware, error handlers) and holds the model, traffic,
+reload, health and metrics routes; the inference routes are their own modules (``predict``, ``tasks``,
+``stream``, ``v2``).
 """
 
 from __future__ import annotations
@@ -11,25 +14,20 @@ import asyncio
 import contextlib
 import gc
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from examlops.api.auth import SECURED, Authenticator, CurrentCaller, request_caller
-from examlops.api.calls import answer, check_ready, declared_budget
+from examlops.api.auth import Authenticator, CurrentCaller
 from examlops.api.errors import (
-    describe_validation,
     documented,
-    error_response,
     handle_disconnect,
     handle_examlops,
     handle_http,
@@ -38,11 +36,9 @@ from examlops.api.errors import (
 )
 from examlops.api.jobs import jobs_router
 from examlops.api.limits import BodyLimitMiddleware
+from examlops.api.predict import predict_routes
 from examlops.api.schemas import (
     HotSetEntry,
-    InferBody,
-    InferReply,
-    PredictBody,
     ReadyReply,
     ReloadBody,
     ReloadChangeReply,
@@ -50,16 +46,16 @@ from examlops.api.schemas import (
     TrafficReply,
 )
 from examlops.api.stream import stream_routes
-from examlops.api.tasks import Tasks, task_routes
+from examlops.api.task_calls import Tasks
+from examlops.api.tasks import task_routes
 from examlops.api.traces import traces_router
-from examlops.api.tracing import TraceMiddleware, call_of, named_model
+from examlops.api.tracing import TraceMiddleware
 from examlops.api.v2 import v2_routes
-from examlops.core.budget import effective_deadline
-from examlops.core.errors import ExamlopsError, InvalidInput
+from examlops.core.errors import ExamlopsError
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.dashboard import dashboard_router
-from examlops.identity import Caller, Permission
+from examlops.identity import Permission
 from examlops.jobs.service import JobService
 from examlops.registry.catalog import Catalog
 from examlops.tracing import Tracer, TraceStore
@@ -102,18 +98,6 @@ class BackgroundWork(Protocol):
     def start(self) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request body of a route that parses its own body."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}
-            },
-        }
-    }
 
 
 def create_app(
@@ -177,81 +161,7 @@ def create_app(
     app.add_exception_handler(ClientDisconnect, handle_disconnect)
     app.add_exception_handler(Exception, handle_unexpected)
 
-    async def serve(request: Request, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
-        received_at = time.time()
-        raw = await request.body()
-        call = call_of(request)
-        if call is not None:
-            call.model = path_model
-        # The hot routes parse the body with pydantic-core's JSON parser in one step rather than
-        # FastAPI's json.loads followed by validation of Python objects: about a tenth of a
-        # millisecond a request, where HTTP and JSON handling is the whole cost.
-        try:
-            body = kind.model_validate_json(raw)
-        except ValidationError as exc:
-            field, message = describe_validation(exc.errors(include_input=False))
-            if call is not None and call.model is None:
-                call.model = named_model(raw)
-            return error_response(InvalidInput(message, field=field), model=path_model)
-        model = body.model if isinstance(body, InferBody) else path_model or ""
-        facts = call.facts if call is not None else None
-        if call is not None:
-            call.model, call.job_id, call.alias = model, body.job_id, body.alias
-        try:
-            budget_ms = declared_budget(request, body.budget_ms)
-            deadline = effective_deadline(body.deadline, budget_ms, received_at)
-            if call is not None:
-                call.budget_ms, call.deadline = budget_ms, deadline
-            caller.may_call(model=model)
-            check_ready(pipeline, request)
-            if body.alias is not None and body.version is not None:
-                raise InvalidInput("give either alias or version, not both", field="version")
-            result = await pipeline.infer(
-                InferenceRequest(
-                    model=model,
-                    embedding=tuple(body.embedding),
-                    node_count=body.node_count,
-                    alias=body.alias,
-                    version=None if body.version is None else str(body.version),
-                    job_id=body.job_id,
-                    user_id=body.user_id,
-                    deadline=deadline,
-                    facts=facts,
-                    budget_ms=budget_ms,
-                    identity=caller.name,
-                )
-            )
-        except ExamlopsError as exc:
-            return error_response(exc, model=model, job_id=body.job_id)
-        if call is not None:
-            call.model, call.alias, call.version = result.model, result.alias, result.version
-        reply = answer(result, budget_ms=budget_ms, deadline=deadline)
-        return Response(reply.model_dump_json(exclude={"task"}), media_type="application/json")
-
-    @app.post(
-        "/infer-pipeline/infer",
-        response_model=InferReply,
-        responses=ERRORS,
-        tags=["inference"],
-        openapi_extra=json_body(InferBody) | SECURED,
-    )
-    async def infer(request: Request) -> Response:
-        """One prediction through the pipeline: the route the bus bridge calls."""
-        return await serve(request, InferBody, None, await request_caller(request))
-
-    @app.post(
-        "/v1/models/{model}/predict",
-        response_model=InferReply,
-        responses=ERRORS,
-        tags=["inference"],
-        openapi_extra=json_body(PredictBody) | SECURED,
-    )
-    async def predict(model: str, request: Request) -> Response:
-        """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
-        caller = await request_caller(request)
-        caller.may_call(model=model)
-        return await serve(request, PredictBody, model, caller)
-
+    app.include_router(predict_routes(pipeline))
     if tasks is not None:
         app.include_router(task_routes(pipeline, tasks))
     app.include_router(v2_routes(pipeline))

@@ -31,7 +31,7 @@ from examlops.api.calls import check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.schemas import ModelStreamBody, StreamChunk, TaskStreamBody
 from examlops.api.stream_run import NDJSON, NdjsonStream, StreamRun
-from examlops.api.tasks import Tasks
+from examlops.api.task_calls import Tasks, open_task_call
 from examlops.api.tracing import call_of
 from examlops.core.budget import effective_deadline
 from examlops.core.errors import ExamlopsError, InvalidInput
@@ -143,31 +143,19 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
         )
         async def stream_task(task: str, request: Request) -> Response:
             """Many predictions for a task, streamed as NDJSON as each batch finishes (budget: the whole)."""
-            received_at = time.time()
-            call = call_of(request)
-            if call is not None:
-                call.task = task[:128]
-            caller = await request_caller(request)
+            opened = await open_task_call(request, task, TaskStreamBody, pipeline, resolver)
+            if isinstance(opened, Response):
+                return opened
+            route = opened.route
+            if opened.call is not None:
+                opened.call.task = route.task
             try:
-                body = TaskStreamBody.model_validate_json(await request.body())
-            except ValidationError as exc:
-                field, message = describe_validation(exc.errors(include_input=False))
-                return error_response(InvalidInput(message, field=field))
-            model: str | None = None
-            try:
-                check_ready(pipeline, request)
-                route = await resolver.resolve(task)
-                model = route.model
-                caller.may_call(task=route.task, model=route.model)
-                budget_ms = declared_budget(request, body.budget_ms, route.budget_ms)
-                if call is not None:
-                    call.task = route.task
                 return await start(
-                    body, caller, call, model=route.model, alias=route.alias, version=None, task=route.task,
-                    budget_ms=budget_ms, deadline=effective_deadline(body.deadline, budget_ms, received_at),
+                    opened.body, opened.caller, opened.call, model=route.model, alias=route.alias, version=None,
+                    task=route.task, budget_ms=opened.budget_ms, deadline=opened.deadline,
                 )  # fmt: skip
             except ExamlopsError as exc:
-                return error_response(exc, model=model)
+                return error_response(exc, model=route.model)
 
     @router.post(
         "/v1/models/{model}/stream",

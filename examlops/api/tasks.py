@@ -4,29 +4,24 @@ The task map (``examlops.tasks``) picks model and alias; the call then goes thro
 as the model routes and its reply names the task and the model, alias and version that answered. An
 alias the map names that is the model's default alias takes the model's traffic split, as any call to
 the default alias does. A task that is not mapped: 404 ``unknown_task`` naming at most a short prefix of
-it. The route takes the same dependencies as `/infer-pipeline/infer` (see ``task_routes``).
+it. The route takes the same dependencies as `/infer-pipeline/infer` (see ``task_routes``); the checks
+before the pipeline are ``task_calls.open_task_call``, shared with the task's stream route.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 
-from examlops.api.auth import SECURED, request_caller
-from examlops.api.calls import answer, check_ready, declared_budget
-from examlops.api.errors import describe_validation, documented, error_response
+from examlops.api.auth import SECURED
+from examlops.api.calls import answer
+from examlops.api.errors import documented, error_response
 from examlops.api.schemas import InferReply, TaskInferBody
-from examlops.api.tracing import call_of
-from examlops.core.budget import effective_deadline
-from examlops.core.errors import ExamlopsError, InvalidInput
+from examlops.api.task_calls import Tasks, open_task_call
+from examlops.core.errors import ExamlopsError
 from examlops.core.messages import InferenceRequest, InferenceResult
-
-if TYPE_CHECKING:
-    from examlops.tasks.routes import TaskRoute
 
 TASK_ERRORS = documented(
     s403="the identity lacks the permission the reply names (call on this task or its model)",
@@ -41,12 +36,6 @@ class Inference(Protocol):
     def ready(self) -> bool: ...
 
     async def infer(self, request: InferenceRequest) -> InferenceResult: ...
-
-
-class Tasks(Protocol):
-    """What the route needs of the task resolver (``examlops.tasks.TaskResolver``)."""
-
-    async def resolve(self, task: str) -> TaskRoute: ...
 
 
 def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
@@ -75,27 +64,15 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
     )
     async def infer_task(task: str, request: Request) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
-        received_at = time.time()
-        call = call_of(request)
+        opened = await open_task_call(request, task, TaskInferBody, pipeline, tasks)
+        if isinstance(opened, Response):
+            return opened
+        body, call, route = opened.body, opened.call, opened.route
+        budget_ms, deadline = opened.budget_ms, opened.deadline
         if call is not None:
-            call.task = task[:128]
-        caller = await request_caller(request)
+            call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
+            call.budget_ms, call.deadline = budget_ms, deadline
         try:
-            body = TaskInferBody.model_validate_json(await request.body())
-        except ValidationError as exc:
-            field, message = describe_validation(exc.errors(include_input=False))
-            return error_response(InvalidInput(message, field=field))
-        model: str | None = None
-        try:
-            check_ready(pipeline, request)
-            route = await tasks.resolve(task)
-            model = route.model
-            caller.may_call(task=route.task, model=route.model)
-            budget_ms = declared_budget(request, body.budget_ms, route.budget_ms)
-            deadline = effective_deadline(body.deadline, budget_ms, received_at)
-            if call is not None:
-                call.task, call.model, call.alias, call.job_id = route.task, route.model, route.alias, body.job_id
-                call.budget_ms, call.deadline = budget_ms, deadline
             result = await pipeline.infer(
                 InferenceRequest(
                     model=route.model,
@@ -109,11 +86,11 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
                     facts=call.facts if call is not None else None,
                     budget_ms=budget_ms,
                     task=route.task,
-                    identity=caller.name,
+                    identity=opened.caller.name,
                 )
             )
         except ExamlopsError as exc:
-            return error_response(exc, model=model, job_id=body.job_id)
+            return error_response(exc, model=route.model, job_id=body.job_id)
         if call is not None:
             call.model, call.alias, call.version = result.model, result.alias, result.version
         reply = answer(result, budget_ms=budget_ms, deadline=deadline, task=route.task)

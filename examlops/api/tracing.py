@@ -37,7 +37,7 @@ def is_inference(scope: Scope) -> bool:
 
 
 def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
-    """The channel and trace id a call claims (``bus.hop.trace_headers`` writes them): ``("bus", id)`` for
+    """The channel and trace id a call claims (``bus.hop_http.trace_headers`` writes them): ``("bus", id)`` for
     a call the bridge forwarded, else ``("http", None)``.
 
     With ``relayed_identity``, the one place that reads what a bridge says about a call. Believed only of a
@@ -51,7 +51,7 @@ def from_bridge(scope: Scope) -> tuple[Channel, str | None]:
 
 
 def relayed_identity(scope: Scope) -> str | None:
-    """The identity a bridge says a bus call is for (``bus.hop.trace_headers``: ``X-Examlops-Identity``), at
+    """The identity a bridge says a bus call is for (``bus.hop_http.trace_headers``: ``X-Examlops-Identity``), at
     most 128 characters; the caller must hold ``relay`` for it to count (``api.auth.acting_identity``)."""
     for name, value in scope.get("headers", ()):
         if name == _IDENTITY_HEADER:

@@ -56,6 +56,6 @@ def hop_headers(settings: Settings) -> dict[str, str]:
 
 
 def hop_client(settings: Settings) -> httpx.AsyncClient:
-    from examlops.bus.hop import http_client
+    from examlops.bus.hop_http import http_client
 
     return http_client(settings.http, hop_transport(settings), hop_headers(settings))

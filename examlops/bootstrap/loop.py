@@ -95,6 +95,13 @@ class _Promoter:
 
         return self._done(rollback(self.plane.settings, self.plane.registry, model, "Production", **self._follow()))
 
+    def load(self, model: str, alias: str, version: str) -> tuple[str, ...]:
+        from examlops.bootstrap.identity import platform_token
+        from examlops.promotion.service import follow
+
+        settings = self.plane.settings
+        return follow(settings, model, alias, version, token=platform_token(settings)).instances
+
     def _follow(self) -> dict[str, Any]:
         from examlops.bootstrap.identity import platform_token
 

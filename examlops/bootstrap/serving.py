@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from examlops.registry.mlflow_registry import MlflowRegistry
+    from examlops.serving.ports import PredictRuntime
 
 
 def catalog(settings: Settings) -> Catalog:
@@ -35,11 +36,12 @@ def model_registry(settings: Settings) -> MlflowRegistry:
     return MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
 
 
-def serving_app(settings: Settings) -> FastAPI:
+def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> FastAPI:
     """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, the
     dashboard's sources (``bootstrap.dashboard``), and the task resolver over the SQL task map (seeded first
     with catalog tasks it lacks, so that `exa serve start` alone serves every catalog task; an operator's
-    remap is never touched)."""
+    remap is never touched). ``runtime`` replaces the process predict pool (the Ray engine passes its
+    deployments')."""
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
@@ -59,12 +61,15 @@ def serving_app(settings: Settings) -> FastAPI:
     events = control_events(settings, engine)
     seed_task_map(engine, models, events)
     tracer = call_tracer(settings, engine, metrics, in_child=True)
+    if runtime is None:
+        workers, timeout_s = settings.predict.workers, settings.predict.timeout_s
+        runtime = ProcessPredictPool(load_sklearn_model, workers=workers, timeout_s=timeout_s)
     pipeline = Pipeline(
         settings,
         models,
         model_registry(settings),
         SqlTrafficRuleStore(engine),
-        ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
+        runtime,
         registry=metrics,
         on_event=events,
     )

@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from examlops.adapters.redis import RedisCommands
-from examlops.bus import wire
+from examlops.bus import replies, wire
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
 from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, Refused, StoreUnavailable
@@ -150,7 +150,7 @@ class BusClient:
                 outage.back()
                 for entry_id, fields in entries:
                     after = entry_id
-                    verified = wire.verify_reply(self.key_id, self._key, fields)
+                    verified = replies.verify_reply(self.key_id, self._key, fields)
                     if verified is None:
                         self._unverified(fields)
                         continue

@@ -19,9 +19,8 @@ never counts toward the retrain trigger. The HTTP reply's body is kept as it
 came, so ``code`` and ``inference_failed`` still tell a schema error (422) from
 a model failure (5xx marked ``inference_failed``, or an empty prediction).
 
-``http_client`` is the one shared ``httpx.AsyncClient`` of a bridge, over the
-transport ``bootstrap`` picks (``EXAMLOPS_BUS__HTTP_CLIENT``: httpx's own,
-or ``aiohttp_transport``); the handler is the same on both. The
+The client (``hop_http.http_client``, one shared by a bridge over the transport ``bootstrap`` picks), the
+hop's headers and what counts as a timeout are ``hop_http``; the handler is the same on every transport. The
 hop is on every job's critical path: the body is encoded once with orjson and
 no ``Timeout`` is built per request unless the job has less time left than the
 client's (figures: ``bench/RESULTS.md``).
@@ -39,7 +38,9 @@ import httpx
 import orjson
 
 from examlops.bus import budget
-from examlops.bus.wire import Job, error_body
+from examlops.bus.hop_http import timed_out, trace_headers
+from examlops.bus.replies import error_body
+from examlops.bus.wire import Job
 from examlops.core.errors import (
     DeadlineExceeded,
     ExamlopsError,
@@ -52,14 +53,12 @@ from examlops.core.jsoncodec import dumps
 from examlops.core.messages import canonical_alias
 from examlops.core.settings import HttpSettings
 from examlops.registry.catalog import ModelSpec
-from examlops.tracing.record import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER
 
 if TYPE_CHECKING:
     from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported
 
 INFER_PATH = "/infer-pipeline/infer"
 TASK_INFER_PATH = "/v1/tasks/{task}/infer"
-JSON_HEADERS = {"content-type": "application/json"}
 _NUMBERS = frozenset((int, float))
 _READ = httpx.ByteStream(b"")
 
@@ -67,24 +66,6 @@ _READ = httpx.ByteStream(b"")
 def task_path(task: str) -> str:
     """Serving's infer route of one task (the name quoted, though task names need no quoting today)."""
     return TASK_INFER_PATH.format(task=urllib.parse.quote(task, safe=""))
-
-
-def http_client(
-    http: HttpSettings, transport: httpx.AsyncBaseTransport, headers: dict[str, str] | None = None
-) -> httpx.AsyncClient:
-    """The one shared client of a bridge over ``transport``: ``http``'s timeouts (5 s connect, 10 s read),
-    ``headers`` on every request (the bridge's own credential to serving, when it has one).
-
-    No retry: the transport is given one (its pool, keep-alive and retries are the builder's; bootstrap keeps
-    idle connections below serving's keep-alive and retries none). ``trust_env=False``: no proxy or netrc
-    from the environment on this hop. Closing the client closes the transport.
-    """
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
-        transport=transport,
-        headers=headers,
-        trust_env=False,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +212,7 @@ class ModelHandler:
         return Outcome(self._named(body), response.status_code, False)
 
     def _transport_error(self, exc: Exception, job: Job) -> Outcome:
-        if not _timed_out(exc):
+        if not timed_out(exc):
             return self._error(PipelineUnavailable(f"serving at {self.url} cannot be reached ({exc})"), job)
         if self.clock() >= job.deadline:
             return self._error(
@@ -280,27 +261,3 @@ class ModelHandler:
         if self.task is not None:
             body["task"] = self.task
         return body
-
-
-def trace_headers(trace_id: str, identity: str = "") -> dict[str, str]:
-    """The hop's headers for a bus job: its trace id (serving traces the call as a bus call under it) and the
-    identity the bridge verified.
-
-    The one place the bridge says things about a call to serving; serving reads them in
-    ``api.tracing.from_bridge`` only.
-    """
-    headers = {**JSON_HEADERS, CHANNEL_HEADER: "bus"}
-    if trace_id:
-        headers[TRACE_HEADER] = trace_id
-    if identity:
-        headers[IDENTITY_HEADER] = identity
-    return headers
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """Whether time ran out, rather than the connection failing or the reply being unreadable.
-
-    The aiohttp transport raises httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
-    transport chains httpcore's timeouts, which are not ``TimeoutError``s: there the httpx class decides.
-    """
-    return isinstance(exc, TimeoutError | httpx.TimeoutException) or isinstance(exc.__cause__, TimeoutError)

@@ -33,7 +33,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from examlops.bus import budget, wire
+from examlops.bus import budget, replies, wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.ports import BusCaller, BusKeys
 from examlops.bus.store import BusStore
@@ -97,7 +97,7 @@ class JobRunner:
             caller, key, job = await self._verified(address, fields)
         except wire.MalformedJob as exc:
             log.warning("dead-lettered entry %s on %s: %s", entry_id, stream, exc)
-            self._traced(self.tracer.begin("bus"), wire.error_body(exc), None)
+            self._traced(self.tracer.begin("bus"), replies.error_body(exc), None)
             await self._dead_letter(stream, entry_id, fields, exc.code, exc.message)
             return
         trace = self.tracer.begin("bus", trace_id_for_job(job.job_id))
@@ -106,7 +106,9 @@ class JobRunner:
             log.warning(
                 "job %s on %s expired more than %.0f s ago: dead-lettered", job.job_id, stream, wire.DONE_MARGIN_S
             )
-            self._traced(trace, wire.error_body(DeadlineExceeded("the job expired long ago"), job_id=job.job_id), job)
+            self._traced(
+                trace, replies.error_body(DeadlineExceeded("the job expired long ago"), job_id=job.job_id), job
+            )
             await self._dead_letter(stream, entry_id, fields, "stale", "the job expired before it was read")
             return
         handler = self.handler_of(address)
@@ -120,7 +122,7 @@ class JobRunner:
             )
             dead: dict[str, Any] = {"stream": stream, "reason": error.code, "delivered": delivered}
             dead["fields"] = dict(fields)
-            body = handler.error_body(error, job.job_id) if handler else wire.error_body(error, job_id=job.job_id)
+            body = handler.error_body(error, job.job_id) if handler else replies.error_body(error, job_id=job.job_id)
             await self.finish(stream, entry_id, job, key, self._traced(trace, body, job), dead=dead)
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
@@ -151,10 +153,10 @@ class JobRunner:
     async def _answer(self, job: wire.Job, caller: BusCaller, handler: ModelHandler | None, trace_id: str) -> Outcome:
         """Serve the job, or the refusal it gets (never recorded, never sent to serving)."""
         if caller.revoked:
-            return Outcome(wire.error_body(Unauthenticated(), job_id=job.job_id), 0, False)
+            return Outcome(replies.error_body(Unauthenticated(), job_id=job.job_id), 0, False)
         if handler is None:
             missing = ModelNotFound(f"no model or task has the bus address {job.address[:64]}")
-            return Outcome(wire.error_body(missing, job_id=job.job_id), 0, False)
+            return Outcome(replies.error_body(missing, job_id=job.job_id), 0, False)
         try:
             # A task's address names its model too (as `POST /v1/tasks/{task}/infer` checks both): an identity
             # whose model list lacks the task's model may not reach that model through the task.
@@ -233,7 +235,7 @@ class JobRunner:
         outage: Outage | None = None  # built on the first failure only: this runs once per job
         if job is not None:
             done_id, reply_to = job.job_id, job.reply_to
-            fields = wire.reply_fields(job.key_id, key, job.job_id, body, status)
+            fields = replies.reply_fields(job.key_id, key, job.job_id, body, status)
         else:
             reply_to, fields = None, {}
         while True:

@@ -1,4 +1,4 @@
-"""The wire format of the bus: stream names, signed jobs, replies and the reply script.
+"""The wire format of the bus: stream names and signed jobs (reply entries: ``replies``).
 
 Pure: no redis, no I/O. ``store`` runs what is defined here against Redis.
 
@@ -29,21 +29,11 @@ is the stream the job was read from, so a job copied onto another address's
 stream fails its signature. The bridge looks the key id up (``ports.BusKeys``)
 before it believes anything else in the job.
 
-A reply entry's fields: ``job_id``, ``status`` (the HTTP status from serving,
-0 when serving was not asked), ``body`` (the HTTP reply's JSON: model, alias,
-version, run_id, prediction, error, job_id, budget_ms, budget_remaining_ms, and
-task for a task's address; or an error body: error, prediction 0.0, code, field,
-inference_failed, model, job_id; a refusal adds refused, estimate_ms and
-retry_after_s), ``key`` (the job's key id) and ``sig``: hex HMAC-SHA256 with the job's
-bus key over the canonical JSON array of the reply format tag, job id, status,
-body and key id. Only the bridge that verified the job (it holds the key) and
-the job's sender can make it; the client ignores a reply it cannot verify.
+A reply entry (``replies``) is signed with the same identity's bus key, under its own format tag.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import re
 from collections.abc import Mapping
@@ -53,9 +43,10 @@ from typing import Any
 import orjson
 
 from examlops.bus import budget
+from examlops.bus.signing import matches, sign
 from examlops.core import keys
-from examlops.core.errors import DeadlineExceeded, ExamlopsError, Forbidden, InvalidInput
-from examlops.core.jsoncodec import ascii_array, canonical
+from examlops.core.errors import DeadlineExceeded, ExamlopsError, InvalidInput
+from examlops.core.jsoncodec import canonical
 
 FORMAT = "2"
 PREFIX = "examlops:bus"
@@ -87,7 +78,6 @@ _FIELDS = ("v", "job_id", "reply_to", "key", "deadline", "payload", "sig")
 _BUDGET_FIELDS = ("submitted", "budget_ms")
 """Optional signed fields: a job without them has no budget of its own (its task's default may apply)."""
 _JOB_TAG = "examlops.bus.v" + FORMAT
-_REPLY_TAG = "examlops.bus.reply.v" + FORMAT
 
 
 class MalformedJob(InvalidInput):
@@ -184,22 +174,11 @@ class Job:
         return DeadlineExceeded(f"the job's deadline passed {now - self.deadline:.3f} s ago; it was not served")
 
 
-def _matches(expected: str, given: object) -> bool:
-    """Constant-time comparison of a signature with what a message claims; anything but a str of ASCII (a
-    forged field Redis hands back as any text) is simply no match."""
-    return isinstance(given, str) and given.isascii() and hmac.compare_digest(expected, given)
-
-
-def _sign(key: bytes, items: list[str | int]) -> str:
-    """HMAC-SHA256 over the ASCII JSON array of ``items`` (``jsoncodec.ascii_array``), in hex."""
-    return hmac.new(key, ascii_array(items), hashlib.sha256).hexdigest()
-
-
 def _job_signature(key: bytes, address: str, f: Mapping[str, str]) -> str:
     items: list[str | int] = [_JOB_TAG, f["job_id"], address, f["reply_to"], f["key"], f["deadline"], f["payload"]]
     if any(name in f for name in _BUDGET_FIELDS):
         items += [f.get(name, "") for name in _BUDGET_FIELDS]
-    return _sign(key, items)
+    return sign(key, items)
 
 
 def encode_job(
@@ -269,7 +248,7 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
     refused (a done key must outlive every valid job).
     """
     key_id = job_key_id(raw)
-    if not _matches(_job_signature(key, address, raw), raw["sig"]):
+    if not matches(_job_signature(key, address, raw), raw["sig"]):
         raise BadSignature("the job's signature does not match: unsigned, another key, altered, or moved")
     try:
         deadline = float(raw["deadline"])
@@ -287,45 +266,3 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
     if budget_ms is not None and submitted is not None:
         deadline = budget.deadline_of(deadline, submitted, budget_ms)
     return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted)
-
-
-def error_body(error: ExamlopsError, *, model: str | None = None, job_id: str | None = None) -> dict[str, Any]:
-    """The error reply, in the shape of serving's ``ErrorReply``: a message, a prediction of 0.0 and the kind;
-    a ``forbidden`` one also names the ``permission`` the identity lacks, as serving's 403 does."""
-    body: dict[str, Any] = {
-        "error": error.message,
-        "prediction": 0.0,
-        "code": error.code,
-        "field": error.field,
-        "inference_failed": error.model_failure,
-        "model": model,
-        "job_id": job_id,
-    }
-    if isinstance(error, Forbidden):
-        body["permission"] = error.permission
-    return body
-
-
-def reply_fields(key_id: str, key: bytes, job_id: str, body: Mapping[str, Any], status: int = 0) -> dict[str, str]:
-    """A reply entry signed with the job's bus key (``key_id``'s), which only its sender and a bridge hold."""
-    fields = {"job_id": job_id, "status": str(status), "body": orjson.dumps(body).decode(), "key": key_id}
-    fields["sig"] = _sign(key, [_REPLY_TAG, job_id, fields["status"], fields["body"], key_id])
-    return fields
-
-
-def verify_reply(key_id: str, key: bytes, raw: Mapping[str, str]) -> tuple[str, dict[str, Any]] | None:
-    """(job id, body) of a reply signed with ``key`` for ``key_id``; None when it is not (forged, altered,
-    another identity's, or unsigned). A signed body that is not an object becomes an error body."""
-    try:
-        job_id, status, text, claimed, sig = raw["job_id"], raw["status"], raw["body"], raw["key"], raw["sig"]
-    except KeyError:
-        return None
-    if claimed != key_id or not _matches(_sign(key, [_REPLY_TAG, job_id, status, text, key_id]), sig):
-        return None
-    try:
-        body = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        body = None
-    if not isinstance(body, dict):
-        body = error_body(ExamlopsError("the bridge sent an unreadable reply"))
-    return job_id, body

@@ -8,6 +8,7 @@ running / a service not well, 2 a setting that cannot be used (a taken port),
 
 ``--skip NAME`` (repeatable) leaves a service out of `exa up`, e.g.
 ``--skip serving`` to run the platform without the serving process.
+`exa status` and the document it prints are ``cli.status``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -34,11 +33,11 @@ from examlops.cli.output import (
     load_settings,
     print_json,
 )
+from examlops.cli.status import status, status_document
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
     from examlops.platform.supervisor import SetupHook
-    from examlops.platform.up_state import UpState
 
 TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait.", min=1)]
 
@@ -170,7 +169,7 @@ def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: lis
                 state = UpState.read(settings.run_dir)
                 if state is not None and state.supervisor_pid == pid:
                     if state.state == "ready" and as_json:
-                        print_json({**_status_document(state, settings.run_dir), "log": str(log)})
+                        print_json({**status_document(state, settings.run_dir), "log": str(log)})
                         return
                     if state.state == "ready":
                         console.print(url_table(state))
@@ -222,78 +221,6 @@ def down(timeout: TimeoutOption = 60.0) -> None:
             kill_group(record.pgid, signal.SIGKILL)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     console.print("stopped")
-
-
-def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
-    from examlops.platform.process import pid_alive, probe
-
-    healthy = probe(record.health_url) if record.health_url else None
-    if not record.owned:
-        state = "external" if healthy is not False else "unreachable"
-    elif record.pid is None or not pid_alive(record.pid):
-        state = "stopped"
-    elif healthy is False:
-        state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
-    elif healthy is None and record.state == "starting" and supervisor_up:
-        state = "starting"  # no probe of its own (bridge, flows): the supervisor's word
-    else:
-        state = "running"
-    return {
-        "name": record.name,
-        "title": record.title,
-        "state": state,
-        "healthy": healthy,
-        "url": record.url,
-        "links": dict(record.links),
-        "pid": record.pid,
-        "pgid": record.pgid,
-        "log": record.log,
-        "owned": record.owned,
-    }
-
-
-def _status_document(state: UpState | None, run_dir: Path) -> dict[str, Any]:
-    from examlops.platform.up_state import supervisor_running
-
-    up = supervisor_running(run_dir)
-    if state is None:
-        return {"running": up, "state": None, "supervisor_pid": None, "services": []}
-    with ThreadPoolExecutor(max_workers=max(1, len(state.services))) as pool:
-        services = list(pool.map(lambda r: _service_status(r, up), state.services))
-    return {
-        "running": up,
-        "state": state.state if up else "dead",
-        "supervisor_pid": state.supervisor_pid,
-        "state_dir": state.state_dir,
-        "started_at": state.started_at,
-        "services": services,
-    }
-
-
-def status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-) -> None:
-    """Each service of `exa up`: state, pid, URL, health. Exit 1 when something that should run does not."""
-    from rich.table import Table
-
-    from examlops.platform.up_state import UpState
-
-    settings = load_settings()
-    doc = _status_document(UpState.read(settings.run_dir), settings.run_dir)
-    well = doc["running"] and all(s["state"] in ("running", "external") for s in doc["services"])
-    if as_json:
-        print_json({**doc, "ok": well})
-    elif not doc["services"]:
-        console.print("nothing running")
-    else:
-        table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
-        for column in ("service", "state", "pid", "URL", "health"):
-            table.add_column(column)
-        for s in doc["services"]:
-            health = {True: "ok", False: "failing", None: "-"}[s["healthy"]]
-            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health)
-        console.print(table)
-    raise typer.Exit(OK if well else UNWELL)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The settings object itself, and the rules across sections, are ``examlops.core.s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -124,6 +125,8 @@ class LoopSettings(_Section):
     """Canary passes when its model-failure rate exceeds Production's by at most this much."""
     p99_ratio: float = Field(1.2, ge=1)
     """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
+    p99_min_answers: int = Field(300, ge=1)
+    """Canary answers below which the latency gate compares p95 (a p99 of fewer calls is mostly noise)."""
     p99_slack_ms: float = Field(10.0, ge=0)
     """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
     drift_p_value: float = Field(0.05, gt=0, lt=1)
@@ -230,8 +233,11 @@ class AuthSettings(_Section):
 
 
 class ServingSettings(_Section):
-    """The serving process (FastAPI on uvicorn)."""
+    """The serving process (FastAPI on uvicorn, or on Ray Serve)."""
 
+    engine: Literal["uvicorn", "ray"] = "uvicorn"
+    """What runs the pipeline: ``uvicorn`` (one process and its predict pool) or ``ray`` (Ray Serve: the same
+    app as the ingress, one deployment per catalog model; needs the ``ray`` extra; see the ``ray`` section)."""
     host: str = "127.0.0.1"
     """Interface the serving process binds to."""
     port: int = Field(18001, ge=1, le=65535)
@@ -299,3 +305,33 @@ class PrefectSettings(_Section):
     """URL of an external Prefect API; unset, examlops starts and owns a Prefect server."""
     port: int = Field(18003, ge=1, le=65535)
     """Port of the embedded Prefect server and its UI."""
+
+
+class RaySettings(_Section):
+    """The Ray Serve engine (``serving.engine=ray``): the cluster and each model deployment's replicas."""
+
+    address: str | None = None
+    """A running Ray cluster to join (``ray://`` or ``host:port``); unset, serving starts a local one."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of the local cluster serving starts; unset, the machine's."""
+    temp_dir: Path | None = None
+    """Ray's session, socket and log folder; unset, ``ray`` under the state folder. Ray's socket paths must
+    stay under 108 bytes: serving refuses to start when this folder's path is longer than 43 characters."""
+    num_replicas: int = Field(1, ge=1)
+    """Replicas of each model deployment when ``max_replicas`` is unset (no autoscaling)."""
+    min_replicas: int = Field(1, ge=0)
+    """With ``max_replicas`` set: the fewest replicas autoscaling keeps per model."""
+    max_replicas: int | None = Field(None, ge=1)
+    """Set, each model deployment autoscales between ``min_replicas`` and this."""
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    """Autoscaling's target of calls in flight per replica (each call is one micro-batch of rows)."""
+    max_ongoing_requests: int = Field(64, ge=1)
+    """Calls one model replica accepts at once; more wait in the ingress's handle."""
+    replica_cpus: float = Field(0.5, gt=0)
+    """CPUs reserved per model replica (Ray's ``num_cpus``); the ingress reserves a quarter CPU."""
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> RaySettings:
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError("ray.min_replicas must not exceed ray.max_replicas")
+        return self

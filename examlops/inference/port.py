@@ -31,6 +31,9 @@ Contract:
 - ``on_capture`` (the caller's hook; the port writes nothing itself) gets one ``Capture`` per backend
   call (per chunk for streams): route, backend, inputs (each field ``"<redacted>"`` unless
   ``spec.capture_inputs``), outputs, duration, error (``examlops.inference.capture``).
+
+The deadline, errors, shaping and capture around each backend call are ``backend_calls``; a native
+stream's windows and re-chunking are ``native_stream``.
 """
 
 from __future__ import annotations
@@ -39,14 +42,16 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, cast
 
-from examlops.inference.capture import CaptureHook, emit
+from examlops.inference.backend_calls import BackendCalls
+from examlops.inference.capture import CaptureHook
 from examlops.inference.context import current_criticality, current_trace_id, tightened
 from examlops.inference.errors import FeatureUnsupported, InferenceError, Kind
-from examlops.inference.ports import Adapter, Call, Row, StreamingAdapter
-from examlops.inference.shaping import input_rows, output_models
+from examlops.inference.native_stream import native_stream
+from examlops.inference.ports import Adapter, Call, StreamingAdapter
+from examlops.inference.shaping import input_rows
 from examlops.inference.spec import I, InferenceSpec, O
 
 DEFAULT_CHUNK_SIZE = 64
@@ -66,8 +71,8 @@ class InferencePort(Generic[I, O]):
     ) -> None:
         self.spec = spec
         self.adapter = adapter
-        self._on_capture = on_capture
         self._emulate_streaming = emulate_streaming
+        self._calls = BackendCalls(spec, adapter, on_capture)
 
     @property
     def backend(self) -> str:
@@ -102,7 +107,8 @@ class InferencePort(Generic[I, O]):
             raise FeatureUnsupported("streaming", backend=self.backend, route=self.spec.name)
         call = dataclasses.replace(self._call(options), stream=True)
         if caps.streaming:
-            return self._native_stream(input_rows(self.spec, list(instances)), size, call)
+            rows = input_rows(self.spec, list(instances))
+            return native_stream(self._calls, cast(StreamingAdapter, self.adapter), rows, size, call)
         return self._emulated_stream(iter(instances), size, call)
 
     async def _emulated_stream(
@@ -133,27 +139,6 @@ class InferencePort(Generic[I, O]):
             options=options,
         )
 
-    def _remaining(self, call: Call) -> float | None:
-        """Seconds left; TIMEOUT (before any I/O) once the deadline has passed."""
-        remaining = call.remaining_s()
-        if remaining is not None and remaining <= 0:
-            raise self._timeout()
-        return remaining
-
-    def _timeout(self) -> InferenceError:
-        return InferenceError(
-            Kind.TIMEOUT, "the deadline passed", code="inference_timeout", backend=self.backend, route=self.spec.name
-        )
-
-    def _adapter_error(self, exc: Exception) -> InferenceError:
-        return InferenceError(
-            Kind.INFRASTRUCTURE,
-            f"the {self.backend} adapter failed: {type(exc).__name__}",
-            code="inference_adapter_error",
-            backend=self.backend,
-            route=self.spec.name,
-        )
-
     async def _predict_rows(self, rows: list[dict[str, Any]], call: Call) -> list[O]:
         caps = self.adapter.capabilities
         step = (caps.max_batch or len(rows)) if caps.native_batching else 1
@@ -165,161 +150,8 @@ class InferencePort(Generic[I, O]):
     async def _one_call(self, rows: list[dict[str, Any]], call: Call) -> list[O]:
         started = time.monotonic()
         try:
-            remaining = self._remaining(call)
-            try:
-                async with asyncio.timeout(remaining):
-                    raw = await self.adapter.predict_batch(self.spec.name, rows, call)
-            except TimeoutError:
-                raise self._timeout() from None
-            except InferenceError:
-                raise
-            except Exception as exc:
-                raise self._adapter_error(exc) from exc
-            shaped = cast(list[O], output_models(self.spec, raw, expected=len(rows), backend=self.backend))
+            raw = await self._calls.bounded(call, lambda: self.adapter.predict_batch(self.spec.name, rows, call))
         except InferenceError as error:
-            self._capture(call, rows, None, started, error)
+            self._calls.capture(call, rows, None, started, error)
             raise
-        self._capture(call, rows, raw, started, None)
-        return shaped
-
-    async def _native_stream(self, rows: list[dict[str, Any]], size: int, call: Call) -> AsyncGenerator[list[O], None]:
-        """The adapter's own stream, re-chunked to ``size``, checked and shaped chunk by chunk."""
-        if not rows:
-            return
-        adapter = cast(StreamingAdapter, self.adapter)
-        cap = adapter.capabilities.max_batch
-        stream_call = Call(
-            route=call.route,
-            deadline=call.deadline,
-            criticality=call.criticality,
-            trace_id=call.trace_id,
-            options={**call.options, "chunk_size": min(size, cap) if cap else size},
-            stream=True,
-        )
-        stream = self._windowed(adapter, rows, stream_call, cap or len(rows))
-        pending: list[Row] = []
-        done = 0
-        started = time.monotonic()
-        try:
-            while done < len(rows):
-                chunk_rows = rows[done : done + size]
-                try:
-                    self._remaining(call)  # a deadline check at every boundary, even for outputs already here
-                except InferenceError as late:
-                    self._capture(call, chunk_rows, None, started, late)
-                    raise
-                while len(pending) < len(chunk_rows):
-                    pending.extend(await self._next(stream, call, rows[done + len(pending) :], started))
-                yield self._shape_chunk(call, chunk_rows, pending[: len(chunk_rows)], started)
-                pending = pending[len(chunk_rows) :]
-                done += len(chunk_rows)
-                started = time.monotonic()
-                await asyncio.sleep(0)  # a cancellation point at every boundary
-            if pending or await self._has_more(stream, call):
-                extra = InferenceError(
-                    Kind.VALIDATION,
-                    f"the {self.backend} backend streamed more outputs than the {len(rows)} instances",
-                    code="inference_output_invalid",
-                    backend=self.backend,
-                    route=self.spec.name,
-                )
-                self._capture(call, [], None, started, extra)
-                raise extra
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    async def _windowed(
-        self, adapter: StreamingAdapter, rows: list[dict[str, Any]], call: Call, window: int
-    ) -> AsyncGenerator[Sequence[Row], None]:
-        """The adapter's streams over consecutive windows of at most ``window`` rows (its ``max_batch``),
-        one after the other, each held to exactly one output per row of its window."""
-        for start in range(0, len(rows), window):
-            part = rows[start : start + window]
-            stream = adapter.stream_batches(self.spec.name, part, call)
-            got = 0
-            try:
-                async for chunk in stream:
-                    if isinstance(chunk, Mapping) or not isinstance(chunk, Sequence):
-                        yield chunk  # _next judges it
-                        return
-                    got += len(chunk)
-                    if got > len(part):
-                        raise self._miscount(
-                            f"the {self.backend} backend streamed more outputs than the {len(part)} instances sent"
-                        )
-                    yield chunk
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            if got < len(part):
-                raise self._miscount(
-                    f"the {self.backend} backend's stream ended with {len(part) - got} instances unanswered"
-                )
-
-    def _miscount(self, message: str) -> InferenceError:
-        return InferenceError(
-            Kind.VALIDATION,
-            message,
-            code="inference_output_invalid",
-            backend=self.backend,
-            route=self.spec.name,
-        )
-
-    async def _next(
-        self, stream: AsyncIterator[Sequence[Row]], call: Call, left: list[dict[str, Any]], started: float
-    ) -> Sequence[Row]:
-        try:
-            remaining = self._remaining(call)
-            try:
-                async with asyncio.timeout(remaining):
-                    got = await anext(stream)
-            except StopAsyncIteration:
-                raise InferenceError(
-                    Kind.VALIDATION,
-                    f"the {self.backend} backend's stream ended with {len(left)} instances unanswered",
-                    code="inference_output_invalid",
-                    backend=self.backend,
-                    route=self.spec.name,
-                ) from None
-            except TimeoutError:
-                raise self._timeout() from None
-            except InferenceError:
-                raise
-            except Exception as exc:
-                raise self._adapter_error(exc) from exc
-            if isinstance(got, Mapping) or not isinstance(got, Sequence):
-                output_models(self.spec, got, expected=len(left), backend=self.backend)  # raises: not a list
-            return got
-        except InferenceError as error:
-            self._capture(call, left, None, started, error)
-            raise
-
-    async def _has_more(self, stream: AsyncIterator[Sequence[Row]], call: Call) -> bool:
-        try:
-            async with asyncio.timeout(call.remaining_s()):
-                extra = await anext(stream)
-        except (StopAsyncIteration, TimeoutError):
-            return False
-        return len(extra) > 0
-
-    def _shape_chunk(self, call: Call, rows: list[dict[str, Any]], raw: list[Row], started: float) -> list[O]:
-        try:
-            shaped = cast(list[O], output_models(self.spec, raw, expected=len(rows), backend=self.backend))
-        except InferenceError as error:
-            self._capture(call, rows, None, started, error)
-            raise
-        self._capture(call, rows, raw, started, None)
-        return shaped
-
-    def _capture(
-        self,
-        call: Call,
-        rows: Sequence[Mapping[str, Any]],
-        outputs: Sequence[Row] | None,
-        started: float,
-        error: InferenceError | None,
-    ) -> None:
-        emit(self._on_capture, self.spec, self.backend, call, rows, outputs, started, error)
+        return self._calls.shaped(call, rows, raw, started)

@@ -28,7 +28,8 @@ Contract:
 - Every job that ends is traced once, as one call (``on_end``).
 
 ``close()`` stops between two awaits, drops the unrecorded batch and releases the leases, so that the next
-serving process resumes at once. Call it before the pipeline closes.
+serving process resumes at once. Call it before the pipeline closes. How one instance is answered, and
+what pauses or expires a batch, is ``jobs.answers``.
 """
 
 from __future__ import annotations
@@ -41,17 +42,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from examlops.core.errors import (
-    DeadlineExceeded,
-    DependencyUnavailable,
-    ExamlopsError,
-    InvalidInput,
-    NotReady,
-    Refused,
-)
-from examlops.core.messages import InferenceRequest
+from examlops.core.errors import ExamlopsError, InvalidInput
+from examlops.jobs.answers import Expired, Pause, answer, batch_lines, budget_ran_out
 from examlops.jobs.files import ResultsFile, read_batches
-from examlops.jobs.model import Instance, Job, JobState, result_line
+from examlops.jobs.model import Instance, Job, JobState
 from examlops.jobs.ports import BackgroundInference, JobStore
 
 log = logging.getLogger(__name__)
@@ -60,14 +54,6 @@ _T = TypeVar("_T")
 Batch = list[Instance | InvalidInput]
 JobEnded = Callable[[Job], None]
 """Called once with every job the runner ended (to trace it); it must not raise."""
-
-
-class _Pause(Exception):
-    """The batch cannot run now (the pipeline is closing, a dependency is down): try it again later."""
-
-
-class _Expired(Exception):
-    pass
 
 
 class JobRunner:
@@ -160,10 +146,10 @@ class JobRunner:
             return True
         try:
             await self._batches(job, results, lost)
-        except _Pause as exc:
+        except Pause as exc:
             log.info("offline job %s paused before batch %s: %s", job.id, job.done_batches, exc)
             return False
-        except _Expired as exc:
+        except Expired as exc:
             await self._end(job, JobState.EXPIRED, str(exc))
         except OSError as exc:
             await self._end(job, JobState.FAILED, f"the instances file cannot be read: {exc.strerror}")
@@ -191,7 +177,7 @@ class JobRunner:
             if current is None or current.state.final:
                 return  # cancelled (or ended elsewhere) between batches
             if self._wall() >= job.expires_at:
-                raise _Expired(f"the budget ran out after {job.answered} of {job.total} instances")
+                raise budget_ran_out(job)
             batch = await asyncio.to_thread(_next, batches)
             if batch is None:
                 await self._end(job, JobState.DONE, "")
@@ -201,12 +187,13 @@ class JobRunner:
             answers = await _unless(
                 lost,
                 asyncio.gather(
-                    *(self._one(job, first + i, item) for i, item in enumerate(batch)), return_exceptions=True
+                    *(answer(self._pipeline, job, first + i, item) for i, item in enumerate(batch)),
+                    return_exceptions=True,
                 ),
             )
             if answers is None:
                 break
-            lines = _lines(answers)
+            lines = batch_lines(answers)
             failed = sum(1 for line in lines if "error" in line)
             job = replace(
                 job, done_batches=job.done_batches + 1, answered=job.answered + len(lines), errors=job.errors + failed
@@ -238,33 +225,6 @@ class JobRunner:
             )
             return offset if recorded else None
 
-    async def _one(self, job: Job, index: int, item: Instance | InvalidInput) -> dict[str, Any]:
-        if isinstance(item, InvalidInput):
-            return result_line(index, error={"code": item.code, "message": item.message})
-        request = InferenceRequest(
-            model=job.model,
-            embedding=item.embedding,
-            node_count=item.node_count,
-            alias=job.alias,
-            job_id=job.id,
-            user_id=item.user_id,
-            deadline=job.expires_at,
-            metadata={"task": job.task, "offline_job": job.id},
-            budget_ms=job.budget_ms,
-            task=job.task,
-            identity=job.identity,
-        )
-        try:
-            result = await self._pipeline.infer(request, background=True)
-        except (Refused, DeadlineExceeded) as exc:
-            raise _Expired(f"the budget ran out after {job.answered} of {job.total} instances") from exc
-        except (NotReady, DependencyUnavailable) as exc:
-            raise _Pause(str(exc)) from exc
-        except ExamlopsError as exc:
-            return result_line(index, error={"code": exc.code, "message": exc.message})
-        answer = {"prediction": result.prediction, "model": result.model, "alias": result.alias}
-        return result_line(index, answer={**answer, "version": result.version})
-
     async def _end(self, job: Job, state: JobState, error: str) -> None:
         ended = await asyncio.to_thread(self._store.finish, job.id, state, error=error, at=self._wall())
         if ended is not None and self._on_end is not None:
@@ -291,16 +251,3 @@ async def _awaited(work: Awaitable[_T]) -> _T:
 
 def _next(batches: Iterator[Batch]) -> Batch | None:
     return next(batches, None)
-
-
-def _lines(answers: list[dict[str, Any] | BaseException]) -> list[dict[str, Any]]:
-    """The batch's lines once every instance of it is over; a pause wins over an expiry (the batch can
-    still be answered later), any other exception is re-raised."""
-    problems = [answer for answer in answers if isinstance(answer, BaseException)]
-    for kind in (_Pause, _Expired):
-        for problem in problems:
-            if isinstance(problem, kind):
-                raise problem
-    if problems:
-        raise problems[0]
-    return [answer for answer in answers if not isinstance(answer, BaseException)]

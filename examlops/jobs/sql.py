@@ -2,7 +2,8 @@
 
 One row per job, keyed by its id; times are UNIX seconds (floats), so both SQLite and Postgres hand back
 what was stored. Every conditional write is one ``UPDATE ... WHERE`` whose row count says whether it
-happened (no read-then-write race between processes). Database errors are ``StoreUnavailable``.
+happened (no read-then-write race between processes): ``_update``, over the conditions ``_live`` (the job
+is queued or running) and ``_held`` (and it is the caller's). Database errors are ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Column, Index, or_, update
 from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from examlops.db.session import store_session
@@ -95,15 +97,15 @@ class SqlJobStore:
                 .limit(8)
             ).all()
             for job_id in candidates:
-                claimed = session.exec(
-                    update(OfflineJob)
-                    .where(col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE), free)
-                    .values(owner=owner, lease_until=now + lease_s, state=JobState.RUNNING.value)
+                taken = _update(
+                    session,
+                    [*_live(job_id), free],
+                    owner=owner,
+                    lease_until=now + lease_s,
+                    state=JobState.RUNNING.value,
                 )
-                session.commit()
-                if _count(claimed) == 1:
-                    row = session.get(OfflineJob, job_id, populate_existing=True)
-                    return None if row is None else _job(row)
+                if taken == 1:
+                    return _reread(session, job_id)
         return None
 
     def record_batch(
@@ -118,34 +120,20 @@ class SqlJobStore:
         lease_until: float,
     ) -> bool:
         with self._session("record a batch of") as session:
-            result = session.exec(
-                update(OfflineJob)
-                .where(
-                    col(OfflineJob.id) == job_id,
-                    col(OfflineJob.owner) == owner,
-                    col(OfflineJob.state).in_(_LIVE),
-                    col(OfflineJob.done_batches) == done_batches - 1,
-                )
-                .values(
-                    done_batches=done_batches,
-                    answered=answered,
-                    errors=errors,
-                    results_bytes=results_bytes,
-                    lease_until=lease_until,
-                )
+            recorded = _update(
+                session,
+                [*_held(job_id, owner), col(OfflineJob.done_batches) == done_batches - 1],
+                done_batches=done_batches,
+                answered=answered,
+                errors=errors,
+                results_bytes=results_bytes,
+                lease_until=lease_until,
             )
-            session.commit()
-            return _count(result) == 1
+            return recorded == 1
 
     def renew(self, job_id: str, owner: str, lease_until: float) -> bool:
         with self._session("renew a lease on") as session:
-            result = session.exec(
-                update(OfflineJob)
-                .where(col(OfflineJob.id) == job_id, col(OfflineJob.owner) == owner, col(OfflineJob.state).in_(_LIVE))
-                .values(lease_until=lease_until)
-            )
-            session.commit()
-            return _count(result) == 1
+            return _update(session, _held(job_id, owner), lease_until=lease_until) == 1
 
     def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:
         assert state.final, f"{state} is not a final state"
@@ -156,26 +144,36 @@ class SqlJobStore:
 
     def _end(self, job_id: str, state: JobState, error: str, at: float) -> Job | None:
         with self._session("end") as session:
-            result = session.exec(
-                update(OfflineJob)
-                .where(col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE))
-                .values(state=state.value, error=error, finished_at=at, owner=None, lease_until=None)
+            ended = _update(
+                session, _live(job_id), state=state.value, error=error, finished_at=at, owner=None, lease_until=None
             )
-            session.commit()
-            if _count(result) != 1:
-                return None
-            row = session.get(OfflineJob, job_id, populate_existing=True)
-            return None if row is None else _job(row)
+            return _reread(session, job_id) if ended == 1 else None
 
     def release(self, owner: str) -> int:
         with self._session("release") as session:
-            result = session.exec(
-                update(OfflineJob).where(col(OfflineJob.owner) == owner).values(owner=None, lease_until=None)
-            )
-            session.commit()
-            return _count(result)
+            return _update(session, [col(OfflineJob.owner) == owner], owner=None, lease_until=None)
 
 
-def _count(result: Any) -> int:
+def _live(job_id: str) -> list[ColumnElement[bool]]:
+    """The job ``job_id`` while it is live (queued or running)."""
+    return [col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE)]
+
+
+def _held(job_id: str, owner: str) -> list[ColumnElement[bool]]:
+    """The job ``job_id`` while it is live and ``owner``'s."""
+    return [*_live(job_id), col(OfflineJob.owner) == owner]
+
+
+def _update(session: Session, where: Sequence[ColumnElement[bool]], **values: Any) -> int:
+    """One conditional write, committed: how many rows it changed (0: the condition no longer held, so
+    nothing changed)."""
+    result = session.exec(update(OfflineJob).where(*where).values(**values))
+    session.commit()
     assert isinstance(result, CursorResult)
     return int(result.rowcount)
+
+
+def _reread(session: Session, job_id: str) -> Job | None:
+    """The job as the database holds it now (after a write of this session)."""
+    row = session.get(OfflineJob, job_id, populate_existing=True)
+    return None if row is None else _job(row)

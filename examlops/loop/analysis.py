@@ -3,11 +3,14 @@ window, judge the gates, then promote, reject or leave things as they were.
 
 ``CanaryAnalysis(parts).run(model, owner=...)``:
 
-1. holds the model in the ``canary`` phase (``LoopStore.claim``; a run that already holds it, such as the
-   retrain run that made the candidate, keeps it). ``Conflict`` when another live run holds it;
+1. ends a dead run's hold first (``recovery.end_dead_run``: its split goes back), then holds the model
+   in the ``canary`` phase (``LoopStore.claim``; a run that already holds it, such as the retrain run
+   that made the candidate, keeps it). ``Conflict`` when another live run holds it;
    ``InvalidInput`` when Canary and Production are the same version;
-2. stores the split ``Production: 100 - share, Canary: share`` (``loop.canary_started``) and waits until
-   every instance applies it (the traffic port's ``settle_s``); the window starts then;
+2. has every serving instance load Canary's version and confirm it (a retrain moved the alias in the
+   registry only), then stores the split ``Production: 100 - share, Canary: share``
+   (``loop.canary_started``) and waits until every instance applies it (the traffic port's ``settle_s``);
+   the window starts then;
 3. every ``poll_s``: reads the traced calls and bus predictions of the window, judges the gates
    (``gates.judge``), stores the figures so far (``exa loop status`` shows them) and renews the hold;
    stops on a decision, at ``max_seconds`` (undecided), or when an abort was asked for;
@@ -18,9 +21,10 @@ window, judge the gates, then promote, reject or leave things as they were.
    **aborted** put the split back and change nothing else;
 5. appends ``loop.decided`` naming every gate, its figures and limit, and ends the hold.
 
-An error on the way (a store down, a promotion an instance did not follow) puts the split back where it can,
-ends the hold as ``undecided`` with the error as its note, and propagates. A run that lost its hold (another
-took the model after its lease ran out) stops without acting: ``Conflict``.
+An error on the way (a store down, an instance that cannot load Canary) puts the split back where it can,
+ends the hold as ``undecided`` with the error as its note, and propagates; a promotion an instance did not
+follow stays recorded as ``promoted`` (the alias moved) with the lagging instances in its note. A run
+that lost its hold (another took the model after its lease ran out) stops without acting: ``Conflict``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from examlops.loop.ports import (
     TrafficSplit,
     Versions,
 )
+from examlops.loop.recovery import end_dead_run
 from examlops.loop.state import LoopRecord, LoopStore, Phase
 
 AuditHook = Callable[[str, str, Mapping[str, Any]], None]
@@ -141,6 +146,7 @@ class CanaryAnalysis:
         production_version = p.versions.version(model, "Production")
         if canary_version == production_version:
             raise InvalidInput(f"{model}: Canary and Production are both version {canary_version}: nothing to analyse")
+        end_dead_run(p, model)  # a dead run's split is not the site's own
         started = p.clock()
         restore = p.traffic.get(model)
         held = p.store.claim(
@@ -152,6 +158,8 @@ class CanaryAnalysis:
             raise Conflict(_held_by(p.store.get(model), model))
         split = {"Production": 100 - share, "Canary": share}
         try:
+            loaded = p.promoter.load(model, "Canary", canary_version)
+            p.say(f"{model}: Canary v{canary_version} loaded on {len(loaded)} instance(s)")
             p.traffic.set(model, split)
             p.audit(events.CANARY_STARTED, model, {
                 "production_version": production_version, "canary_version": canary_version, "share": share,
@@ -259,13 +267,13 @@ class CanaryAnalysis:
     def _give_up(self, model: str, owner: str, restore: dict[str, int], error: BaseException) -> None:
         """After an error: put the split back and end the hold as undecided, as far as the stores allow."""
         p = self.parts
-        if isinstance(error, Conflict | PromotionIncomplete):
-            return  # the hold is another run's now, or the promotion is recorded: nothing to undo
+        if isinstance(error, Conflict):
+            return  # the hold is another run's now: so is the split
         try:
             p.traffic.set(model, restore)
         except Exception as exc:
             p.say(f"{model}: could not put the split back ({exc}); set it with `exa serve traffic`")
-        try:
+        try:  # a no-op when the hold already ended (a promotion an instance did not follow is recorded as such)
             p.store.finish(model, owner, Phase.UNDECIDED, p.clock(), note=f"stopped by an error: {error}"[:500])
         except Exception as exc:
             p.say(f"{model}: could not record how the analysis ended: {exc}")

@@ -25,6 +25,7 @@ from examlops.core.errors import Conflict
 from examlops.loop import events
 from examlops.loop.analysis import LoopParts
 from examlops.loop.ports import Promotion
+from examlops.loop.recovery import end_dead_run
 from examlops.loop.state import Phase
 from examlops.loop.trigger import on_trigger, rollback_promotion
 
@@ -72,6 +73,7 @@ def retrain_cycle(
     reason: str = "",
 ) -> CycleResult:
     """Drop, roll back, or retrain and analyse (module docstring)."""
+    end_dead_run(parts, model)  # a dead run's split is not the site's own
     p, now = parts, parts.clock()
     decision = on_trigger(p.store, model, now, p.settings)
     if decision.action == "busy":

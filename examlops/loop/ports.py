@@ -61,6 +61,10 @@ class Promoter(Protocol):
     def rollback(self, model: str) -> Promotion:
         """Point Production back at the version its last promotion replaced, on every instance."""
 
+    def load(self, model: str, alias: str, version: str) -> tuple[str, ...]:
+        """Make every serving instance load and serve ``version`` for ``alias`` (the registry already points
+        there); the instances that confirmed. ``PromotionIncomplete`` when one did not."""
+
 
 class FailureWindows(Protocol):
     def reset(self, model: str, *, cooldown: bool) -> None:

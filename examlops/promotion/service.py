@@ -1,6 +1,6 @@
 """Promotion and rollback: move an alias in the registry, then make every serving instance follow.
 
-``promote`` (what `exa promote` and the promote flow call) and ``rollback``:
+``promote`` (what `exa promote` and the promote flow call) and ``rollback`` (``follow`` does step 3 alone):
 
 1. move the alias in MLflow, recording the version it replaced (``examlops.promotion.aliases``);
 2. call ``on_moved(move)`` if given: the hook for the audit trail (an exception from it propagates:
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 
 from examlops.core.errors import PromotionIncomplete
-from examlops.core.messages import DEFAULT_ALIAS
+from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion.aliases import AliasMove, AliasRegistry, move_alias, rollback_alias
 from examlops.promotion.instances import confirm_reload
@@ -75,6 +75,24 @@ def rollback(
     """Move ``alias`` back to the version its last promotion replaced, and make every instance serve it."""
     move = rollback_alias(registry, model, alias)
     return _follow(settings, move, instances, timeout_s, on_moved, transport, token)
+
+
+def follow(
+    settings: Settings,
+    model: str,
+    alias: str,
+    version: str,
+    *,
+    instances: Sequence[str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
+) -> PromotionResult:
+    """Make every instance serve ``version`` for ``alias``, where the registry already points: no alias moves
+    (the closed loop loads a new Canary everywhere before it sends it traffic). ``PromotionIncomplete`` as
+    for a promotion."""
+    move = AliasMove(model, canonical_alias(alias), version, version)
+    return _follow(settings, move, instances, timeout_s, None, transport, token)
 
 
 def _follow(

@@ -27,7 +27,7 @@ from typing import Protocol
 from examlops.core.errors import Refused
 from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings
-from examlops.serving.batcher import InFlight
+from examlops.serving.waiters import InFlight
 
 OVERDUE_SHARE = 0.25
 """The share of its expected time a batch still running past it is counted as having left."""

@@ -28,7 +28,8 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
   the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
 
 The wake-up future and timers are created on the running loop (``start``), never in ``__init__``: a
-batcher built outside a loop must not bind to the wrong one.
+batcher built outside a loop must not bind to the wrong one. The queue entries and the flush and fit rules
+are ``serving.waiters``.
 """
 
 from __future__ import annotations
@@ -39,42 +40,16 @@ import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
+from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 BatchHandler = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
-
-
-@dataclass(slots=True, order=True)
-class Waiter(Generic[T, R]):
-    """One submitted item in the queue: ordered by ``key``, then arrival (``seq``)."""
-
-    key: float
-    seq: int
-    item: T = field(compare=False)
-    future: asyncio.Future[R] = field(compare=False)
-    due: float = field(default=math.inf, compare=False)
-    """Loop time after which nobody waits for the answer (``math.inf``: no deadline)."""
-
-
-@dataclass(slots=True)
-class InFlight(Generic[T]):
-    """A batch being handled: when it was handed over and its items (what the admission estimate reads)."""
-
-    started: float
-    items: list[T]
-
-
-def _fail(waiters: Sequence[Waiter[Any, Any]], error: BaseException) -> None:
-    for waiter in waiters:
-        if not waiter.future.done():
-            waiter.future.set_exception(error)
 
 
 class MicroBatcher(Generic[T, R]):
@@ -208,22 +183,6 @@ class MicroBatcher(Generic[T, R]):
             return waiter
         return None
 
-    def _flush_at(self, batch: list[Waiter[T, R]], opened: float) -> float:
-        """When the batch must go: ``max_wait_s`` after it opened, or earlier for its tightest deadline."""
-        flush_at = opened + self._max_wait_s
-        tightest = min(waiter.due for waiter in batch)
-        if tightest < flush_at:
-            lead = self._lead([waiter.item for waiter in batch]) if self._lead is not None else 0.0
-            flush_at = min(flush_at, tightest - lead)
-        return flush_at
-
-    def _fits(self, batch: list[Waiter[T, R]], waiter: Waiter[T, R], now: float) -> bool:
-        """Whether ``batch`` with ``waiter`` in it can still be handled before its tightest deadline."""
-        tightest = min(waiter.due, min(member.due for member in batch))
-        if tightest == math.inf or self._lead is None:
-            return True
-        return now + self._lead([*(member.item for member in batch), waiter.item]) <= tightest
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -234,7 +193,7 @@ class MicroBatcher(Generic[T, R]):
                 continue
             batch = self._collecting = [first]
             opened = loop.time()
-            flush_at = self._flush_at(batch, opened)
+            flush_at = flush_time(batch, opened, self._max_wait_s, self._lead)
             while len(batch) < self._max_size:
                 now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
@@ -244,12 +203,12 @@ class MicroBatcher(Generic[T, R]):
                     waiter = self._take(now)
                     if waiter is None:
                         continue
-                    if not self._fits(batch, waiter, now):
+                    if not fits(batch, waiter, now, self._lead):
                         heapq.heappush(self._heap, waiter)  # it waits for the next batch
                         break
                     batch.append(waiter)
                     if waiter.due < flush_at:
-                        flush_at = self._flush_at(batch, opened)
+                        flush_at = flush_time(batch, opened, self._max_wait_s, self._lead)
                     continue
                 if len(self._in_flight) < self._eager_below or now >= flush_at:
                     break
@@ -271,11 +230,11 @@ class MicroBatcher(Generic[T, R]):
             if len(outcomes) != len(batch):
                 raise ExamlopsError(f"{self._name}: the handler returned {len(outcomes)} outcomes for {len(batch)}")
         except asyncio.CancelledError:
-            _fail(batch, NotReady(f"{self._name} closed before the batch finished"))
+            fail_all(batch, NotReady(f"{self._name} closed before the batch finished"))
             raise
         except Exception as exc:
             log.warning("%s: a batch of %d failed: %r", self._name, len(batch), exc)
-            _fail(batch, exc)
+            fail_all(batch, exc)
             return
         for waiter, outcome in zip(batch, outcomes, strict=True):
             if waiter.future.done():
@@ -289,7 +248,7 @@ class MicroBatcher(Generic[T, R]):
         waiting, self._collecting = self._collecting, []
         waiting += self._heap
         self._heap = []
-        _fail(waiting, error)
+        fail_all(waiting, error)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         if self._closed:

@@ -35,7 +35,7 @@ from pydantic import SecretStr
 from examlops.bootstrap import sql_engine, upgrade_database
 from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client, task_addresses
 from examlops.bootstrap.clients import bus_redis, hop_client
-from examlops.bus import wire
+from examlops.bus import replies, wire
 from examlops.bus.bridge import Bridge
 from examlops.bus.store import BusStore
 from examlops.core import records
@@ -426,7 +426,7 @@ async def test_jobs_xadded_directly_to_an_unknown_address_before_any_bridge_ran_
         async with running_bridge(settings, sweep_s=0.2):
             await until(lambda: sync_redis.xlen(reply_stream) == 1)
             [(_id, fields)] = sync_redis.xrange(reply_stream)
-            verified = wire.verify_reply(*bus_key_from_token(TOKEN), fields)
+            verified = replies.verify_reply(*bus_key_from_token(TOKEN), fields)
             assert verified is not None and verified[1]["code"] == "model_not_found"
             # Answered, its stream is empty: the next sweeps forget the address.
             await until(lambda: not sync_redis.sismember(wire.ADDRESSES_KEY, unknown))

@@ -237,11 +237,11 @@ def test_an_analysis_without_traffic_ends_undecided_and_an_abort_restores_the_sp
     runner.start()
     import time
 
-    deadline = time.monotonic() + 60
-    while (loop_record(site, "JPCP").phase.value != "canary") and time.monotonic() < deadline:
-        time.sleep(0.2)
     with closed_loop(Settings()) as parts:
-        assert parts.traffic.get("JPCP") == {"Production": 50, "Canary": 50}
+        deadline = time.monotonic() + 60  # the run loads Canary everywhere, then sets the split
+        while parts.traffic.get("JPCP") != {"Production": 50, "Canary": 50} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert loop_record(site, "JPCP").phase.value == "canary"
         aborted = abort_analysis(parts, "JPCP", actor="tests")
         assert aborted.how == "asked"
         runner.join(30)
@@ -284,3 +284,21 @@ def test_a_candidate_worse_than_production_is_registered_but_never_reaches_canar
     assert site.registry.resolve("JPCP", "Canary").version == canary_before
     assert cycle.candidate.version in [v.version for v in site.registry.list_versions("JPCP")]
     assert "loop.candidate_kept_back" in [t for t, _ in events_of(site, "JPCP")]
+
+
+def test_a_cancelled_canary_run_puts_its_split_back_from_its_hook(loop_env: Site) -> None:
+    from types import SimpleNamespace
+
+    from examlops.bootstrap.loop import closed_loop
+    from examlops.flows.canary import _end_after
+    from examlops.loop.state import Phase
+
+    with closed_loop(Settings()) as parts:
+        before = parts.traffic.get("AC")
+        parts.store.claim("AC", "run-x", Phase.CANARY, parts.clock(), 120.0, restore=before, run="flow run x")
+        parts.traffic.set("AC", {"Production": 90, "Canary": 10})
+        run = SimpleNamespace(parameters={"model": "ac", "owner": "run-x"}, id="other", name="brave-fox")
+        _end_after(None, run, SimpleNamespace(type=SimpleNamespace(value="CANCELLED")))
+        assert parts.traffic.get("AC") == before
+    record = loop_record(loop_env, "AC")
+    assert record.phase.value == "aborted" and "brave-fox ended cancelled" in record.note

@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from examlops.adapters.redis import connect
-from examlops.bus.wire import error_body
+from examlops.bus.replies import error_body
 from examlops.cli.bridge_status import status
 from examlops.core.errors import ExamlopsError, InferenceFailed, InvalidInput, PipelineUnavailable
 from examlops.core.records import ServedInference

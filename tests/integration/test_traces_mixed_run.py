@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from examlops.bootstrap import sql_engine
 from examlops.bootstrap.bridge import bus_client
 from examlops.bootstrap.tracing import call_tracer, trace_reader
-from examlops.bus import wire
+from examlops.bus import replies
 from examlops.cli.main import app as exa
 from examlops.core.errors import DeadlineExceeded
 from examlops.core.settings import Settings, TracingSettings
@@ -133,7 +133,7 @@ async def bus_calls(settings: Settings, client: redis.Redis) -> list[Call]:
         finally:
             await asyncio.to_thread(tracer.close)  # the bridge's traces are in SQL once this returns
         [(_, expired_fields)] = client.xrange(bus.reply_stream, count=1)
-        verified = wire.verify_reply(*bus_key_from_token(TOKEN), expired_fields)
+        verified = replies.verify_reply(*bus_key_from_token(TOKEN), expired_fields)
         assert verified is not None
         _, expired = verified
     for reply in answered:

@@ -41,9 +41,10 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.remote_config import ExamlopsRoute, ExamlopsSettings, checked, settings_of
-from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
-from examlops.inference.errors import InferenceError, Kind, route_unknown
+from examlops.inference.adapters.http_adapter import HttpAdapter
+from examlops.inference.adapters.remote_config import ExamlopsRoute, ExamlopsSettings, settings_of, targets_of
+from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
 BACKEND = "examlops"
@@ -125,7 +126,7 @@ def budget_ms(call: Call) -> float | None:
     return ms
 
 
-class ExamlopsAdapter:
+class ExamlopsAdapter(HttpAdapter[ExamlopsTarget]):
     """An examlops serving tier at ``url``; ``routes`` maps each route to its target (module docstring)."""
 
     backend = BACKEND
@@ -140,24 +141,13 @@ class ExamlopsAdapter:
         default_timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.routes = dict(routes)
         self.token = token
         self.capabilities = Capabilities(
             native_batching=True, max_batch=max_batch, streaming=True, options=frozenset({"token"})
         )
-        self._http = HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)
-
-    async def start(self) -> None:
-        await self._http.start()
-
-    async def close(self) -> None:
-        await self._http.close()
-
-    def _target(self, route: str) -> ExamlopsTarget:
-        try:
-            return self.routes[route]
-        except KeyError:
-            raise route_unknown(route, backend=BACKEND) from None
+        super().__init__(
+            routes, HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)
+        )
 
     def _headers(self, call: Call) -> dict[str, str]:
         headers = {}
@@ -180,10 +170,9 @@ class ExamlopsAdapter:
         return error
 
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
-        target = self._target(route)
+        target = self.batch_target(route, rows)
         if not rows:
             return []
-        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
         if len(rows) > 1:
             return [out for chunk in [c async for c in self.stream_batches(route, rows, call)] for out in chunk]
         body = self._body(target, call, **rows[0])
@@ -200,8 +189,7 @@ class ExamlopsAdapter:
 
     async def stream_batches(self, route: str, rows: Sequence[Row], call: Call) -> AsyncIterator[Sequence[Row]]:
         """One list of outputs per chunk serving sends, in order; the stream's end is checked (module docstring)."""
-        target = self._target(route)
-        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
+        target = self.batch_target(route, rows)
         body = self._body(target, call, instances=[dict(row) for row in rows])
         answered = 0
         async with self._http.stream_lines(target.path("many"), call, json=body, headers=self._headers(call)) as (
@@ -267,7 +255,7 @@ def examlops_adapter(
     shared = settings_of(ExamlopsSettings, BACKEND, settings)
     return ExamlopsAdapter(
         shared.url,
-        {route: checked(BACKEND, route, ExamlopsTarget.of, raw) for route, raw in targets.items()},
+        targets_of(BACKEND, ExamlopsTarget.of, targets),
         token=shared.token,
         max_batch=shared.max_batch,
         default_timeout_s=shared.default_timeout_s,

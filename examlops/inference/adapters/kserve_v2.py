@@ -29,9 +29,10 @@ from urllib.parse import quote
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.remote_config import KserveV2Settings, TensorRoute, V2Route, checked, settings_of
-from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
-from examlops.inference.errors import InferenceError, Kind, route_unknown
+from examlops.inference.adapters.http_adapter import HttpAdapter
+from examlops.inference.adapters.remote_config import KserveV2Settings, TensorRoute, V2Route, settings_of, targets_of
+from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
 BACKEND = "kserve_v2"
@@ -115,7 +116,7 @@ EXAMLOPS_V2 = (Tensor("embedding", ("embedding",), "FP64"), Tensor("node_count",
 """The input tensors of examlops' own V2 routes, from rows of ``embedding`` and ``node_count``."""
 
 
-class KserveV2Adapter:
+class KserveV2Adapter(HttpAdapter[V2Target]):
     """An Open Inference Protocol server at ``url``; ``routes`` maps each route to its target."""
 
     backend = BACKEND
@@ -130,30 +131,18 @@ class KserveV2Adapter:
         default_timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.routes = dict(routes)
         self.capabilities = Capabilities(native_batching=True, max_batch=max_batch)
-        self._http = HttpBackend(
+        http = HttpBackend(
             url, backend=BACKEND, headers=headers, default_timeout_s=default_timeout_s, transport=transport
         )
-
-    async def start(self) -> None:
-        await self._http.start()
-
-    async def close(self) -> None:
-        await self._http.close()
+        super().__init__(routes, http)
 
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
-        target = self.routes.get(route)
-        if target is None:
-            raise route_unknown(route, backend=BACKEND)
+        target = self.batch_target(route, rows)
         if not rows:
             return []
-        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
-        try:
+        with self.blamed(route):
             inputs = [tensor.encode(rows, route) for tensor in target.inputs]
-        except InferenceError as exc:
-            exc.backend, exc.route = BACKEND, route
-            raise
         body: dict[str, Any] = {"inputs": inputs}
         if target.parameters:
             body["parameters"] = dict(target.parameters)
@@ -165,11 +154,8 @@ class KserveV2Adapter:
         if response.status_code != 200:
             raise error_of(response, backend=BACKEND, route=route)
         values = _output_values(response, target.output, len(rows), route)
-        try:
+        with self.blamed(route):
             return codec.output_rows(values, target.outputs, len(rows))
-        except InferenceError as exc:
-            exc.backend, exc.route = BACKEND, route
-            raise
 
 
 def _output_values(response: httpx.Response, name: str | None, count: int, route: str) -> list[Any]:
@@ -214,7 +200,7 @@ def kserve_v2_adapter(
     shared = settings_of(KserveV2Settings, BACKEND, settings)
     return KserveV2Adapter(
         shared.url,
-        {route: checked(BACKEND, route, V2Target.of, raw) for route, raw in targets.items()},
+        targets_of(BACKEND, V2Target.of, targets),
         headers={"Authorization": f"Bearer {shared.token}"} if shared.token else None,
         max_batch=shared.max_batch,
         default_timeout_s=shared.default_timeout_s,

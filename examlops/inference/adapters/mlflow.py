@@ -31,9 +31,10 @@ from typing import Any, ClassVar, Literal
 import httpx
 
 from examlops.inference.adapters import codec
-from examlops.inference.adapters.remote_config import MlflowRoute, MlflowSettings, checked, settings_of
-from examlops.inference.adapters.wire import HttpBackend, check_batch, error_of, malformed
-from examlops.inference.errors import InferenceError, Kind, route_unknown
+from examlops.inference.adapters.http_adapter import HttpAdapter
+from examlops.inference.adapters.remote_config import MlflowRoute, MlflowSettings, settings_of, targets_of
+from examlops.inference.adapters.wire import HttpBackend, error_of, malformed
+from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Call, Capabilities, Row
 
 BACKEND = "mlflow"
@@ -86,7 +87,7 @@ class MlflowTarget:
         return {"dataframe_split": {"columns": names, "data": [[row[name] for name in names] for row in rows]}}
 
 
-class MlflowAdapter:
+class MlflowAdapter(HttpAdapter[MlflowTarget]):
     """Scoring servers: each route's target names its own (``url``), else every route goes to ``url``."""
 
     backend = BACKEND
@@ -101,35 +102,23 @@ class MlflowAdapter:
         default_timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.routes = dict(routes)
         self._urls = {route: (target.url or url or "").rstrip("/") for route, target in routes.items()}
         unplaced = sorted(route for route, where in self._urls.items() if not where)
         if unplaced:
             raise ValueError(f"no scoring server url for the routes {unplaced}")
         self.capabilities = Capabilities(native_batching=True, max_batch=max_batch)
         # One client for every scoring server (one per model): requests name absolute URLs.
-        self._http = HttpBackend(
+        http = HttpBackend(
             "", backend=BACKEND, headers=headers, default_timeout_s=default_timeout_s, transport=transport
         )
-
-    async def start(self) -> None:
-        await self._http.start()
-
-    async def close(self) -> None:
-        await self._http.close()
+        super().__init__(routes, http)
 
     async def predict_batch(self, route: str, rows: Sequence[Row], call: Call) -> Sequence[Row]:
-        target = self.routes.get(route)
-        if target is None:
-            raise route_unknown(route, backend=BACKEND)
+        target = self.batch_target(route, rows)
         if not rows:
             return []
-        check_batch(self.capabilities, len(rows), backend=BACKEND, route=route)
-        try:
+        with self.blamed(route):
             body = target.body(rows)
-        except InferenceError as exc:
-            exc.backend, exc.route = BACKEND, route
-            raise
         response = await self._http.post(f"{self._urls[route]}/invocations", call, json=body)
         if response.status_code != 200:
             raise _failure(response, route)
@@ -140,12 +129,9 @@ class MlflowAdapter:
         predictions = data.get("predictions") if isinstance(data, dict) else data
         if not isinstance(predictions, list):
             raise malformed("no predictions", backend=BACKEND, route=route)
-        try:
+        with self.blamed(route):
             values = [_value(p, target.outputs) for p in predictions]
             return codec.output_rows(values, target.outputs, len(rows))
-        except InferenceError as exc:
-            exc.backend, exc.route = BACKEND, route
-            raise
 
 
 def _value(prediction: object, outputs: Sequence[str]) -> object:
@@ -194,7 +180,7 @@ def mlflow_adapter(
     shared = settings_of(MlflowSettings, BACKEND, settings)
     return MlflowAdapter(
         shared.url,
-        {route: checked(BACKEND, route, MlflowTarget.of, raw) for route, raw in targets.items()},
+        targets_of(BACKEND, MlflowTarget.of, targets),
         max_batch=shared.max_batch,
         default_timeout_s=shared.default_timeout_s,
         transport=transport,

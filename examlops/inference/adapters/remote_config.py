@@ -11,7 +11,7 @@ A target object given from Python (``ExamlopsTarget``, ``V2Target``, ``MlflowTar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -93,6 +93,11 @@ def checked(backend: str, route: str, build: Callable[[A], T], raw: A) -> T:
             backend=backend,
             route=route,
         ) from exc
+
+
+def targets_of(backend: str, build: Callable[[A], T], targets: Mapping[str, A]) -> dict[str, T]:
+    """Every route's target, each ``checked`` (a wiring error names the route)."""
+    return {route: checked(backend, route, build, raw) for route, raw in targets.items()}
 
 
 def settings_of(model: type[M], backend: str, raw: Any) -> M:

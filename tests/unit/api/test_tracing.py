@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from examlops.api.limits import BodyLimitMiddleware
 from examlops.api.tracing import TraceMiddleware, adopt_bridge_claims, call_of, from_bridge, named_model
-from examlops.bus.hop import trace_headers
+from examlops.bus.hop_http import trace_headers
 from examlops.tracing import TRACE_HEADER, Tracer, TraceRecord, valid_trace_id
 
 

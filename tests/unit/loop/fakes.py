@@ -127,6 +127,7 @@ class FakePromoter:
     promoted: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
     previous: dict[str, str] = field(default_factory=dict)
+    loaded: list[tuple[str, str]] = field(default_factory=list)
 
     def promote(self, model: str) -> Promotion:
         old = self.versions.aliases["Production"]
@@ -134,6 +135,10 @@ class FakePromoter:
         self.versions.aliases["Production"] = self.versions.aliases["Canary"]
         self.promoted.append(model)
         return Promotion(model, old, self.versions.aliases["Production"], ("http://a", "http://b"))
+
+    def load(self, model: str, alias: str, version: str) -> tuple[str, ...]:
+        self.loaded.append((alias, version))
+        return ("http://a", "http://b")
 
     def rollback(self, model: str) -> Promotion:
         old = self.versions.aliases["Production"]

@@ -121,3 +121,12 @@ def test_a_failed_retrain_ends_the_hold() -> None:
         retrain_cycle(loop.parts, "JPCP", owner="r", run="r", from_trigger=True, retrain=broken, analyse=None)
     record = loop.store.get("JPCP")
     assert record is not None and record.phase is Phase.SERVING and "MLflow is down" in record.note
+
+
+def test_a_trigger_after_a_canary_run_died_puts_its_split_back_before_retraining() -> None:
+    loop = make_loop()
+    loop.store.claim("JPCP", "dead", Phase.CANARY, loop.clock.now, 120.0, restore={}, run="r0")
+    loop.traffic.split = {"Production": 90, "Canary": 10}
+    loop.clock.now += 500
+    result, _calls = cycle(loop, analyse=None)
+    assert result.action == "on_canary" and loop.traffic.split == {}

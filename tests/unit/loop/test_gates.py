@@ -4,7 +4,7 @@ from examlops.core.settings import LoopSettings
 from examlops.loop.figures import CallSample, figures_of
 from examlops.loop.gates import DriftFigure, judge, verdict
 
-SETTINGS = LoopSettings(min_requests=10, min_seconds=5.0)
+SETTINGS = LoopSettings(min_requests=10, min_seconds=5.0, p99_min_answers=100)
 
 
 def calls(version: str, answered: int, failed: int = 0, *, used_ms: float = 5.0, late: int = 0) -> list[CallSample]:
@@ -48,6 +48,16 @@ def test_the_drift_gate_needs_rows_of_both_versions_and_fails_below_the_p_value(
     assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300))["drift"] is None
     assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300))["drift"] is False
     assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300))["drift"] is True
+
+
+def test_below_the_minimum_of_answers_the_latency_gate_compares_p95_so_two_slow_calls_decide_nothing() -> None:
+    production = calls("1", 1000, used_ms=10.0)
+    canary = calls("2", 97, used_ms=10.0) + calls("2", 3, used_ms=900.0)  # its p99 is a tail of three calls
+    few = judge(figures_of(production, "1"), figures_of(canary, "2"), DriftFigure(None, 0, 0),
+                LoopSettings(p99_min_answers=300))  # fmt: skip
+    [latency] = [gate for gate in few if gate.gate == "latency"]
+    assert latency.passed is True and latency.detail.startswith("p95") and "answered 100 < 300" in latency.detail
+    assert gates_of(production, canary)["latency"] is False  # with 100 answers enough, the p99 decides
 
 
 def test_late_refusals_of_canary_beyond_production_fail_the_refusal_gate() -> None:

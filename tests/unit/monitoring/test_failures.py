@@ -22,7 +22,7 @@ from tests.unit.monitoring.fakes import Clock, InMemoryFailureStore
 
 
 def error_reply(error: ExamlopsError) -> dict[str, Any]:
-    """The shape of ``bus.wire.error_body``."""
+    """The shape of ``bus.replies.error_body``."""
     return {
         "error": error.message,
         "prediction": 0.0,

@@ -14,7 +14,7 @@ from examlops.core.errors import Refused
 from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings, PredictSettings
 from examlops.serving.admission import CostModel, Estimator
-from examlops.serving.batcher import InFlight
+from examlops.serving.waiters import InFlight
 from tests.unit.serving.test_pipeline import World, eventually, req
 
 

@@ -1,0 +1,60 @@
+"""The HTTP side of the bus hop: the bridge's one shared client, the headers of a hop, and what a timeout is.
+
+``http_client`` is the one shared ``httpx.AsyncClient`` of a bridge, over the
+transport ``bootstrap`` picks (``EXAMLOPS_BUS__HTTP_CLIENT``: httpx's own,
+or ``aiohttp_transport``); ``hop.ModelHandler`` is the same on both. ``trace_headers`` is the one place the
+bridge says things about a call to serving (serving reads them in ``api.tracing.from_bridge`` only).
+``timed_out`` tells time running out from a connection failing, on both transports. Nothing here connects
+until a request is sent.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from examlops.core.settings import HttpSettings
+from examlops.tracing.record import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+def http_client(
+    http: HttpSettings, transport: httpx.AsyncBaseTransport, headers: dict[str, str] | None = None
+) -> httpx.AsyncClient:
+    """The one shared client of a bridge over ``transport``: ``http``'s timeouts (5 s connect, 10 s read),
+    ``headers`` on every request (the bridge's own credential to serving, when it has one).
+
+    No retry: the transport is given one (its pool, keep-alive and retries are the builder's; bootstrap keeps
+    idle connections below serving's keep-alive and retries none). ``trust_env=False``: no proxy or netrc
+    from the environment on this hop. Closing the client closes the transport.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
+        transport=transport,
+        headers=headers,
+        trust_env=False,
+    )
+
+
+def trace_headers(trace_id: str, identity: str = "") -> dict[str, str]:
+    """The hop's headers for a bus job: its trace id (serving traces the call as a bus call under it) and the
+    identity the bridge verified.
+
+    The one place the bridge says things about a call to serving; serving reads them in
+    ``api.tracing.from_bridge`` only.
+    """
+    headers = {**JSON_HEADERS, CHANNEL_HEADER: "bus"}
+    if trace_id:
+        headers[TRACE_HEADER] = trace_id
+    if identity:
+        headers[IDENTITY_HEADER] = identity
+    return headers
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether time ran out, rather than the connection failing or the reply being unreadable.
+
+    The aiohttp transport raises httpx's timeout classes with a ``TimeoutError`` cause; httpx's own
+    transport chains httpcore's timeouts, which are not ``TimeoutError``s: there the httpx class decides.
+    """
+    return isinstance(exc, TimeoutError | httpx.TimeoutException) or isinstance(exc.__cause__, TimeoutError)

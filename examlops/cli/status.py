@@ -1,0 +1,94 @@
+"""`exa status`: each service of `exa up`, its state, pid, URL and health, as a table or as JSON.
+
+Thin: reads ``examlops.platform`` (the state file ``UpState``, the supervisor's lock, each service's
+health probe, all probed at once), formats. ``status_document`` is the JSON document (`exa up --detach
+--json` prints it too): ``running`` is the supervisor's lock, not its pid; a service is ``running``,
+``starting``, ``unhealthy``, ``stopped``, or, when `exa up` did not start it, ``external`` or
+``unreachable``. Exit codes from ``output.py``: 0 when everything that should run does, 1 otherwise.
+Nothing heavy is imported at module level, so `exa --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from examlops.cli.output import OK, UNWELL, console, load_settings, print_json
+
+if TYPE_CHECKING:
+    from examlops.platform.up_state import UpState
+
+
+def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
+    from examlops.platform.process import pid_alive, probe
+
+    healthy = probe(record.health_url) if record.health_url else None
+    if not record.owned:
+        state = "external" if healthy is not False else "unreachable"
+    elif record.pid is None or not pid_alive(record.pid):
+        state = "stopped"
+    elif healthy is False:
+        state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
+    elif healthy is None and record.state == "starting" and supervisor_up:
+        state = "starting"  # no probe of its own (bridge, flows): the supervisor's word
+    else:
+        state = "running"
+    return {
+        "name": record.name,
+        "title": record.title,
+        "state": state,
+        "healthy": healthy,
+        "url": record.url,
+        "links": dict(record.links),
+        "pid": record.pid,
+        "pgid": record.pgid,
+        "log": record.log,
+        "owned": record.owned,
+    }
+
+
+def status_document(state: UpState | None, run_dir: Path) -> dict[str, Any]:
+    from examlops.platform.up_state import supervisor_running
+
+    up = supervisor_running(run_dir)
+    if state is None:
+        return {"running": up, "state": None, "supervisor_pid": None, "services": []}
+    with ThreadPoolExecutor(max_workers=max(1, len(state.services))) as pool:
+        services = list(pool.map(lambda r: _service_status(r, up), state.services))
+    return {
+        "running": up,
+        "state": state.state if up else "dead",
+        "supervisor_pid": state.supervisor_pid,
+        "state_dir": state.state_dir,
+        "started_at": state.started_at,
+        "services": services,
+    }
+
+
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Each service of `exa up`: state, pid, URL, health. Exit 1 when something that should run does not."""
+    from rich.table import Table
+
+    from examlops.platform.up_state import UpState
+
+    settings = load_settings()
+    doc = status_document(UpState.read(settings.run_dir), settings.run_dir)
+    well = doc["running"] and all(s["state"] in ("running", "external") for s in doc["services"])
+    if as_json:
+        print_json({**doc, "ok": well})
+    elif not doc["services"]:
+        console.print("nothing running")
+    else:
+        table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
+        for column in ("service", "state", "pid", "URL", "health"):
+            table.add_column(column)
+        for s in doc["services"]:
+            health = {True: "ok", False: "failing", None: "-"}[s["healthy"]]
+            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health)
+        console.print(table)
+    raise typer.Exit(OK if well else UNWELL)
