@@ -37,14 +37,17 @@ def model_registry(settings: Settings) -> MlflowRegistry:
 
 
 def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> FastAPI:
-    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, and
-    the task resolver over the SQL task map (seeded first with catalog tasks it lacks, so that `exa serve
-    start` alone serves every catalog task; an operator's remap is never touched). ``runtime`` replaces the
-    process predict pool (the Ray engine passes its deployments')."""
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, the
+    dashboard's sources (``bootstrap.dashboard``), and the task resolver over the SQL task map (seeded first
+    with catalog tasks it lacks, so that `exa serve start` alone serves every catalog task; an operator's
+    remap is never touched). ``runtime`` replaces the process predict pool (the Ray engine passes its
+    deployments')."""
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
+    from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
+    from examlops.dashboard import attach_sources
     from examlops.registry.loader import load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
@@ -72,7 +75,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
     jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
-    return create_app(
+    app = create_app(
         settings,
         pipeline,
         metrics,
@@ -83,6 +86,8 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
         jobs=jobs,
         job_runner=job_runner,
     )
+    attach_sources(app, dashboard_sources(settings, engine, events))
+    return app
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
