@@ -41,12 +41,12 @@ AuditHook = Callable[[str, str, Mapping[str, Any]], None]
 """``(event type, subject, data)``: appends one event to the audit trail; raises ``StoreUnavailable``."""
 
 
-def audit_moves(plane: ControlPlane, actor: str, by: str = "promote flow") -> AuditedMoves:
-    """The ``trail`` of a promotion or rollback run by the control plane (``bootstrap.moves``): intent, then
-    outcome, each naming ``actor``."""
+def audit_moves(audit: AuditHook, client: redis.Redis, actor: str, by: str = "promote flow") -> AuditedMoves:
+    """The ``trail`` of a promotion or rollback (``bootstrap.moves``): intent, then outcome, each appended through
+    ``audit`` and naming ``actor``; the per-alias index in ``client`` (``ControlPlane.redis``)."""
     from examlops.bootstrap.moves import AuditedMoves
 
-    return AuditedMoves(plane.audit, plane.redis, actor, by)
+    return AuditedMoves(audit, client, actor, by)
 
 
 def control_events(settings: Settings, engine: Engine) -> AuditHook:

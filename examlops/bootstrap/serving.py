@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from examlops.registry.mlflow_client import HttpLimits
     from examlops.registry.mlflow_registry import MlflowRegistry
+    from examlops.serving.ports import PredictRuntime
 
 
 def catalog(settings: Settings) -> Catalog:
@@ -45,14 +46,18 @@ def mlflow_limits(settings: Settings) -> HttpLimits:
     return HttpLimits(timeout_s=settings.mlflow.timeout_s, max_retries=settings.mlflow.max_retries)
 
 
-def serving_app(settings: Settings) -> FastAPI:
-    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, and
-    the task resolver over the SQL task map (seeded first with catalog tasks it lacks, so that `exa serve
-    start` alone serves every catalog task; an operator's remap is never touched)."""
+def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> FastAPI:
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, the
+    dashboard's sources (``bootstrap.dashboard``), and the task resolver over the SQL task map (seeded first
+    with catalog tasks it lacks, so that `exa serve start` alone serves every catalog task; an operator's
+    remap is never touched). ``runtime`` replaces the process predict pool (the Ray engine passes its
+    deployments')."""
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
+    from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
+    from examlops.dashboard import attach_sources
     from examlops.registry.loader import load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
@@ -66,18 +71,21 @@ def serving_app(settings: Settings) -> FastAPI:
     events = control_events(settings, engine)
     seed_task_map(engine, models, events)
     tracer = call_tracer(settings, engine, metrics, in_child=True)
+    if runtime is None:
+        workers, timeout_s = settings.predict.workers, settings.predict.timeout_s
+        runtime = ProcessPredictPool(load_sklearn_model, workers=workers, timeout_s=timeout_s)
     pipeline = Pipeline(
         settings,
         models,
         model_registry(settings),
         SqlTrafficRuleStore(engine),
-        ProcessPredictPool(load_sklearn_model, workers=settings.predict.workers, timeout_s=settings.predict.timeout_s),
+        runtime,
         registry=metrics,
         on_event=events,
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
     jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
-    return create_app(
+    app = create_app(
         settings,
         pipeline,
         metrics,
@@ -88,6 +96,8 @@ def serving_app(settings: Settings) -> FastAPI:
         jobs=jobs,
         job_runner=job_runner,
     )
+    attach_sources(app, dashboard_sources(settings, engine, events))
+    return app
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

@@ -45,15 +45,28 @@ def start(
     host: Annotated[str | None, typer.Option(help="Interface to bind; default 127.0.0.1.")] = None,
     port: Annotated[int | None, typer.Option(help="Port; default 18001 (EXAMLOPS_SERVING__PORT).")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    engine: Annotated[
+        str | None,
+        typer.Option(help="uvicorn or ray (Ray Serve; needs the ray extra); default EXAMLOPS_SERVING__ENGINE."),
+    ] = None,
 ) -> None:
     """Start serving in the foreground: load the hot set from MLflow and answer on HTTP."""
     import logging
 
-    from examlops.bootstrap.serving import ServingProcess
-
     # One line per record, with its time and source: what `exa up` copies into serving.log.
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings()
+    chosen = engine or settings.serving.engine
+    if chosen not in ("uvicorn", "ray"):
+        fail(f"unknown engine {chosen!r}: uvicorn or ray", BAD_INPUT)
+    if chosen == "ray":
+        from examlops.bootstrap.ray_serving import RayServingProcess
+
+        with errors_as_exit():
+            RayServingProcess(settings, host=host, port=port).run()
+        return
+    from examlops.bootstrap.serving import ServingProcess
+
     with errors_as_exit():
         serving = ServingProcess(settings, host=host, port=port, log_level=log_level)
     serving.run()

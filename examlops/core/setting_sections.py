@@ -6,6 +6,7 @@ The settings object itself, and the rules across sections, are ``examlops.core.s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -122,16 +123,25 @@ class LoopSettings(_Section):
     """Seconds between two looks at the figures."""
     failure_margin: float = Field(0.02, ge=0, le=1)
     """Canary passes when its model-failure rate exceeds Production's by at most this much."""
+    max_failure_rate: float = Field(0.1, ge=0, le=1)
+    """Canary never passes with a model-failure rate above this, however badly Production does."""
     p99_ratio: float = Field(1.2, ge=1)
     """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
+    p99_min_answers: int = Field(300, ge=1)
+    """Canary answers below which the latency gate compares p95 (a p99 of fewer calls is mostly noise)."""
     p99_slack_ms: float = Field(10.0, ge=0)
     """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
     drift_p_value: float = Field(0.05, gt=0, lt=1)
     """Canary fails when its predictions differ from Production's in the same window (K-S p below this)."""
+    drift_min_distance: float = Field(0.1, ge=0, le=1)
+    """The K-S distance below which a difference in predictions is too small to count as drift."""
     drift_min_rows: int = Field(30, ge=2)
     """Bus predictions each version needs in the window before the drift gate is judged (else not judged)."""
     refusal_margin: float = Field(0.02, ge=0, le=1)
     """Canary passes when its share of late budget refusals exceeds Production's by at most this much."""
+    rollback_min_calls: int = Field(20, ge=1)
+    """Calls the promoted version must have answered or failed since its promotion before a failure trigger
+    within the grace period can blame it and roll it back."""
     grace_s: float = Field(600.0, ge=0)
     """Seconds after the loop's promotion during which the failure trigger rolls the promotion back."""
     lease_s: float = Field(120.0, gt=0)
@@ -230,8 +240,11 @@ class AuthSettings(_Section):
 
 
 class ServingSettings(_Section):
-    """The serving process (FastAPI on uvicorn)."""
+    """The serving process (FastAPI on uvicorn, or on Ray Serve)."""
 
+    engine: Literal["uvicorn", "ray"] = "uvicorn"
+    """What runs the pipeline: ``uvicorn`` (one process and its predict pool) or ``ray`` (Ray Serve: the same
+    app as the ingress, one deployment per catalog model; needs the ``ray`` extra; see the ``ray`` section)."""
     host: str = "127.0.0.1"
     """Interface the serving process binds to."""
     port: int = Field(18001, ge=1, le=65535)
@@ -318,3 +331,33 @@ class PrefectSettings(_Section):
     """URL of an external Prefect API; unset, examlops starts and owns a Prefect server."""
     port: int = Field(18003, ge=1, le=65535)
     """Port of the embedded Prefect server and its UI."""
+
+
+class RaySettings(_Section):
+    """The Ray Serve engine (``serving.engine=ray``): the cluster and each model deployment's replicas."""
+
+    address: str | None = None
+    """A running Ray cluster to join (``ray://`` or ``host:port``); unset, serving starts a local one."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of the local cluster serving starts; unset, the machine's."""
+    temp_dir: Path | None = None
+    """Ray's session, socket and log folder; unset, ``ray`` under the state folder. Ray's socket paths must
+    stay under 108 bytes: serving refuses to start when this folder's path is longer than 43 characters."""
+    num_replicas: int = Field(1, ge=1)
+    """Replicas of each model deployment when ``max_replicas`` is unset (no autoscaling)."""
+    min_replicas: int = Field(1, ge=0)
+    """With ``max_replicas`` set: the fewest replicas autoscaling keeps per model."""
+    max_replicas: int | None = Field(None, ge=1)
+    """Set, each model deployment autoscales between ``min_replicas`` and this."""
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    """Autoscaling's target of calls in flight per replica (each call is one micro-batch of rows)."""
+    max_ongoing_requests: int = Field(64, ge=1)
+    """Calls one model replica accepts at once; more wait in the ingress's handle."""
+    replica_cpus: float = Field(0.5, gt=0)
+    """CPUs reserved per model replica (Ray's ``num_cpus``); the ingress reserves a quarter CPU."""
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> RaySettings:
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError("ray.min_replicas must not exceed ray.max_replicas")
+        return self

@@ -29,6 +29,10 @@ DERIVED: Mapping[str, tuple[Callable[[Settings], str], str]] = {
     "prefect.api_url": (lambda s: s.prefect_api_url, "default (embedded, on prefect.port)"),
     "token": (lambda s: f"read from {s.admin_token_path}", "default (the admin token `exa up` wrote)"),
     "bridge_token": (lambda s: f"read from {s.bridge_token_path}", "default (the bridge token `exa up` wrote)"),
+    "ray.address": (lambda s: "none: a local cluster", "default (the Ray engine starts its own)"),
+    "ray.num_cpus": (lambda s: str(os.cpu_count() or 1), "default (the machine's CPUs)"),
+    "ray.temp_dir": (lambda s: str(s.state_dir / "ray"), "derived from home"),
+    "ray.max_replicas": (lambda s: str(s.ray.num_replicas), "default (no autoscaling: ray.num_replicas)"),
 }
 """Settings whose unset value means "derive it": dotted name -> (the effective value, its source)."""
 

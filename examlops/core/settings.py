@@ -31,6 +31,7 @@ from examlops.core.setting_sections import (
     MlflowSettings,
     PredictSettings,
     PrefectSettings,
+    RaySettings,
     RecordingSettings,
     RedisSettings,
     ServingSettings,
@@ -92,6 +93,7 @@ class Settings(BaseSettings):
     tracing: TracingSettings = TracingSettings()
     auth: AuthSettings = AuthSettings()
     serving: ServingSettings = ServingSettings()
+    ray: RaySettings = RaySettings()
     logs: LogSettings = LogSettings()
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()
@@ -198,6 +200,7 @@ __all__ = [
     "MlflowSettings",
     "PredictSettings",
     "PrefectSettings",
+    "RaySettings",
     "RecordingSettings",
     "RedisSettings",
     "ServingSettings",

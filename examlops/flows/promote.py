@@ -45,7 +45,7 @@ def promote_flow(
         from_alias=from_alias,
         instances=instances,
         timeout_s=timeout_s,
-        trail=audit_moves(plane, actor),
+        trail=audit_moves(plane.audit, plane.redis, actor),
         token=platform_token(plane.settings),
     )
     get_run_logger().info(

@@ -38,6 +38,7 @@ class VersionFigures:
     model_failures: int
     late_refusals: int
     p50_ms: float | None
+    p95_ms: float | None
     p99_ms: float | None
 
     @property
@@ -77,7 +78,7 @@ def figures_of(samples: Iterable[CallSample], version: str) -> VersionFigures:
             failures += 1
         elif sample.error_code == "refused":
             late += 1
-    p50 = p99 = None
+    p50 = p95 = p99 = None
     if latencies:
-        p50, p99 = (float(v) for v in np.percentile(np.asarray(latencies, dtype=np.float64), [50, 99]))
-    return VersionFigures(version, requests, answered, failures, late, p50, p99)
+        p50, p95, p99 = (float(v) for v in np.percentile(np.asarray(latencies, dtype=np.float64), [50, 95, 99]))
+    return VersionFigures(version, requests, answered, failures, late, p50, p95, p99)

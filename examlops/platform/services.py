@@ -177,7 +177,8 @@ def serving_spec(settings: Settings) -> ServiceSpec:
         stop_grace=settings.serving.drain_grace_s + 5,  # it drains requests in flight on SIGTERM
     )
     return ServiceSpec(
-        "serving", "Serving API", url, links=(("OpenAPI docs", f"{url}/docs"),), process=process,
+        "serving", "Serving API", url, links=(("OpenAPI docs", f"{url}/docs"), ("Dashboard", f"{url}/dashboard")),
+        process=process,
         port=port, port_setting="EXAMLOPS_SERVING__PORT", health_url=f"{url}/readyz",
     )  # fmt: skip
 

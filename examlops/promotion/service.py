@@ -1,6 +1,7 @@
 """Promotion and rollback: move an alias in the registry with an audit trail, then make every serving instance follow.
 
-``promote`` (what `exa promote`, the promote flow and the closed loop call) and ``rollback``:
+``promote`` (what `exa promote`, the promote flow and the closed loop call) and ``rollback`` (``follow`` does
+step 5 alone):
 
 1. read what would move (``aliases.plan_move`` / ``plan_rollback``: the alias's version now and the target);
 2. ``trail.intended(move, unaccounted)`` (``examlops.promotion.trail``): the intent goes on the trail before the
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import httpx
 
 from examlops.core.errors import ExamlopsError, PromotionIncomplete
-from examlops.core.messages import DEFAULT_ALIAS
+from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion.aliases import AliasMove, AliasRegistry, apply_move, plan_move, plan_rollback
 from examlops.promotion.instances import confirm_reload
@@ -118,6 +119,24 @@ def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) 
     except ExamlopsError as exc:
         return move, _Notes(found, (f"the alias moved but its audit outcome was not written: {exc}",))
     return move, _Notes(found)
+
+
+def follow(
+    settings: Settings,
+    model: str,
+    alias: str,
+    version: str,
+    *,
+    instances: Sequence[str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    transport: httpx.BaseTransport | None = None,
+    token: str | None = None,
+) -> PromotionResult:
+    """Make every instance serve ``version`` for ``alias``, where the registry already points: no alias moves
+    (the closed loop loads a new Canary everywhere before it sends it traffic). ``PromotionIncomplete`` as
+    for a promotion."""
+    move = AliasMove(model, canonical_alias(alias), version, version)
+    return _follow(settings, move, _Notes(), instances, timeout_s, transport, token)
 
 
 def _follow(

@@ -4,7 +4,7 @@ from examlops.core.settings import LoopSettings
 from examlops.loop.figures import CallSample, figures_of
 from examlops.loop.gates import DriftFigure, judge, verdict
 
-SETTINGS = LoopSettings(min_requests=10, min_seconds=5.0)
+SETTINGS = LoopSettings(min_requests=10, min_seconds=5.0, p99_min_answers=100)
 
 
 def calls(version: str, answered: int, failed: int = 0, *, used_ms: float = 5.0, late: int = 0) -> list[CallSample]:
@@ -44,10 +44,28 @@ def test_the_latency_gate_compares_p99_with_ratio_and_slack_and_is_not_judged_wi
     assert gates_of(calls("1", 0, 100), calls("2", 100))["latency"] is None
 
 
-def test_the_drift_gate_needs_rows_of_both_versions_and_fails_below_the_p_value() -> None:
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300))["drift"] is None
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300))["drift"] is False
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300))["drift"] is True
+def test_the_drift_gate_needs_rows_of_both_versions_and_a_low_p_value_with_a_real_distance() -> None:
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300, 0.5))["drift"] is None
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300, 0.5))["drift"] is False
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300, 0.5))["drift"] is True
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(1e-9, 4000, 30000, 0.04))["drift"] is True  # tiny
+
+
+def test_a_canary_above_the_failure_ceiling_fails_however_badly_production_does_and_at_once() -> None:
+    assert gates_of(calls("1", 0, 900), calls("2", 50, 50))["failures"] is False
+    canary = figures_of(calls("2", 3, 2), "2")  # 2 failures > 0.1 x 10 calls: no more calls can save it
+    gates = judge(figures_of(calls("1", 0, 100), "1"), canary, DriftFigure(None, 0, 0), SETTINGS)
+    assert verdict(gates, canary, 0.0, SETTINGS) == "fail"
+
+
+def test_below_the_minimum_of_answers_the_latency_gate_compares_p95_so_two_slow_calls_decide_nothing() -> None:
+    production = calls("1", 1000, used_ms=10.0)
+    canary = calls("2", 97, used_ms=10.0) + calls("2", 3, used_ms=900.0)  # its p99 is a tail of three calls
+    few = judge(figures_of(production, "1"), figures_of(canary, "2"), DriftFigure(None, 0, 0),
+                LoopSettings(p99_min_answers=300))  # fmt: skip
+    [latency] = [gate for gate in few if gate.gate == "latency"]
+    assert latency.passed is True and latency.detail.startswith("p95") and "answered 100 < 300" in latency.detail
+    assert gates_of(production, canary)["latency"] is False  # with 100 answers enough, the p99 decides
 
 
 def test_late_refusals_of_canary_beyond_production_fail_the_refusal_gate() -> None:

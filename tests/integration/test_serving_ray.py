@@ -1,0 +1,175 @@
+"""The Ray engine passes the default engine's HTTP behaviour tests, plus reload under load and promotion.
+
+One module-scoped `exa serve start` with ``EXAMLOPS_SERVING__ENGINE=ray`` (a local Ray cluster of 2 CPUs,
+two replicas per model) serves every test: the tests of ``test_serving_http`` are imported and run here
+against it (refusal matrix, split, pinned aliases, reload on request, 504 at the limit, metrics, the CLI),
+then the checks only a Ray deployment raises: every replica follows a moved alias with no failed
+request, and `exa promote`'s service reaches the instance. Skipped where the ``ray`` extra is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
+
+from examlops.core.settings import Settings
+from examlops.promotion.service import promote, rollback
+from examlops.registry.catalog import load_catalog
+from examlops.registry.demo import seed_demo
+from examlops.registry.mlflow_registry import MlflowRegistry
+from tests.integration.servers import ServingProcess
+from tests.integration.test_serving_http import (  # noqa: F401  # collected here against the Ray server
+    SLOW_YAML,
+    embedding,
+    infer,
+    register_slow_model,
+    test_a_body_over_one_mebibyte_is_a_413,
+    test_a_body_that_is_not_json_is_a_415,
+    test_a_json_media_type_with_parameters_or_a_json_suffix_is_accepted,
+    test_a_long_model_name_is_echoed_as_a_short_prefix_only,
+    test_a_model_slower_than_the_limit_gets_504_and_the_next_request_is_served,
+    test_a_model_that_raises_is_a_500_marked_inference_failed,
+    test_a_pinned_version_is_served_by_that_version,
+    test_a_reply_names_the_model_alias_version_and_run,
+    test_a_split_naming_a_missing_alias_or_not_summing_to_100_is_refused,
+    test_a_split_sends_its_share_within_binomial_bounds,
+    test_an_embedding_of_the_wrong_length_is_a_422_naming_the_embedding,
+    test_bad_payloads_are_refused_with_422_over_real_http,
+    test_framework_errors_answer_with_our_error_body,
+    test_metrics_count_requests_by_model_alias_and_outcome,
+    test_names_and_aliases_match_case_insensitively,
+    test_no_file_is_written_outside_the_state_folder,
+    test_numbers_outside_what_the_model_and_registry_accept_are_a_422_naming_the_field,
+    test_reload_on_request_follows_a_moved_alias_and_reports_it,
+    test_the_catalog_maximum_itself_is_served,
+    test_the_cli_checks_predicts_and_sets_traffic_against_a_real_server,
+    test_the_hot_set_lists_every_alias_that_exists,
+    test_the_split_applies_to_the_default_alias_and_other_aliases_are_pinned,
+    test_unknown_models_aliases_and_versions_are_404,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.timeout(600),
+]
+
+REPLICAS = 2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+    home = tmp_path_factory.mktemp("r")  # short: Ray's socket paths live under it
+    settings = Settings(home=home)
+    seed_demo(settings, load_catalog(settings.catalog_path))
+    catalog_dir = home / "catalog"
+    shutil.copytree(settings.catalog_path, catalog_dir)
+    (catalog_dir / "slow.yaml").write_text(SLOW_YAML)
+    register_slow_model(settings)
+    proc = ServingProcess(
+        home,
+        env={
+            "EXAMLOPS_SERVING__ENGINE": "ray",
+            "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
+            "EXAMLOPS_PREDICT__WORKERS": "2",
+            "EXAMLOPS_PREDICT__TIMEOUT_S": "1.5",
+            "EXAMLOPS_RAY__NUM_CPUS": "2",
+            "EXAMLOPS_RAY__NUM_REPLICAS": str(REPLICAS),
+            "EXAMLOPS_RAY__REPLICA_CPUS": "0.1",
+        },
+    )
+    try:
+        proc.wait_ready(timeout_s=240)
+        yield proc
+    finally:
+        code = proc.stop(timeout_s=60)
+        assert code == 0, proc.log_tail()
+
+
+def test_ray_keeps_its_sessions_and_token_under_the_state_folder(server: ServingProcess) -> None:
+    ray_dir = server.home / "ray"
+    assert any(ray_dir.glob("session_*")), list(ray_dir.iterdir())
+    assert (ray_dir / "auth_token").stat().st_mode & 0o077 == 0
+
+
+def _set_alias(server: ServingProcess, model: str, alias: str, version: str) -> None:
+    import mlflow
+
+    mlflow.MlflowClient(Settings(home=server.home).mlflow_tracking_uri).set_registered_model_alias(
+        model, alias, version
+    )
+
+
+async def _load_while_flipping(server: ServingProcess, flips: int) -> tuple[list[tuple[int, Any]], list[str]]:
+    """8 clients send JPCP requests while Production flips ``flips`` times, each flip followed by a reload."""
+    replies: list[tuple[int, Any]] = []
+    moved: list[str] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=server.auth) as client:
+
+        async def clientloop(i: int) -> None:
+            while not stop.is_set():
+                body = {"model": "JPCP", "embedding": embedding(i), "node_count": 12}
+                try:
+                    reply = await client.post("/infer-pipeline/infer", json=body)
+                    replies.append((reply.status_code, reply.json().get("version")))
+                except httpx.HTTPError as exc:
+                    replies.append((0, type(exc).__name__))
+
+        async def flipper() -> None:
+            await asyncio.sleep(0.5)
+            for flip in range(flips):
+                version = "2" if flip % 2 == 0 else "1"
+                await asyncio.to_thread(_set_alias, server, "JPCP", "Production", version)
+                reply = await client.post("/admin/reload", json={"model": "JPCP"}, timeout=120)
+                assert reply.status_code == 200, reply.text
+                assert [c["outcome"] for c in reply.json()["changes"]] == ["swapped"], reply.text
+                moved.append(version)
+                await asyncio.sleep(0.3)
+            await asyncio.sleep(0.5)
+            stop.set()
+
+        await asyncio.gather(flipper(), *(clientloop(i) for i in range(8)))
+    return replies, moved
+
+
+def test_a_moved_alias_reloads_every_replica_under_load_and_fails_no_request(server: ServingProcess) -> None:
+    try:
+        replies, moved = asyncio.run(_load_while_flipping(server, flips=4))
+    finally:
+        _set_alias(server, "JPCP", "Production", "1")
+        httpx.post(f"{server.url}/admin/reload", json={"model": "JPCP"}, timeout=120, headers=server.auth)
+    failed = [r for r in replies if r[0] != 200]
+    assert not failed, failed[:5]
+    assert moved == ["2", "1", "2", "1"]
+    assert {version for _, version in replies} == {"1", "2"}
+    # After the last reload every replica holds version 1 only: requests spread over both answer with it.
+    versions = {infer(server).json()["version"] for _ in range(4 * REPLICAS)}
+    assert versions == {"1"}
+
+
+def test_promotion_reaches_the_ray_served_pipeline_and_rollback_moves_it_back(server: ServingProcess) -> None:
+    settings = Settings(home=server.home)
+    registry = MlflowRegistry(settings.mlflow_tracking_uri, server.home / "cache")
+    urls = [server.url]
+    result = promote(
+        settings, registry, "ac", "production", version=2, instances=urls, timeout_s=120, token=server.token
+    )
+    assert (result.old_version, result.new_version, result.instances) == ("1", "2", tuple(urls))
+    body = {"model": "AC", "embedding": embedding(), "node_count": 3}
+    answer = httpx.post(f"{server.url}/infer-pipeline/infer", json=body, timeout=30, headers=server.auth)
+    assert answer.json()["version"] == "2"
+
+    back = rollback(settings, registry, "AC", instances=urls, timeout_s=120, token=server.token)
+    assert (back.old_version, back.new_version) == ("2", "1")
+    answer = httpx.post(f"{server.url}/infer-pipeline/infer", json=body, timeout=30, headers=server.auth)
+    assert answer.json()["version"] == "1"

@@ -1,0 +1,118 @@
+"""A Ray model replica's versions and batched predictions, driven directly (no cluster): skipped without ray."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
+
+from examlops.serving.ray_replica import ModelReplica, predict_calls, rows_in
+
+
+class Scaled:
+    """A model whose prediction is its first column times ``factor``; records the rows of each call."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.n_features_in_ = 3
+        self.calls: list[int] = []
+
+    def predict(self, rows: Any) -> Any:
+        self.calls.append(len(rows))
+        return np.asarray(rows)[:, 0] * self.factor
+
+
+class Raising:
+    def predict(self, rows: Any) -> Any:
+        raise RuntimeError("boom")
+
+
+class Loader:
+    """Loads ``Scaled(factor)`` from a location named ``"x<factor>"``; any other location fails."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def __call__(self, location: str) -> Scaled:
+        self.loaded.append(location)
+        if not location.startswith("x"):
+            raise FileNotFoundError(location)
+        return Scaled(float(location[1:]))
+
+
+def rows(*firsts: float) -> np.ndarray:
+    return np.array([[v, 0.0, 0.0] for v in firsts])
+
+
+def test_one_predict_per_version_answers_each_call_with_its_own_rows_in_order() -> None:
+    a, b = Scaled(1.0), Scaled(10.0)
+    outcomes = predict_calls({"M/1": a, "M/2": b}, [("M/1", rows(1, 2)), ("M/2", rows(3)), ("M/1", rows(4))])
+    assert [kind for kind, _ in outcomes] == ["ok", "ok", "ok"]
+    assert [list(values) for _, values in outcomes] == [[1.0, 2.0], [30.0], [4.0]]
+    assert (a.calls, b.calls) == ([3], [1])
+    assert rows_in([("M/1", rows(1, 2)), ("M/2", rows(3))]) == 3
+
+
+def test_a_failing_or_missing_version_fails_only_its_own_calls() -> None:
+    outcomes = predict_calls(
+        {"M/1": Scaled(1.0), "M/3": Raising()}, [("M/3", rows(1)), ("M/1", rows(2)), ("M/9", rows(3))]
+    )
+    assert outcomes[0][0] == "failed" and "boom" in outcomes[0][1]
+    assert outcomes[1][0] == "ok"
+    assert outcomes[2][0] == "missing" and "M/9" in outcomes[2][1]
+
+
+def test_a_non_finite_prediction_is_a_failure() -> None:
+    [(kind, reason)] = predict_calls({"M/1": Scaled(1.0)}, [("M/1", rows(float("nan")))])
+    assert kind == "failed" and "not finite" in reason
+
+
+async def test_reconfigure_loads_new_versions_before_dropping_old_ones_and_records_failures() -> None:
+    loader = Loader()
+    replica = ModelReplica("M", loader=loader)
+    await replica.reconfigure({"versions": {"M/1": "x1"}})
+    assert await replica.state("M/1") == (True, 3, None)
+
+    await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
+    assert await replica.state("M/2") == (True, 3, None)
+    loaded, _, reason = await replica.state("M/3")
+    assert not loaded and reason is not None and "FileNotFoundError" in reason
+    loaded, _, reason = await replica.state("M/1")
+    assert not loaded and reason is not None and "not in the deployment" in reason
+
+    await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
+    assert loader.loaded == ["x1", "x2", "broken"]  # neither a held nor a refused version is loaded again
+
+
+class Sleepy:
+    n_features_in_ = 3
+
+    def predict(self, rows: Any) -> Any:
+        time.sleep(0.5)
+        return np.zeros(len(rows))
+
+
+async def test_a_batch_past_the_limit_times_out_and_fails_the_health_check_so_ray_replaces_the_replica() -> None:
+    replica = ModelReplica("M", max_wait_s=0.0, timeout_s=0.05, loader=lambda location: Sleepy())
+    await replica.reconfigure({"versions": {"M/1": "x"}})
+    await replica.check_health()
+    [(kind, reason), second] = await replica.predict_batch([("M/1", rows(1)), ("M/1", rows(2))])
+    assert kind == "timeout" and "M/1" in reason and second[0] == "timeout"
+    with pytest.raises(RuntimeError, match="replacing the replica"):
+        await replica.check_health()
+
+
+async def test_a_batch_cancelled_by_its_caller_still_fails_the_health_check_once_its_thread_overruns() -> None:
+    replica = ModelReplica("M", timeout_s=0.05, loader=lambda location: Sleepy())
+    await replica.reconfigure({"versions": {"M/1": "x"}})
+    batch = asyncio.ensure_future(replica.predict_batch([("M/1", rows(1))]))
+    await asyncio.sleep(0.01)
+    batch.cancel()
+    await asyncio.sleep(0.1)
+    with pytest.raises(RuntimeError, match="ran past"):
+        await replica.check_health()
