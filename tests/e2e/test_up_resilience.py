@@ -34,6 +34,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 KILLED = ("redis", "mlflow", "bridge", "serving")
 LOAD_S = 30.0
 DOWN_AFTER_S = 1.5
+REFUSED = ("ConnectError", "RemoteProtocolError")
+"""What a request sent after `exa down` may meet once serving closes its listener and its idle keep-alive
+connections: refused, or the connection closed before the server read it ("disconnected without sending a
+response"); both are safe to send again elsewhere."""
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +189,8 @@ def test_down_under_load_answers_every_request_accepted_before_it_with_200(exa: 
     # After `exa down`: answered (200), refused as draining (503, retryable), or the listener closed; never a
     # request cut off in a worker (503 worker_lost) or left without an answer.
     after = [s for s in sent if s.at >= down_at]
-    assert all(s.status in (200, 503) or s.error == "ConnectError" for s in after), after
+    unexpected = Counter(s.status or s.error for s in after if s.status not in (200, 503) and s.error not in REFUSED)
+    assert not unexpected, unexpected
     assert not [s for s in sent if "worker_lost" in s.body]
     assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
     outcomes = Counter(s.status or s.error for s in after)
