@@ -34,10 +34,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 KILLED = ("redis", "mlflow", "bridge", "serving")
 LOAD_S = 30.0
 DOWN_AFTER_S = 1.5
-REFUSED = ("ConnectError", "RemoteProtocolError")
-"""What a request sent after `exa down` may meet once serving closes its listener and its idle keep-alive
-connections: refused, or the connection closed before the server read it ("disconnected without sending a
-response"); both are safe to send again elsewhere."""
+REFUSED = ("ConnectError", "RemoteProtocolError", "ReadError")
+"""What a request sent after `exa down` may meet once serving has drained and closes its listener and its
+idle keep-alive connections: refused, or a keep-alive connection closed (or reset) under a request the
+server had not read yet: the HTTP keep-alive close race, seen about once per run here. A client cannot tell
+that last case from a request cut off after it was read, so this test asserts the strict property on the
+requests sent before `exa down` (all 200) and on every answer (never ``worker_lost``)."""
 
 
 @pytest.fixture(scope="module")
