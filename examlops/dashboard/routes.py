@@ -13,11 +13,12 @@ from memory with a long cache lifetime (their names carry no version, so a day).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -29,6 +30,7 @@ from examlops.dashboard import actions, views
 from examlops.dashboard.ports import AuditCheck, Authenticator, DashboardSources, Pipeline
 from examlops.dashboard.rates import RateSampler, chart_data
 from examlops.dashboard.sessions import COOKIE, Session, SessionStore, csrf_matches
+from examlops.dashboard.web import HEADERS, REPORT_HEADERS, read_form, same_origin, to_login
 from examlops.identity import SYSTEM_CALLER, Caller
 from examlops.jobs.service import JobService
 from examlops.tracing import TraceStore
@@ -45,12 +47,6 @@ STATIC = {
     "uPlot.min.css": "text/css",
     "dashboard.js": "text/javascript",
     "dashboard.css": "text/css",
-}
-HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Cache-Control": "no-store",
 }
 # The dashboard answers HTML, not the API's JSON errors, so it keeps its own short table (api/errors.py
 # keeps the API's); anything else is a dependency's failure.
@@ -129,20 +125,21 @@ def dashboard_router(
             raise _Redirect(f"{PREFIX}/login?expired=1") from None
         return caller, session, None
 
-    def with_cookie(response: Response, session_id: str | None) -> Response:
+    def with_cookie(response: Response, session_id: str | None, *, secure: bool = False) -> Response:
         if session_id is not None:
-            response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path=PREFIX)
+            response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path=PREFIX,
+                                secure=secure)  # fmt: skip
         return response
 
     async def shown(request: Request, template: str, build: Build) -> Response:
         try:
             caller, session, new = await session_of(request)
         except _Redirect as redirect:
-            return RedirectResponse(redirect.to, status_code=303)
+            return to_login(request, redirect.to)
         context = await build(caller, sources_of(request))
         response = page(request, template, caller=caller.name, csrf=session.csrf,
                         auth=request.app.state.identities is not None, **context)  # fmt: skip
-        return with_cookie(response, new)
+        return with_cookie(response, new, secure=request.url.scheme == "https")
 
     @router.get("")
     async def home() -> RedirectResponse:
@@ -166,17 +163,23 @@ def dashboard_router(
         identities: Authenticator | None = request.app.state.identities
         if identities is None:
             return RedirectResponse(f"{PREFIX}/models", status_code=303)
-        form = await _form(request)
+        if not same_origin(request):
+            return Response("a login must come from the dashboard's own page", status_code=403)
+        form = await read_form(request)
         token = form.get("token", "").strip()
         try:
             await asyncio.to_thread(identities.authenticate, token)
         except Unauthenticated:
             return page(request, "login.html", status=401, expired=False, error="That token is not valid.")
         session_id, _ = sessions.open(token)
-        return with_cookie(RedirectResponse(f"{PREFIX}/models", status_code=303), session_id)
+        sessions.close(request.cookies.get(COOKIE))  # a login replaces the session it came from
+        response = RedirectResponse(f"{PREFIX}/models", status_code=303)
+        return with_cookie(response, session_id, secure=request.url.scheme == "https")
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
+        if not same_origin(request):
+            return Response("a logout must come from the dashboard's own page", status_code=403)
         sessions.close(request.cookies.get(COOKIE))
         response = RedirectResponse(f"{PREFIX}/login", status_code=303)
         response.delete_cookie(COOKIE, path=PREFIX)
@@ -228,7 +231,9 @@ def dashboard_router(
         allowed = {p.report_html for p in rows if p.model in shown}
         if path not in allowed or not path.endswith(".html"):
             return Response("no such report", status_code=404)
-        return FileResponse(path, media_type="text/html")
+        if not await asyncio.to_thread(os.path.isfile, path):
+            return Response("that report is no longer on disk (retention removed it)", status_code=404)
+        return FileResponse(path, media_type="text/html", headers=REPORT_HEADERS)
 
     def control_of(caller: Caller, sources: DashboardSources) -> dict[str, Any]:
         if (
@@ -288,7 +293,9 @@ def dashboard_router(
             caller, session, _ = await session_of(request)
         except _Redirect:
             return Response("log in first", status_code=401)
-        form = await _form(request)
+        if not same_origin(request):
+            return Response("an action must come from the dashboard's own page", status_code=403)
+        form = await read_form(request)
         if not csrf_matches(session, form.get("csrf")):
             refusal = "The form's CSRF token does not match this session: reload the page."
             return page(request, "result.html", status=403, caller=caller.name, csrf=session.csrf, auth=True,
@@ -302,9 +309,3 @@ def dashboard_router(
                     message=message)  # fmt: skip
 
     return router
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """A urlencoded form body (the dashboard posts no files), first value of each field."""
-    body = (await request.body()).decode("utf-8", errors="replace")
-    return {key: values[0] for key, values in parse_qs(body, keep_blank_values=True).items()}

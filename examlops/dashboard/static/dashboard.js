@@ -69,7 +69,11 @@
 
   function refresh(grid) {
     fetch(grid.dataset.series, { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (r) {
+        // The session is gone (serving restarted, the identity revoked): log in again rather than freeze.
+        if (r.status === 401) { window.location.assign("/dashboard/login?expired=1"); return null; }
+        return r.ok ? r.json() : null;
+      })
       .then(function (all) {
         if (!all) { return; }
         grid.querySelectorAll(".chart").forEach(function (el) {
