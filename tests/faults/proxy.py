@@ -192,8 +192,7 @@ class FaultProxy:
             if self.reset_new:
                 self._reset(link)
                 return
-            while self.blackhole and not link.closed:
-                await asyncio.sleep(_HOLD_POLL_S)
+            await self._hold(link)
             if link.closed:
                 return
             try:
@@ -211,6 +210,13 @@ class FaultProxy:
                 link.closed = True
                 for w in link.writers():
                     w.close()
+
+    async def _hold(self, link: _Link) -> None:
+        """Wait while the black hole is on and the link lives."""
+        # Polled, not an asyncio.Event: the switch is a plain attribute set from the test's thread, and a reset
+        # of the link must end the hold as well.
+        while self.blackhole and not link.closed:  # noqa: ASYNC110
+            await asyncio.sleep(_HOLD_POLL_S)
 
     async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, link: _Link) -> None:
         """Read chunks and deliver each when due; EOF is passed on after ``slow_close_s``."""
@@ -234,11 +240,12 @@ class FaultProxy:
         finally:
             deliver.cancel()
 
-    async def _deliver(self, queue: asyncio.Queue[tuple[float, bytes]], sink: asyncio.StreamWriter, link: _Link) -> None:
+    async def _deliver(
+        self, queue: asyncio.Queue[tuple[float, bytes]], sink: asyncio.StreamWriter, link: _Link
+    ) -> None:
         while True:
             due, data = await queue.get()
-            while self.blackhole and not link.closed:
-                await asyncio.sleep(_HOLD_POLL_S)
+            await self._hold(link)
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
