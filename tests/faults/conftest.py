@@ -7,8 +7,13 @@ the environment of each test.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+import redis
+
+from examlops.platform.redis_server import EmbeddedRedis
+from tests.integration.servers import free_port
 
 LONG = os.environ.get("EXAMLOPS_FAULTS", "short").strip().lower() == "long"
 """True under `make faults`: each scenario holds its load and faults longer (see tests/faults/README.md)."""
@@ -19,3 +24,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(item.path).startswith(here):
             item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """One real redis-server for the tests that do not kill it; each test flushes it (``redis_url``)."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("faults-redis"), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(shared_redis: EmbeddedRedis) -> str:
+    with redis.Redis.from_url(shared_redis.url) as client:
+        client.flushdb()
+    return shared_redis.url
