@@ -96,6 +96,9 @@ class History:
     def open(self) -> list[Operation]:
         return [op for op in self.operations if op.outcome is None]
 
+    def count_closed(self) -> int:
+        return sum(1 for op in self.operations if op.outcome is not None)
+
     def count(self, outcome: Outcome) -> int:
         return sum(1 for op in self.operations if op.outcome is outcome)
 
