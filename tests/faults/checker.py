@@ -70,6 +70,8 @@ class Figures:
     audit_problem: str
     records_dropped: int
     records_left: int
+    max_latency_s: float = 0.0
+    """The longest an ok operation waited for its reply (a reclaimed job waits out the reclaim idle time)."""
     recover_s: dict[str, float] = field(default_factory=dict)
     """Per heal mark: seconds from the mark to the first answer without an error completed after it."""
 
@@ -106,6 +108,7 @@ class Figures:
             "audit_events": self.audit_events,
             "audit_ok": self.audit_ok,
             "records_dropped": self.records_dropped,
+            "max_latency_s": round(self.max_latency_s, 2),
             "recover_s": {k: round(v, 2) for k, v in self.recover_s.items()},
         }
 
@@ -217,5 +220,9 @@ def check(history: History, redis_url: str, settings: Settings, *, settle_s: flo
         audit_problem="" if report.broken is None else f"{report.broken.kind} at {report.broken.seq}",
         records_dropped=dropped,
         records_left=left,
+        max_latency_s=max(
+            (op.completed - op.invoked for op in ops if op.outcome is Outcome.OK and op.completed is not None),
+            default=0.0,
+        ),
         recover_s=recovery(history),
     )

@@ -82,6 +82,11 @@ class Child:
             self.kill()
         self.proc = self._spawn()
 
+    async def restart_listening(self, port: int) -> None:
+        """Restart, and return once it listens on ``port`` again."""
+        self.restart()
+        await asyncio.to_thread(wait_port, port, self)
+
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGCONT (it may be stopped), SIGTERM, then SIGKILL after ``timeout_s``."""
         if self.alive():
@@ -98,9 +103,10 @@ class Child:
     def logged(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_logged(self, text: str, timeout_s: float = 60.0) -> None:
+    def wait_logged(self, text: str, timeout_s: float = 60.0, *, times: int = 1) -> None:
+        """Until ``text`` is in the log ``times`` times (its log outlives restarts)."""
         deadline = time.monotonic() + timeout_s
-        while text not in self.logged():
+        while self.logged().count(text) < times:
             if not self.alive():
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.logged()[-3000:]}")
             if time.monotonic() > deadline:
@@ -151,7 +157,7 @@ class Cluster:
         argv = [sys.executable, "-c", code, "start", "--concurrency", str(concurrency), "--model", "JPCP"]
         child = Child(f"bridge-{n}", argv, env, self.home / f"bridge-{n}.log")
         self.children.append(child)
-        child.wait_logged("ready")
+        child.wait_logged(" ready:")
         return child
 
     def client(self, redis_url: str | None = None) -> BusClient:
@@ -195,16 +201,20 @@ async def drive(
     *,
     jobs: int,
     concurrency: int,
+    rate_per_s: float = 50.0,
     timeout_s: float = 30.0,
     prefix: str = "job",
     on_progress: Callable[[int], None] | None = None,
 ) -> None:
-    """``jobs`` requests, ``concurrency`` at a time; ``on_progress(closed)`` after each one closes."""
+    """``jobs`` requests, at most ``concurrency`` at a time, started at ``rate_per_s`` (so the load holds
+    through a fault instead of racing through it with fast errors); ``on_progress(closed)`` after each."""
     gate = asyncio.Semaphore(concurrency)
     closed = 0
+    start = time.monotonic()
 
     async def one(i: int) -> None:
         nonlocal closed
+        await asyncio.sleep(max(0.0, start + i / rate_per_s - time.monotonic()))
         async with gate:
             await history.bus_request(client, ADDRESS, PAYLOAD, timeout_s, f"{prefix}-{i}")
         closed += 1
