@@ -141,8 +141,28 @@ class Cluster:
         wait_port(port, child)
         return child
 
-    def bridge(self, *, concurrency: int = 16, redis_url: str | None = None, serving_port: int | None = None) -> Child:
-        """`exa bridge start` (with its recording child), ready; ``redis_url``/``serving_port``: another way in."""
+    def bridges(
+        self, n: int, *, concurrency: int = 16, redis_url: str | None = None, serving_port: int | None = None
+    ) -> list[Child]:
+        """``n`` bridges started together, each ready (see ``bridge``)."""
+        started = [
+            self.bridge(concurrency=concurrency, redis_url=redis_url, serving_port=serving_port, wait=False)
+            for _ in range(n)
+        ]
+        for child in started:
+            child.wait_logged(" ready:")
+        return started
+
+    def bridge(
+        self,
+        *,
+        concurrency: int = 16,
+        redis_url: str | None = None,
+        serving_port: int | None = None,
+        wait: bool = True,
+    ) -> Child:
+        """`exa bridge start` (with its recording child), ready unless not ``wait``; ``redis_url`` and
+        ``serving_port``: another way to Redis and serving (a fault proxy)."""
         env = examlops_env(
             self.home,
             EXAMLOPS_REDIS__URL=redis_url or self.redis.url,
@@ -157,7 +177,8 @@ class Cluster:
         argv = [sys.executable, "-c", code, "start", "--concurrency", str(concurrency), "--model", "JPCP"]
         child = Child(f"bridge-{n}", argv, env, self.home / f"bridge-{n}.log")
         self.children.append(child)
-        child.wait_logged(" ready:")
+        if wait:
+            child.wait_logged(" ready:")
         return child
 
     def client(self, redis_url: str | None = None) -> BusClient:
@@ -176,9 +197,16 @@ class Cluster:
         self.redis.start(timeout=30)
 
     def close(self) -> None:
+        self.stop_children()
+        self.redis.stop()
+
+    def stop_children(self) -> None:
+        """SIGTERM every child at once (each drains its jobs and records meanwhile), SIGKILL what stays."""
+        for child in self.children:  # all asked at once: each drains its jobs and records meanwhile
+            child.signal(signal.SIGCONT)
+            child.signal(signal.SIGTERM)
         for child in self.children:
             child.stop(10)
-        self.redis.stop()
 
 
 def wait_port(port: int, child: Child, timeout_s: float = 30.0) -> None:

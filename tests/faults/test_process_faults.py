@@ -45,8 +45,9 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
     cluster: Cluster, report: Reporter
 ) -> None:
     kills = 3 if LONG else 1
-    doomed = cluster.bridge(concurrency=4)
+    doomed = cluster.bridge(concurrency=4, wait=False)
     cluster.bridge(concurrency=16)
+    doomed.wait_logged(" ready:")
     history = History()
     async with cluster.client() as client:
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
@@ -72,8 +73,9 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
 async def test_a_bridge_stopped_past_the_reclaim_time_and_woken_answers_nothing_twice(
     cluster: Cluster, report: Reporter
 ) -> None:
-    stalled = cluster.bridge(concurrency=4)
+    stalled = cluster.bridge(concurrency=4, wait=False)
     cluster.bridge(concurrency=16)
+    stalled.wait_logged(" ready:")
     history = History()
     async with cluster.client() as client:
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
@@ -97,8 +99,7 @@ async def test_a_bridge_stopped_past_the_reclaim_time_and_woken_answers_nothing_
 async def test_serving_sigkilled_and_restarted_with_jobs_in_flight_answers_each_job_once(
     cluster: Cluster, report: Reporter
 ) -> None:
-    cluster.bridge()
-    cluster.bridge()
+    cluster.bridges(2)
     serving = cluster.children[0]
     kills = 3 if LONG else 1
     history = History()

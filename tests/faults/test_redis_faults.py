@@ -36,8 +36,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     cluster = Cluster(tmp_path)
     try:
         cluster.serving(delay_s=0.02)
-        cluster.bridge()
-        cluster.bridge()
+        cluster.bridges(2)
         yield cluster
     finally:
         cluster.close()
