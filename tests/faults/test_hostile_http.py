@@ -1,0 +1,202 @@
+"""Hostile input at a running serving (`exa serve start` with the demo models): fuzzing, size limits, slow senders.
+
+- schemathesis generates requests for every operation of serving's own OpenAPI
+  schema (valid and invalid bodies, parameters, headers): no reply may be a
+  5xx, and every 4xx must carry the documented error body (``error``, a text;
+  ``prediction`` 0.0 outside the Open Inference Protocol's routes, whose error
+  body is the protocol's).
+- A body at the size limit is read; one byte over it is a 413 with the error
+  body, whether it declares its Content-Length or is chunked.
+- Slow senders (headers, or a body, trickled a byte at a time over many
+  connections) are cut off by the header and body timeouts, while normal
+  predictions keep being answered meanwhile.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+
+from examlops.core.settings import Settings
+from examlops.registry.demo import seed_demo
+from tests.faults.cluster import CATALOG
+from tests.faults.conftest import LONG
+from tests.integration.servers import ServingProcess
+
+pytestmark = [
+    pytest.mark.timeout(900 if LONG else 300),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning"),
+]
+
+MAX_BODY = 64 * 1024
+HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 3.0
+PREDICT = {"model": "JPCP", "embedding": [0.01] * 384, "node_count": 12}
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+    home = tmp_path_factory.mktemp("hostile-serving")
+    seed_demo(Settings(home=home), CATALOG)
+    env = {
+        "EXAMLOPS_SERVING__MAX_BODY_BYTES": str(MAX_BODY),
+        "EXAMLOPS_SERVING__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+        "EXAMLOPS_SERVING__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+    }
+    proc = ServingProcess(home, env)
+    try:
+        proc.wait_ready(180)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def is_v2(path: str) -> bool:
+    return path.startswith("/v2")
+
+
+def test_every_route_answers_fuzzed_requests_without_a_5xx_and_with_the_error_body(serving: ServingProcess) -> None:
+    """Each operation of serving's schema gets generated cases (positive and negative); failures are gathered
+    per operation, so one bad route does not hide the others."""
+    api = schemathesis.openapi.from_url(f"{serving.url}/openapi.json")
+    failures: list[str] = []
+    operations = 0
+    for result in api.get_all_operations():
+        operation = result.ok()
+        operations += 1
+
+        @given(case=operation.as_strategy())
+        @settings(
+            max_examples=60 if LONG else 6,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.explicit, Phase.generate],  # no shrinking: one failing example per route is enough
+            database=None,
+        )
+        def fuzz(case: Any) -> None:
+            response = case.call(headers=serving.auth, timeout=30)
+            status = response.status_code
+            where = f"{case.method} {case.formatted_path}"
+            assert status < 500, f"{where}: {status} {response.text[:300]}"
+            if 400 <= status < 500 and case.path != "/metrics":
+                body = response.json()
+                assert isinstance(body.get("error"), str) and body["error"], f"{where}: {status} {body}"
+                if not is_v2(case.path):
+                    assert body.get("prediction") == 0.0, f"{where}: {status} {body}"
+
+        try:
+            fuzz()
+        except AssertionError as exc:
+            failures.append(str(exc).splitlines()[0])
+    assert operations >= 20
+    assert failures == []
+
+
+def post_raw(serving: ServingProcess, head: bytes, chunks: list[bytes]) -> bytes:
+    with socket.create_connection(("127.0.0.1", serving.port), timeout=10) as sock:
+        sock.sendall(head)
+        for chunk in chunks:
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break  # refused before it read the rest: what a limit is for
+        answer = b""
+        while True:
+            try:
+                part = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not part:
+                break
+            answer += part
+    return answer
+
+
+def request_head(serving: ServingProcess, extra: str) -> bytes:
+    auth = serving.auth["Authorization"]
+    return (
+        f"POST /infer-pipeline/infer HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: {auth}\r\n"
+        f"content-type: application/json\r\n{extra}\r\n"
+    ).encode()
+
+
+def padded(size: int) -> bytes:
+    """A JSON body of exactly ``size`` bytes."""
+    head = b'{"model":"JPCP","node_count":12,"embedding":[0.01],"pad":"'
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def test_a_body_at_the_limit_is_read_and_one_byte_over_is_a_413_with_or_without_content_length(
+    serving: ServingProcess,
+) -> None:
+    at_limit = httpx.post(
+        f"{serving.url}/infer-pipeline/infer", content=padded(MAX_BODY), headers=serving.auth | JSON, timeout=30
+    )
+    assert at_limit.status_code == 422  # read and refused for its content, not its size
+    over = padded(MAX_BODY + 1)
+    declared = post_raw(serving, request_head(serving, f"content-length: {len(over)}\r\n"), [over])
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (over[:40_000], over[40_000:])) + b"0\r\n\r\n"
+    streamed = post_raw(serving, request_head(serving, "transfer-encoding: chunked\r\n"), [chunked])
+    for answer in (declared, streamed):
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b'"prediction":0.0' in answer.replace(b" ", b""), answer[:400]
+
+
+JSON = {"content-type": "application/json"}
+
+
+def trickle(serving: ServingProcess, data: bytes, stop: threading.Event, cut: list[float]) -> None:
+    """Send ``data`` a byte every 0.2 s until the server closes the connection; note when it did."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", serving.port), timeout=30) as sock:
+            for byte in data:
+                if stop.is_set():
+                    return
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+                sock.setblocking(False)
+                try:
+                    if sock.recv(4096) == b"":
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+    except OSError:
+        pass
+    cut.append(time.monotonic() - started)
+
+
+def test_slow_senders_are_cut_off_while_normal_predictions_are_answered(serving: ServingProcess) -> None:
+    slow_headers = request_head(serving, "x-pad: " + "y" * 200 + "\r\n")
+    body = padded(2048)
+    slow_body = request_head(serving, f"content-length: {len(body)}\r\n") + body
+    stop, cut = threading.Event(), []
+    n = 60 if LONG else 20
+    threads = [
+        threading.Thread(target=trickle, args=(serving, slow_headers if i % 2 else slow_body, stop, cut), daemon=True)
+        for i in range(n)
+    ]
+    for thread in threads:
+        thread.start()
+    answered = []
+    try:
+        with httpx.Client(base_url=serving.url, headers=serving.auth, timeout=10) as client:
+            deadline = time.monotonic() + (HEADER_TIMEOUT_S + BODY_TIMEOUT_S + 3)
+            while time.monotonic() < deadline:
+                answered.append(client.post("/infer-pipeline/infer", json=PREDICT).status_code)
+                time.sleep(0.05)
+        for thread in threads:
+            thread.join(HEADER_TIMEOUT_S + BODY_TIMEOUT_S + 10)
+    finally:
+        stop.set()
+    assert answered and set(answered) == {200}, answered
+    assert len(cut) == n, f"{n - len(cut)} slow senders were never cut off"
