@@ -138,11 +138,17 @@ def _scan(client: redis.Redis, pattern: str) -> Iterable[str]:
     yield from client.scan_iter(match=pattern, count=1000)
 
 
+def _xrange(client: redis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
+    """A whole stream (decoded strings: ``_client``)."""
+    entries: Any = client.xrange(key)
+    return list(entries)
+
+
 def replies(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
     """Every reply on every client's reply stream: job id -> the reply bodies."""
     found: dict[str, list[dict[str, Any]]] = {}
     for stream in _scan(client, wire.REPLIES_PREFIX + "*"):
-        for _id, fields in client.xrange(stream):
+        for _id, fields in _xrange(client, stream):
             body = orjson.loads(fields.get("body", "{}"))
             found.setdefault(fields.get("job_id", ""), []).append(body if isinstance(body, dict) else {})
     return found
@@ -150,15 +156,16 @@ def replies(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
 
 def snapshot_job_ids(client: redis.Redis) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for model in client.smembers(MODELS):
-        for _id, fields in client.xrange(stream_of(model)):
+    models: Any = client.smembers(MODELS)
+    for model in models:
+        for _id, fields in _xrange(client, stream_of(str(model))):
             counts[str(orjson.loads(fields["s"])[_JOB_ID_AT])] += 1
     return counts
 
 
 def served_event_job_ids(client: redis.Redis) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for _id, fields in client.xrange(STREAM):
+    for _id, fields in _xrange(client, STREAM):
         if fields.get("type") == INFERENCE_SERVED:
             counts[str(orjson.loads(fields["data"]).get("job_id"))] += 1
     return counts
