@@ -141,6 +141,24 @@ class Cluster:
         wait_port(port, child)
         return child
 
+    def real_serving(self) -> Child:
+        """`exa serve start` with the demo models (seeded into this cluster's MLflow first) on the serving port,
+        ready; minutes of CPU on a busy machine, so only the long scenarios use it."""
+        from examlops.registry.demo import seed_demo
+
+        seed_demo(self.settings, CATALOG)
+        env = examlops_env(
+            self.home,
+            EXAMLOPS_REDIS__URL=self.redis.url,
+            EXAMLOPS_PREDICT__WORKERS="2",
+            EXAMLOPS_HOTSET__RELOAD_POLL_S="0",
+        )
+        argv = [sys.executable, "-m", "examlops.cli.main", "serve", "start", "--port", str(self.serving_port)]
+        child = Child(f"real-serving:{self.serving_port}", argv, env, self.home / "real-serving.log")
+        self.children.append(child)
+        wait_ready(f"http://127.0.0.1:{self.serving_port}", child)
+        return child
+
     def bridges(
         self, n: int, *, concurrency: int = 16, redis_url: str | None = None, serving_port: int | None = None
     ) -> list[Child]:
@@ -221,6 +239,22 @@ def wait_port(port: int, child: Child, timeout_s: float = 30.0) -> None:
             if not child.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{child.name} did not listen on {port}:\n{child.logged()[-3000:]}") from None
             time.sleep(0.1)
+
+
+def wait_ready(url: str, child: Child, timeout_s: float = 300.0) -> None:
+    """Until ``url``/readyz answers 200 (serving loads its models first)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{child.name} was not ready:\n{child.logged()[-3000:]}")
+        time.sleep(0.25)
 
 
 async def drive(
