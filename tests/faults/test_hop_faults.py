@@ -28,10 +28,11 @@ ROUNDS = 3 if LONG else 1
 HOPS = ("client-redis", "bridge-redis", "bridge-serving")
 RUNS = [(hop,) for hop in HOPS] if LONG else [HOPS]
 """Long: one run per hop, faulted ROUNDS times. Short: one run with every hop behind a proxy, faulted in turn."""
-FAULT_S = 5.5
+LATENCY_S, BLACKHOLE_S, RESETS_S = (1.5, 3.0, 1.0) if LONG else (1.0, 2.5, 0.5)
+FAULT_S = LATENCY_S + BLACKHOLE_S + RESETS_S
 CONCURRENCY = 16 if LONG else 8
-JOBS = int(50 * (FAULT_S * ROUNDS * (len(HOPS) if not LONG else 1) + 5))
-"""At 50 jobs/s the load outlasts the faults by about 5 s."""
+JOBS = int(50 * (FAULT_S * ROUNDS * (len(HOPS) if not LONG else 1) + 4))
+"""At 50 jobs/s the load outlasts the faults by a few seconds."""
 
 
 @pytest.fixture
@@ -48,16 +49,16 @@ async def inject(proxy: FaultProxy, history: History, hop: str) -> None:
     """Latency and jitter, a black hole ended by resets, new connections reset, then healed (FAULT_S)."""
     history.mark(f"fault:{hop}:latency")
     proxy.latency_s, proxy.jitter_s = 0.1, 0.05
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(LATENCY_S)
     proxy.clear()
     history.mark(f"fault:{hop}:blackhole")
     proxy.blackhole = True
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(BLACKHOLE_S)
     proxy.reset_all()
     proxy.reset_new = True
     proxy.blackhole = False
     history.mark(f"fault:{hop}:resets")
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(RESETS_S)
     proxy.clear()
     history.mark(f"heal:{hop}")
 
@@ -91,7 +92,8 @@ async def test_hops_behind_latency_a_black_hole_and_resets_lose_and_double_nothi
     report(
         f"{' + '.join(hops)} behind the fault proxy",
         f"{JOBS} jobs, c={CONCURRENCY}, 50/s",
-        f"{ROUNDS} x per hop, in turn: latency 100±50 ms 1.5 s, black hole 3 s then reset, new connections reset 1 s",
+        f"{ROUNDS} x per hop, in turn: latency 100±50 ms {LATENCY_S:g} s, black hole {BLACKHOLE_S:g} s then reset, "
+        f"new connections reset {RESETS_S:g} s",
         figures,
     )
     assert figures.violations() == []

@@ -49,6 +49,8 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess
         "EXAMLOPS_SERVING__MAX_BODY_BYTES": str(MAX_BODY),
         "EXAMLOPS_SERVING__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "EXAMLOPS_SERVING__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+        "EXAMLOPS_PREDICT__WORKERS": "2" if LONG else "1",  # one worker process is enough for what is sent here
+        "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0",
     }
     proc = ServingProcess(home, env)
     try:
