@@ -14,9 +14,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +71,7 @@ def test_every_route_answers_fuzzed_requests_without_a_5xx_and_with_the_error_bo
     per operation, so one bad route does not hide the others."""
     api = schemathesis.openapi.from_url(f"{serving.url}/openapi.json")
     failures: list[str] = []
+    statuses: Counter[int] = Counter()
     operations = 0
     for result in api.get_all_operations():
         operation = result.ok()
@@ -85,6 +88,7 @@ def test_every_route_answers_fuzzed_requests_without_a_5xx_and_with_the_error_bo
         def fuzz(case: Any) -> None:
             response = case.call(headers=serving.auth, timeout=30)
             status = response.status_code
+            statuses[status] += 1
             where = f"{case.method} {case.formatted_path}"
             assert status < 500, f"{where}: {status} {response.text[:300]}"
             if 400 <= status < 500 and case.path != "/metrics":
@@ -97,7 +101,9 @@ def test_every_route_answers_fuzzed_requests_without_a_5xx_and_with_the_error_bo
             fuzz()
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
+    print(json.dumps({"scenario": "schemathesis over serving", "operations": operations, "statuses": statuses}))
     assert operations >= 20
+    assert statuses[200] > 0 and statuses[401] == 0, statuses  # authenticated, and some cases were served
     assert failures == []
 
 
