@@ -208,3 +208,41 @@ def test_slow_senders_are_cut_off_while_normal_predictions_are_answered(serving:
         stop.set()
     assert answered and set(answered) == {200}, answered
     assert len(cut) == n, f"{n - len(cut)} slow senders were never cut off"
+
+
+def embedding_body(embedding: str) -> bytes:
+    return b'{"model":"JPCP","node_count":12,"embedding":' + embedding.encode() + b"}"
+
+
+HOSTILE_BODIES = {
+    "deep nesting": b'{"model":"JPCP","node_count":12,"embedding":' + b"[" * 5000 + b"]" * 5000 + b"}",
+    "NaN": embedding_body("[" + ",".join(["0.1"] * 383 + ["NaN"]) + "]"),
+    "Infinity": embedding_body("[" + ",".join(["0.1"] * 383 + ["Infinity"]) + "]"),
+    "1e400": embedding_body("[" + ",".join(["0.1"] * 383 + ["1e400"]) + "]"),
+    "383 values": embedding_body("[" + ",".join(["0.1"] * 383) + "]"),
+    "385 values": embedding_body("[" + ",".join(["0.1"] * 385) + "]"),
+    "strings in the embedding": embedding_body("[" + ",".join(['"0.1"'] * 384) + "]"),
+    "an object for the embedding": embedding_body('{"a":1}'),
+    "node_count as text": b'{"model":"JPCP","node_count":"12","embedding":[0.1]}',
+    "node_count huge": b'{"model":"JPCP","node_count":1e300,"embedding":[0.1]}',
+    "extra fields": embedding_body("[" + ",".join(["0.1"] * 384) + "]")[:-1] + b',"x":{"y":[1,2,3]},"__proto__":1}',
+    "a list, not an object": b"[1,2,3]",
+    "truncated JSON": b'{"model":"JPCP","embedding":[0.1,',
+    "a NUL byte": b'{"model":"JP\x00CP","node_count":12,"embedding":[0.1]}',
+    "invalid UTF-8": b'{"model":"\xff\xfe","node_count":12,"embedding":[0.1]}',
+    "an unknown model": b'{"model":"' + b"Z" * 4000 + b'","node_count":12,"embedding":[0.1]}',
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_BODIES))
+@pytest.mark.parametrize("route", ["/infer-pipeline/infer", "/v1/models/JPCP/predict"])
+def test_a_hostile_body_is_a_4xx_with_the_error_body_never_a_5xx(
+    serving: ServingProcess, route: str, name: str
+) -> None:
+    response = httpx.post(
+        f"{serving.url}{route}", content=HOSTILE_BODIES[name], headers=serving.auth | JSON, timeout=30
+    )
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    body = response.json()
+    assert isinstance(body.get("error"), str) and body.get("prediction") == 0.0, body
