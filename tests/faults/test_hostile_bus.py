@@ -13,6 +13,7 @@ bytes that are not UTF-8.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import string
 import time
@@ -23,6 +24,7 @@ import pytest
 import redis
 
 from examlops.bus import wire
+from examlops.core.records import RECORDS_STREAM
 from examlops.identity import bus_key_from_token
 from tests.faults.checker import check
 from tests.faults.cluster import ADDRESS, PAYLOAD, TOKEN, Cluster, until
@@ -124,9 +126,45 @@ async def test_an_entry_that_is_not_utf8_is_dead_lettered_and_the_bridge_lives_o
         fields: dict[str, str | bytes] = dict(signed("poisoned", client.reply_stream))
         fields["payload"] = b"\xff\xfe\xfa"
         raw.xadd(wire.jobs_stream(ADDRESS), fields)  # type: ignore[arg-type]  # redis-py's loose typing
-        await asyncio.sleep(2.0)
+        with contextlib.suppress(TimeoutError):  # a bridge that dies of it takes a few seconds to exit
+            await until(lambda: not bridge.alive(), 6)
         assert bridge.alive(), bridge.logged()[-2000:]
         reply = await client.request(ADDRESS, PAYLOAD, 10)
     assert reply["error"] is None
     assert raw.xlen(wire.DEAD_STREAM) == 1
+    raw.close()
+
+
+RECORDS_UTF8_BUG = (
+    "a record entry holding bytes that are not UTF-8 makes the recorder's read raise UnicodeDecodeError: the "
+    "recording child exits, the bridge restarts it, it reads the same entry and exits again, every few seconds; "
+    "no answered job is recorded (snapshot, audit event) from then on"
+)
+
+
+async def test_unreadable_records_are_dropped_and_later_jobs_still_recorded(cluster: Cluster) -> None:
+    cluster.bridge()
+    history = History()
+    raw = redis.Redis.from_url(cluster.redis.url)
+    async with cluster.client() as client:
+        await history.bus_request(client, ADDRESS, PAYLOAD, 10, "before")
+        raw.xadd(RECORDS_STREAM, {"r": "not a record", "job_id": "forged"})
+        raw.xadd(RECORDS_STREAM, {"x": "y"})
+        await history.bus_request(client, ADDRESS, PAYLOAD, 10, "after")
+    figures = check(history, cluster.redis.url, cluster.settings, settle_s=20)
+    assert figures.violations() == []
+    raw.close()
+
+
+@pytest.mark.xfail(strict=True, reason=RECORDS_UTF8_BUG)
+async def test_a_record_that_is_not_utf8_is_dropped_and_later_jobs_still_recorded(cluster: Cluster) -> None:
+    cluster.bridge()
+    history = History()
+    raw = redis.Redis.from_url(cluster.redis.url)
+    async with cluster.client() as client:
+        raw.xadd(RECORDS_STREAM, {"r": b"\xff\xfe", "job_id": "poisoned"})
+        await asyncio.sleep(1.0)
+        await history.bus_request(client, ADDRESS, PAYLOAD, 10, "after")
+    figures = check(history, cluster.redis.url, cluster.settings, settle_s=5)
+    assert figures.violations() == []
     raw.close()

@@ -27,8 +27,8 @@ from tests.faults.history import History
 
 pytestmark = pytest.mark.timeout(600 if LONG else 180)
 
-JOBS, CONCURRENCY = (3000, 16) if LONG else (300, 8)
-"""At 50 jobs/s: 60 s of load (long), 6 s (short)."""
+JOBS, CONCURRENCY = (3000, 16) if LONG else (200, 8)
+"""At 50 jobs/s: 60 s of load (long), 4 s (short)."""
 
 
 @pytest.fixture
