@@ -205,6 +205,10 @@ class Cluster:
             settings = settings.model_copy(update={"redis": RedisSettings(url=redis_url)})
         return bus_client(settings)
 
+    def logs_holding(self, secret: str) -> list[Path]:
+        """The log files under the cluster's folder that contain ``secret`` (a token must never be logged)."""
+        return [path for path in sorted(self.home.rglob("*.log")) if secret in path.read_text(errors="replace")]
+
     def kill_redis(self) -> None:
         pid = self.redis.process.pid
         assert pid is not None

@@ -26,6 +26,7 @@ import redis
 from examlops.bus import wire
 from examlops.core.records import RECORDS_STREAM
 from examlops.identity import bus_key_from_token
+from examlops.identity.tokens import parse_token
 from tests.faults.checker import check
 from tests.faults.cluster import ADDRESS, PAYLOAD, TOKEN, Cluster, until
 from tests.faults.conftest import LONG
@@ -116,6 +117,7 @@ async def test_hostile_entries_are_dead_lettered_and_real_jobs_answered_once(clu
     assert figures.answered_with_error == 0 and figures.ok == len(victims)
     assert raw.xlen(wire.DEAD_STREAM) == HOSTILE
     raw.close()
+    assert cluster.logs_holding(parse_token(TOKEN)[1]) == []  # the token's secret is in no log
 
 
 @pytest.mark.xfail(strict=True, reason=UTF8_BUG)

@@ -28,6 +28,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from examlops.core.settings import Settings
+from examlops.identity.tokens import parse_token
 from examlops.registry.demo import seed_demo
 from tests.faults.cluster import CATALOG
 from tests.faults.conftest import LONG
@@ -102,6 +103,8 @@ def test_every_route_answers_fuzzed_requests_without_a_5xx_and_with_the_error_bo
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
     print(json.dumps({"scenario": "schemathesis over serving", "operations": operations, "statuses": statuses}))
+    secret = parse_token(serving.token)[1]
+    assert secret not in serving.log_path.read_text(errors="replace"), "the token's secret was logged"
     assert operations >= 20
     assert statuses[200] > 0 and statuses[401] == 0, statuses  # authenticated, and some cases were served
     assert failures == []
