@@ -163,12 +163,13 @@ def test_a_body_at_the_limit_is_read_and_one_byte_over_is_a_413_with_or_without_
 JSON = {"content-type": "application/json"}
 
 
-def trickle(serving: ServingProcess, data: bytes, stop: threading.Event, cut: list[float]) -> None:
-    """Send ``data`` a byte every 0.2 s until the server closes the connection; note when it did."""
+def trickle(serving: ServingProcess, at_once: bytes, slowly: bytes, stop: threading.Event, cut: list[float]) -> None:
+    """Send ``at_once``, then ``slowly`` a byte every 0.2 s until the server closes the connection; note when."""
     started = time.monotonic()
     try:
         with socket.create_connection(("127.0.0.1", serving.port), timeout=30) as sock:
-            for byte in data:
+            sock.sendall(at_once)
+            for byte in slowly:
                 if stop.is_set():
                     return
                 sock.sendall(bytes([byte]))
@@ -187,13 +188,15 @@ def trickle(serving: ServingProcess, data: bytes, stop: threading.Event, cut: li
 
 
 def test_slow_senders_are_cut_off_while_normal_predictions_are_answered(serving: ServingProcess) -> None:
-    slow_headers = request_head(serving, "x-pad: " + "y" * 200 + "\r\n")
+    slow_headers = (b"", request_head(serving, "x-pad: " + "y" * 200 + "\r\n"))  # the headers a byte at a time
     body = padded(2048)
-    slow_body = request_head(serving, f"content-length: {len(body)}\r\n") + body
+    slow_body = (request_head(serving, f"content-length: {len(body)}\r\n"), body)  # headers at once, then the body
     stop, cut = threading.Event(), []
     n = 60 if LONG else 20
     threads = [
-        threading.Thread(target=trickle, args=(serving, slow_headers if i % 2 else slow_body, stop, cut), daemon=True)
+        threading.Thread(
+            target=trickle, args=(serving, *(slow_headers if i % 2 else slow_body), stop, cut), daemon=True
+        )
         for i in range(n)
     ]
     for thread in threads:
