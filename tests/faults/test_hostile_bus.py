@@ -45,9 +45,22 @@ UTF8_BUG = (
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of the test's own, without a bridge: for the inputs that break one."""
     cluster = Cluster(tmp_path)
     try:
         cluster.serving()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster with one bridge for the inputs it survives (each test uses job ids of its own)."""
+    cluster = Cluster(tmp_path_factory.mktemp("hostile-bus"))
+    try:
+        cluster.serving()
+        cluster.bridge()
         yield cluster
     finally:
         cluster.close()
@@ -95,8 +108,9 @@ def mutations(rng: random.Random, reply_to: str, victims: list[str], n: int) -> 
     return made
 
 
-async def test_hostile_entries_are_dead_lettered_and_real_jobs_answered_once(cluster: Cluster) -> None:
-    bridge = cluster.bridge()
+async def test_hostile_entries_are_dead_lettered_and_real_jobs_answered_once(shared: Cluster) -> None:
+    cluster = shared
+    bridge = cluster.children[-1]
     history = History()
     raw = redis.Redis.from_url(cluster.redis.url)
     async with cluster.client() as client:
@@ -144,8 +158,8 @@ RECORDS_UTF8_BUG = (
 )
 
 
-async def test_unreadable_records_are_dropped_and_later_jobs_still_recorded(cluster: Cluster) -> None:
-    cluster.bridge()
+async def test_unreadable_records_are_dropped_and_later_jobs_still_recorded(shared: Cluster) -> None:
+    cluster = shared
     history = History()
     raw = redis.Redis.from_url(cluster.redis.url)
     async with cluster.client() as client:

@@ -31,9 +31,8 @@ JOBS, CONCURRENCY = (3000, 16) if LONG else (200, 8)
 """At 50 jobs/s: 60 s of load (long), 4 s (short)."""
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
+def started(home: Path) -> Iterator[Cluster]:
+    cluster = Cluster(home)
     try:
         cluster.serving(delay_s=0.02)
         cluster.bridges(2)
@@ -42,13 +41,26 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         cluster.close()
 
 
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of the test's own: for a fault that leaves it broken."""
+    yield from started(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the scenarios it survives (each uses job ids of its own): saves a start per scenario."""
+    yield from started(tmp_path_factory.mktemp("redis-faults"))
+
+
 async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
-    cluster: Cluster, report: Reporter
+    shared: Cluster, report: Reporter
 ) -> None:
+    cluster = shared
     history = History()
     kills = 3 if LONG else 1
     async with cluster.client() as client:
-        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="kill"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
             history.mark(f"fault:redis_sigkill_{k}")
@@ -142,13 +154,14 @@ def test_an_audit_append_refused_for_memory_is_store_unavailable_so_the_recorder
         engine.dispose()
 
 
-async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(cluster: Cluster, report: Reporter) -> None:
+async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Cluster, report: Reporter) -> None:
+    cluster = shared
     history = History()
     admin = redis.Redis.from_url(cluster.redis.url)
     pauses = 3 if LONG else 1
     try:
         async with cluster.client() as client:
-            load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+            load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="pause"))
             for k in range(pauses):
                 await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (pauses + 2))
                 history.mark(f"fault:client_pause_{k}")
