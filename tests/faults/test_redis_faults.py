@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -173,4 +175,29 @@ async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Clu
         admin.close()
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis CLIENT PAUSE ALL", f"{JOBS} jobs, c={CONCURRENCY}", f"{pauses} x 2 s pause", figures)
+    assert figures.violations() == []
+
+
+async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothing(
+    shared: Cluster, report: Reporter
+) -> None:
+    cluster = shared
+    pid = cluster.redis.process.pid
+    assert pid is not None
+    history = History()
+    stops = 3 if LONG else 1
+    async with cluster.client() as client:
+        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="stop"))
+        for k in range(stops):
+            await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (stops + 2))
+            history.mark(f"fault:redis_sigstop_{k}")
+            os.kill(pid, signal.SIGSTOP)  # hung, not gone: connections stay open and nothing answers
+            try:
+                await asyncio.sleep(3.0)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            history.mark(f"heal:redis_sigcont_{k}")
+        await load
+    figures = check(history, cluster.redis.url, cluster.settings)
+    report("redis SIGSTOP, then SIGCONT", f"{JOBS} jobs, c={CONCURRENCY}", f"{stops} x 3 s stopped", figures)
     assert figures.violations() == []
