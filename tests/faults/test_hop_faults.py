@@ -83,9 +83,9 @@ async def test_hops_behind_latency_a_black_hole_and_resets_lose_and_double_nothi
         async with cluster.client(client_url) as client:
             load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, timeout_s=20))
             await until(lambda: history.count_closed() >= 100)
-            for _ in range(ROUNDS):
+            for k in range(ROUNDS):
                 for hop in hops:
-                    await inject(proxies[hop], history, hop)
+                    await inject(proxies[hop], history, hop if ROUNDS == 1 else f"{hop}:{k}")
             await load
         figures = check(history, cluster.redis.url, cluster.settings)
         cluster.stop_children()  # while their way to Redis is still open: they drain instead of retrying
