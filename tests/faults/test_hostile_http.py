@@ -252,3 +252,10 @@ def test_a_hostile_body_is_a_4xx_with_the_error_body_never_a_5xx(
     assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
     body = response.json()
     assert isinstance(body.get("error"), str) and body.get("prediction") == 0.0, body
+
+
+def test_a_trace_page_past_what_sql_can_count_is_a_422_not_a_500(serving: ServingProcess) -> None:
+    """Found by the fuzzing: an offset of 2**63 reached SQLite and came back an OverflowError, a 500."""
+    response = httpx.get(f"{serving.url}/v1/traces", params={"offset": 2**63}, headers=serving.auth, timeout=30)
+    assert response.status_code == 422, response.text[:300]
+    assert response.json().get("prediction") == 0.0
