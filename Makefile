@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup up down test check unit integration e2e clean
+.PHONY: setup up down test check unit integration e2e faults clean
 
 $(STAMP): pyproject.toml requirements.lock
 	bash scripts/setup.sh $(PYTHON) $(VENV)
@@ -35,6 +35,12 @@ integration: $(STAMP)
 
 e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e
+
+FAULTS_REPORT ?= .examlops/faults-report.jsonl
+
+faults: $(STAMP)  ## the fault suite's long runs (tens of minutes); each scenario's figures go to $(FAULTS_REPORT)
+	@mkdir -p $(dir $(FAULTS_REPORT))
+	EXAMLOPS_FAULTS=long EXAMLOPS_FAULTS_REPORT=$(abspath $(FAULTS_REPORT)) $(BIN)/pytest tests/faults -m faults -s -rxX
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

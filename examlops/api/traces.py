@@ -50,7 +50,7 @@ def traces_router(store: TraceStore) -> APIRouter:
         channel: Literal["http", "bus"] | None = None,
         since: Annotated[str | None, Query(description="15m, 2h, 7d, an ISO time or UNIX seconds")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # SQL counts in 64-bit integers: past that, a 500
     ) -> TracePage:
         """The newest traces matching every filter given, a page at a time."""
         when = None if since is None else parse_since(since, time.time())

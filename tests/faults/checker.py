@@ -1,0 +1,235 @@
+"""The history checker: after a run, what Redis holds is compared with the client's ``History``.
+
+``check(history, redis_url, settings)`` reads every reply stream, the records
+stream, the snapshot streams and the audit chain, and returns ``Figures``.
+``Figures.violations()`` lists every broken promise; a scenario asserts it is
+empty (or, for a known bug, marks the test xfail). What it proves:
+
+- no bus job id was answered twice (two reply entries for one job id, on any
+  client's reply stream);
+- no job was lost: every job the client certainly submitted (an ``ok``
+  operation, or an ``unknown`` one whose job reached Redis) has a reply, an
+  answer or an error, once the bridges have settled;
+- every reply that serving's answer (or a recorded error) produced has exactly
+  one drift snapshot and exactly one ``inference.served`` audit event; replies
+  that are never recorded (``NOT_RECORDED``: refused, unauthenticated,
+  forbidden, past the deadline, no such model, undeliverable) have none;
+- no ``unknown`` operation was applied twice (a special case of the first,
+  counted on its own because it is the one a retrying client fears);
+- the audit chain verifies (``examlops.monitoring.audit.verify`` against the
+  signed checkpoints in SQL).
+
+``settle`` first waits (bounded) until the recorders drained the records
+stream, so the figures are not taken while a record is still on its way.
+Reply streams live 600 s and hold 10 000 entries: a run must stay under both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from examlops.bootstrap import sql_engine
+from examlops.bus import wire
+from examlops.core.records import RECORDERS_GROUP, RECORDS_DROPPED, RECORDS_STREAM
+from examlops.core.settings import Settings
+from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, SqlCheckpointStore, verify
+from examlops.monitoring.snapshots import FIELDS, MODELS, stream_of
+from tests.faults.history import History, Outcome
+
+NOT_RECORDED = frozenset(
+    {"refused", "unauthenticated", "forbidden", "deadline_exceeded", "model_not_found", "undeliverable"}
+)
+"""Reply codes that the bus never records (bus/README.md, "What a job gets")."""
+_JOB_ID_AT = FIELDS.index("job_id")
+
+
+@dataclass(frozen=True)
+class Figures:
+    invoked: int
+    ok: int
+    failed: int
+    unknown: int
+    answered_with_error: int
+    """Ok operations whose reply was an error body (pipeline unreachable, deadline exceeded...)."""
+    lost: list[str]
+    answered_twice: list[str]
+    unknown_applied_twice: list[str]
+    unrecorded: list[str]
+    recorded_twice: list[str]
+    recorded_unanswered: list[str]
+    """Snapshots or audit events for a job id with no recorded reply: recorded although never answered."""
+    audit_ok: bool
+    audit_events: int
+    audit_problem: str
+    records_dropped: int
+    records_left: int
+    max_latency_s: float = 0.0
+    """The longest an ok operation waited for its reply (a reclaimed job waits out the reclaim idle time)."""
+    recover_s: dict[str, float] = field(default_factory=dict)
+    """Per heal mark: seconds from the mark to the first answer without an error completed after it."""
+
+    @property
+    def requests_failed(self) -> int:
+        return self.failed + self.unknown + self.answered_with_error
+
+    def violations(self) -> list[str]:
+        found = []
+        for name in ("lost", "answered_twice", "unknown_applied_twice", "unrecorded", "recorded_twice"):
+            ids: list[str] = getattr(self, name)
+            if ids:
+                found.append(f"{name}: {len(ids)} ({', '.join(sorted(ids)[:5])})")
+        if self.recorded_unanswered:
+            found.append(f"recorded_unanswered: {len(self.recorded_unanswered)}")
+        if not self.audit_ok:
+            found.append(f"audit chain broken: {self.audit_problem}")
+        if self.records_left:
+            found.append(f"records never drained: {self.records_left}")
+        return found
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "invoked": self.invoked,
+            "ok": self.ok,
+            "failed": self.failed,
+            "unknown": self.unknown,
+            "answered_with_error": self.answered_with_error,
+            "lost": len(self.lost),
+            "duplicated": len(self.answered_twice),
+            "unrecorded": len(self.unrecorded),
+            "recorded_twice": len(self.recorded_twice),
+            "requests_failed": self.requests_failed,
+            "audit_events": self.audit_events,
+            "audit_ok": self.audit_ok,
+            "records_dropped": self.records_dropped,
+            "max_latency_s": round(self.max_latency_s, 2),
+            "recover_s": {k: round(v, 2) for k, v in self.recover_s.items()},
+        }
+
+
+def _client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+
+
+def settle(redis_url: str, timeout_s: float = 60.0) -> int:
+    """Wait until the records stream is drained and settled; the records still left (0 when it is)."""
+    deadline = time.monotonic() + timeout_s
+    with _client(redis_url) as client:
+        while True:
+            left = int(client.xlen(RECORDS_STREAM))
+            pending = 0
+            if left:
+                try:
+                    pending = int(client.xpending(RECORDS_STREAM, RECORDERS_GROUP)["pending"])
+                except redis.ResponseError:
+                    pending = left
+            if left == 0 or time.monotonic() > deadline:
+                return max(left, pending)
+            time.sleep(0.2)
+
+
+def _scan(client: redis.Redis, pattern: str) -> Iterable[str]:
+    yield from client.scan_iter(match=pattern, count=1000)
+
+
+def _xrange(client: redis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
+    """A whole stream (decoded strings: ``_client``)."""
+    entries: Any = client.xrange(key)
+    return list(entries)
+
+
+def replies(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
+    """Every reply on every client's reply stream: job id -> the reply bodies."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for stream in _scan(client, wire.REPLIES_PREFIX + "*"):
+        for _id, fields in _xrange(client, stream):
+            body = orjson.loads(fields.get("body", "{}"))
+            found.setdefault(fields.get("job_id", ""), []).append(body if isinstance(body, dict) else {})
+    return found
+
+
+def snapshot_job_ids(client: redis.Redis) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    models: Any = client.smembers(MODELS)
+    for model in models:
+        for _id, fields in _xrange(client, stream_of(str(model))):
+            counts[str(orjson.loads(fields["s"])[_JOB_ID_AT])] += 1
+    return counts
+
+
+def served_event_job_ids(client: redis.Redis) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for _id, fields in _xrange(client, STREAM):
+        if fields.get("type") == INFERENCE_SERVED:
+            counts[str(orjson.loads(fields["data"]).get("job_id"))] += 1
+    return counts
+
+
+def recorded(body: dict[str, Any]) -> bool:
+    return body.get("error") is None or body.get("code") not in NOT_RECORDED
+
+
+def recovery(history: History) -> dict[str, float]:
+    found = {}
+    for name, at in history.marks:
+        if not name.startswith("heal"):
+            continue
+        after = [op.completed for op in history.operations if op.answered_ok and op.completed and op.completed >= at]
+        if after:
+            found[name] = min(after) - at
+    return found
+
+
+def check(history: History, redis_url: str, settings: Settings, *, settle_s: float = 60.0) -> Figures:
+    """The figures of a finished run; call it once every operation is closed and the bridges still run."""
+    still_open = history.open()
+    if still_open:
+        raise ValueError(f"{len(still_open)} operations were never closed")
+    left = settle(redis_url, settle_s)
+    with _client(redis_url) as client:
+        answered = replies(client)
+        snapshots = snapshot_job_ids(client)
+        events = served_event_job_ids(client)
+        dropped = int(client.get(RECORDS_DROPPED) or 0)
+        engine = sql_engine(settings)
+        try:
+            report = verify(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
+        finally:
+            engine.dispose()
+    ops = history.operations
+    submitted = {op.key for op in ops if op.outcome is Outcome.OK or op.submitted}
+    unknown = {op.key for op in ops if op.outcome is Outcome.UNKNOWN}
+    twice = sorted(job for job, bodies in answered.items() if len(bodies) > 1)
+    should_record = {job for job, bodies in answered.items() if any(recorded(b) for b in bodies)}
+    unrecorded = sorted(job for job in should_record if snapshots[job] == 0 or events[job] == 0)
+    recorded_twice = sorted(job for job in should_record if snapshots[job] > 1 or events[job] > 1)
+    stray = sorted((set(snapshots) | set(events)) - should_record)
+    return Figures(
+        invoked=len(ops),
+        ok=history.count(Outcome.OK),
+        failed=history.count(Outcome.FAILED),
+        unknown=history.count(Outcome.UNKNOWN),
+        answered_with_error=sum(1 for op in ops if op.outcome is Outcome.OK and not op.answered_ok),
+        lost=sorted(job for job in submitted if job not in answered),
+        answered_twice=twice,
+        unknown_applied_twice=sorted(set(twice) & unknown),
+        unrecorded=unrecorded,
+        recorded_twice=recorded_twice,
+        recorded_unanswered=stray,
+        audit_ok=report.ok,
+        audit_events=report.events,
+        audit_problem="" if report.broken is None else f"{report.broken.kind} at {report.broken.seq}",
+        records_dropped=dropped,
+        records_left=left,
+        max_latency_s=max(
+            (op.completed - op.invoked for op in ops if op.outcome is Outcome.OK and op.completed is not None),
+            default=0.0,
+        ),
+        recover_s=recovery(history),
+    )

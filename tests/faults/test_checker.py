@@ -1,0 +1,139 @@
+"""The history checker on histories and Redis contents made by hand: each broken promise is named."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from examlops.bootstrap import sql_engine, upgrade_database
+from examlops.bus import wire
+from examlops.core.records import ServedInference
+from examlops.core.settings import RedisSettings, Settings
+from examlops.monitoring.audit import STREAM, AuditTrail, SqlCheckpointStore
+from examlops.monitoring.recording.sink import AuditRecordSink
+from tests.faults.checker import check
+from tests.faults.history import History
+
+ADDRESS = "00000000-0000-0000-0000-000000000001"
+OK_BODY = {"model": "JPCP", "alias": "Production", "version": "1", "prediction": 0.5, "error": None}
+_entries = itertools.count(1)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, redis_url: str) -> Settings:
+    settings = Settings(home=tmp_path, redis=RedisSettings(url=redis_url))
+    upgrade_database(settings)
+    return settings
+
+
+def reply(client: redis.Redis, job_id: str, body: dict[str, object] = OK_BODY) -> None:
+    client.xadd(wire.replies_stream("c1"), {"job_id": job_id, "status": "200", "body": orjson.dumps(body)})
+
+
+def record(settings: Settings, client: redis.Redis, *job_ids: str) -> None:
+    """What a recorder writes for these jobs: a snapshot and an ``inference.served`` event each."""
+    engine = sql_engine(settings)
+    try:
+        trail = AuditTrail(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
+        sink = AuditRecordSink(trail)
+        served = [
+            ServedInference(
+                job, ADDRESS, "JPCP", "tests", 12, OK_BODY, 200, time.time(), entry_id=f"{next(_entries)}-0"
+            )
+            for job in job_ids
+        ]
+        sink.write(served)
+        sink.close()
+    finally:
+        engine.dispose()
+
+
+def answered(history: History, *job_ids: str) -> None:
+    for job in job_ids:
+        history.ok(history.invoke("bus", job), {**OK_BODY, "job_id": job})
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+def test_a_clean_run_has_no_violations(settings: Settings, client: redis.Redis) -> None:
+    history = History()
+    answered(history, "a", "b")
+    history.unknown(history.invoke("bus", "c"), "StoreUnavailable")  # never reached Redis: fine
+    for job in ("a", "b"):
+        reply(client, job)
+    record(settings, client, "a", "b")
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.violations() == []
+    assert (figures.ok, figures.unknown, figures.audit_events) == (2, 1, 2)
+
+
+def test_a_job_answered_twice_and_an_unknown_one_applied_twice_are_named(
+    settings: Settings, client: redis.Redis
+) -> None:
+    history = History()
+    answered(history, "a")
+    history.unknown(history.invoke("bus", "u"), "DeadlineExceeded", submitted=True)
+    for job in ("a", "a", "u", "u"):
+        reply(client, job)
+    record(settings, client, "a", "u")
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.answered_twice == ["a", "u"]
+    assert figures.unknown_applied_twice == ["u"]
+
+
+def test_a_submitted_job_without_a_reply_is_lost(settings: Settings, client: redis.Redis) -> None:
+    history = History()
+    history.unknown(history.invoke("bus", "gone"), "DeadlineExceeded", submitted=True)
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.lost == ["gone"]
+
+
+def test_a_missing_or_doubled_record_is_named_and_an_unrecorded_reply_code_needs_none(
+    settings: Settings, client: redis.Redis
+) -> None:
+    history = History()
+    answered(history, "bare", "twice", "late")
+    reply(client, "bare")
+    reply(client, "twice")
+    reply(client, "late", {"error": "too late", "code": "deadline_exceeded", "prediction": 0.0})
+    record(settings, client, "twice")
+    record(settings, client, "twice")  # another entry id: the once key cannot catch it
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.unrecorded == ["bare"]
+    assert figures.recorded_twice == ["twice"]
+    assert figures.answered_with_error == 0  # the history's values were answers; Redis holds the late error
+
+
+def test_an_edited_audit_event_breaks_the_chain(settings: Settings, client: redis.Redis) -> None:
+    history = History()
+    answered(history, "a")
+    reply(client, "a")
+    record(settings, client, "a")
+    entry_id, fields = client.xrange(STREAM)[0]
+    client.xadd(STREAM, {**fields, "subject": "CRCP"}, id="*")
+    client.xdel(STREAM, entry_id)
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert not figures.audit_ok
+    assert any("audit chain broken" in v for v in figures.violations())
+
+
+def test_time_to_recover_is_measured_from_the_heal_mark(settings: Settings, client: redis.Redis) -> None:
+    clock = iter([0.0, 1.0, 5.0, 6.0, 7.5]).__next__
+    history = History(clock=clock)
+    early = history.invoke("bus", "early")  # t=0
+    history.ok(early, OK_BODY)  # t=1
+    history.mark("heal:redis")  # t=5
+    late = history.invoke("bus", "late")  # t=6
+    history.ok(late, OK_BODY)  # t=7.5
+    reply(client, "early")
+    reply(client, "late")
+    record(settings, client, "early", "late")
+    assert check(history, settings.redis_url, settings, settle_s=1).recover_s == {"heal:redis": 2.5}
