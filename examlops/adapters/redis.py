@@ -4,9 +4,11 @@ Every Redis user (the bus, recording, the audit trail, the failure windows,
 retrain requests, the drift flow's snapshot reads) gets its client here and
 wraps its commands in ``translated(what)``:
 
-- ``connect(url)``: a sync client (decoded strings); ``connect_async(url)``:
-  an asyncio one. Nothing connects until the first command. A connection
-  error (refused, dropped, timed out) is retried briefly with backoff by
+- ``connect(url)``: a sync client (decoded strings; bytes that are not UTF-8
+  become U+FFFD, so one hostile entry is an unreadable entry, not a client
+  that raises on every read); ``connect_async(url)``: an asyncio one.
+  Nothing connects until the first command. A connection error (refused,
+  dropped, timed out) is retried briefly with backoff by
   redis-py's ``Retry``, also when the command was already sent (it may run
   twice: what is sent through these clients is safe to repeat).
 - ``RedisCommands``: the port the bus store speaks, raw RESP2 replies;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,7 +33,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import (
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -80,6 +90,7 @@ def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> red
     return redis.Redis.from_url(
         url,
         decode_responses=True,
+        encoding_errors="replace",
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         socket_connect_timeout=CONNECT_TIMEOUT_S,
@@ -97,6 +108,7 @@ def connect_async(
     return aioredis.Redis.from_url(
         url,
         decode_responses=True,
+        encoding_errors="replace",
         retry=AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         socket_connect_timeout=CONNECT_TIMEOUT_S,
@@ -189,6 +201,20 @@ class RedisPyCommands:
 
 TRANSIENT_REPLIES = frozenset({"OOM", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN"})
 """Error replies of a Redis that will take the command later."""
+_TRANSIENT_CLASSES = (OutOfMemoryError, ReadOnlyError, MasterDownError, TryAgainError)
+_TRANSIENT_IN_SCRIPT = re.compile(r"(?:^|[\s:-])(" + "|".join(sorted(TRANSIENT_REPLIES)) + r")\b")
+
+
+def transient_reply(error: ResponseError) -> bool:
+    """Whether an error reply is one of a Redis that cannot take writes for now: redis-py's own classes for
+    them (which drop the code from the message), the code first in the message, or the code inside the error of
+    a Lua script (``Error running script ...: -OOM command not allowed ...``)."""
+    if isinstance(error, _TRANSIENT_CLASSES):
+        return True
+    text = str(error)
+    return text.split(" ", 1)[0] in TRANSIENT_REPLIES or (
+        "script" in text and _TRANSIENT_IN_SCRIPT.search(text) is not None
+    )
 
 
 @contextlib.contextmanager
@@ -201,6 +227,6 @@ def translated(what: str) -> Iterator[None]:
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"Redis cannot be reached ({what}): {exc}") from exc
     except ResponseError as exc:
-        if str(exc).split(" ", 1)[0] in TRANSIENT_REPLIES:
+        if transient_reply(exc):
             raise StoreUnavailable(f"Redis cannot take this now ({what}): {exc}") from exc
         raise

@@ -134,7 +134,6 @@ async def test_hostile_entries_are_dead_lettered_and_real_jobs_answered_once(sha
     assert cluster.logs_holding(parse_token(TOKEN)[1]) == []  # the token's secret is in no log
 
 
-@pytest.mark.xfail(strict=True, reason=UTF8_BUG)
 async def test_an_entry_that_is_not_utf8_is_dead_lettered_and_the_bridge_lives_on(cluster: Cluster) -> None:
     bridge = cluster.bridge()
     raw = redis.Redis.from_url(cluster.redis.url)
@@ -172,7 +171,6 @@ async def test_unreadable_records_are_dropped_and_later_jobs_still_recorded(shar
     raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason=RECORDS_UTF8_BUG)
 async def test_a_record_that_is_not_utf8_is_dropped_and_later_jobs_still_recorded(cluster: Cluster) -> None:
     cluster.bridge()
     history = History()

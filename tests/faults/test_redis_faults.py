@@ -86,7 +86,6 @@ OOM_BUG = (
 
 
 @pytest.mark.skipif(not LONG, reason="long only: the short suite shows the bug with the two tests below")
-@pytest.mark.xfail(strict=True, reason=OOM_BUG)
 async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(cluster: Cluster, report: Reporter) -> None:
     history = History()
     admin = redis.Redis.from_url(cluster.redis.url)
@@ -116,7 +115,6 @@ def refuse_writes(admin: redis.Redis) -> None:
     admin.config_set("maxmemory", str(used // 2))
 
 
-@pytest.mark.xfail(strict=True, reason=OOM_BUG)
 async def test_a_bridge_outlives_a_redis_that_refuses_writes_for_a_while(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     admin = redis.Redis.from_url(cluster.redis.url)
@@ -137,7 +135,6 @@ async def test_a_bridge_outlives_a_redis_that_refuses_writes_for_a_while(tmp_pat
         cluster.close()
 
 
-@pytest.mark.xfail(strict=True, reason=OOM_BUG)
 def test_an_audit_append_refused_for_memory_is_store_unavailable_so_the_recorder_retries_it(
     tmp_path: Path, redis_url: str
 ) -> None:
