@@ -81,32 +81,34 @@ class Keeper:
         try:
             ready = spec.process.check_ready()
         except ServiceStartFailed:
-            self._exited(spec, phase)
+            self._exited(spec, phase, ready=False)
             return
         waited = self.clock() - phase.starting_since
         if ready:
             record = self.records[spec.name]
             record.state, record.ready_after_s, phase.starting_since = "running", round(waited, 1), None
+            phase.budget.ready()
             self.save()
             down = self.clock() - phase.exited_at
             self.say(f"[green]✓[/] {spec.name} is back (ready in {waited:.1f} s, {down:.1f} s after it exited)")
         elif waited > self.ready_timeout:
-            self._exited(spec, phase)  # which stops it
+            self._exited(spec, phase, ready=False, why=f"not ready within {self.ready_timeout:g} s")  # stops it
 
-    def _exited(self, spec: ServiceSpec, phase: _Phase) -> None:
+    def _exited(self, spec: ServiceSpec, phase: _Phase, *, ready: bool = True, why: str = "") -> None:
         assert spec.process is not None
         record = self.records[spec.name]
         code = spec.process.returncode
         spec.process.stop()  # its main process is gone: this ends the rest of its group (a killed mlflow's uvicorn)
+        code = code if code is not None else spec.process.returncode
         phase.exited_at, phase.starting_since = self.clock(), None
-        delay = phase.budget.exited()
+        delay = phase.budget.exited(ready=ready)
         record.last_exit = code
         if delay is None:
             record.state = "failed"
             self.save()
             why = (
-                f"{spec.name} exited unexpectedly with code {code} and keeps failing: {phase.budget.recent} exits "
-                f"within {self.policy.restart_window_s:g} s (log: {spec.process.log_path})"
+                f"{spec.name} {why or f'exited unexpectedly with code {code}'} and keeps failing: "
+                f"{phase.budget.recent} exits within {self.policy.restart_window_s:g} s (log: {spec.process.log_path})"
             )
             if spec.essential:
                 raise ServiceExited(why, log_tail=spec.process.log_tail())
@@ -116,7 +118,7 @@ class Keeper:
         phase.restart_at = self.clock() + delay
         self.save()
         self.say(
-            f"[yellow]{spec.name} exited unexpectedly with code {code}:[/] restarting in {delay:g} s "
+            f"[yellow]{spec.name} {why or f'exited unexpectedly with code {code}'}:[/] restarting in {delay:g} s "
             f"(restart {phase.budget.restarts}; at most {self.policy.restart_limit} "
             f"within {self.policy.restart_window_s:g} s)"
         )
@@ -127,7 +129,7 @@ class Keeper:
         try:
             spec.process.start()
         except ServiceStartFailed:
-            self._exited(spec, phase)
+            self._exited(spec, phase, ready=False)
             return
         record = self.records[spec.name]
         record.pid, record.pgid, record.state = spec.process.pid, spec.process.pgid, "starting"

@@ -161,3 +161,30 @@ def test_a_restart_that_never_gets_ready_counts_as_an_exit() -> None:
     advance(k, clock, 1)  # restarted
     advance(k, clock, 31)  # past ready_timeout
     assert records["flows"].state == "restarting" and flows.stops == 2
+
+
+def test_a_service_that_never_gets_ready_is_given_up_however_slowly_each_start_fails() -> None:
+    clock, flows = Clock(), FakeProcess()
+    k, records, _ = keeper(clock, flows=flows)
+    flows.die(1)
+    k.tick()
+    flows.ready = False
+    with pytest.raises(ServiceExited, match="not ready within"):
+        for _ in range(40):  # each failed start takes longer than the window: a window alone never says no
+            advance(k, clock, 4)  # the backoff, then restarted
+            advance(k, clock, 61)  # past ready_timeout and past the window
+    assert records["flows"].state == "failed" and records["flows"].restarts == 1 + POLICY.restart_limit
+
+
+def test_a_start_that_became_ready_forgets_the_failed_ones() -> None:
+    clock = Clock()
+    budget = RestartBudget(POLICY, clock)
+
+    def failed_start() -> float | None:
+        clock.now += 100  # each one outside the window of the last
+        return budget.exited(ready=False)
+
+    assert [failed_start() is not None for _ in range(POLICY.restart_limit)] == [True] * 3
+    budget.ready()
+    assert failed_start() is not None
+    assert [failed_start() is not None for _ in range(3)] == [True, True, False]
