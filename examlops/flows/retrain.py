@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from examlops.bootstrap.control import AuditHook, ControlPlane
+from examlops.bootstrap.control import AuditHook, ControlPlane, audit_moves
 from examlops.bootstrap.inference import holdout_scorer
 from examlops.core.settings import Settings
 from examlops.flows.wiring import MODEL_RETRAINED, artifact_key
@@ -38,6 +38,7 @@ def run_retrain(
 ) -> RetrainResult:
     """Retrain ``model`` with the synthetic data source and append the audit event (the flow and the CLI)."""
     spec = plane.catalog.get(model)
+    trail = None if audit is None else audit_moves(audit, plane.redis, actor, by="retrain")
     result = retrain(
         plane.settings,
         plane.registry,
@@ -48,6 +49,7 @@ def run_retrain(
         seed=seed,
         reason=reason,
         on_progress=on_progress,
+        trail=trail,
     )
     if audit is not None:
         data = {**asdict(result), "better": result.better, "reason": reason, "actor": actor}

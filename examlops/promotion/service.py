@@ -121,6 +121,15 @@ def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) 
     return move, _Notes(found)
 
 
+def move_audited(
+    registry: AliasRegistry, model: str, alias: str, *, version: str, trail: MoveTrail | None
+) -> AliasMove:
+    """Steps 1 to 4 without the instances: the alias moves in the registry with its intent and outcome on the
+    trail (a retrain pointing a candidate alias, which no instance has to serve yet)."""
+    planned = plan_move(registry, model, alias, version=version)
+    return _move(registry, planned, trail)[0]
+
+
 def follow(
     settings: Settings,
     model: str,

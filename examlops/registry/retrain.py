@@ -15,8 +15,9 @@
    and seed as params) and registers the version. Only a candidate better than
    Production, or with no Production to beat (``better`` is not False), gets ``candidate_alias``
    (Canary or Staging, never Production: promotion is a separate, audited
-   step), moved with ``promotion.move_alias`` so that the move can be rolled
-   back: a worse candidate is registered, never served (``moved`` False).
+   step), moved with ``promotion.service.move_audited`` so that the move can be
+   rolled back and goes on the audit trail as intent then outcome (``trail``):
+   a worse candidate is registered, never served (``moved`` False).
 
 Returns a ``RetrainResult``. Errors: ``InvalidInput`` for an alias that is
 not a candidate alias, the registry's errors otherwise.
@@ -39,7 +40,8 @@ import numpy as np
 from examlops.core.errors import AliasNotFound, InferenceFailed, InvalidInput
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
-from examlops.promotion.aliases import move_alias
+from examlops.promotion.service import move_audited
+from examlops.promotion.trail import MoveTrail
 from examlops.registry.catalog import ModelSpec
 from examlops.registry.demo_models import RECIPES, fit_regressor
 from examlops.registry.loader import Estimator
@@ -141,6 +143,7 @@ def retrain(
     holdout_rows: int = HOLDOUT_ROWS,
     reason: str = "",
     on_progress: Callable[[str], None] | None = None,
+    trail: MoveTrail | None = None,
 ) -> RetrainResult:
     """Train, evaluate against Production, log, register and move ``candidate_alias`` (module docstring)."""
     say = on_progress or (lambda _message: None)
@@ -186,7 +189,7 @@ def retrain(
         say(f"{spec.name}: version {registered.version} (RMSE {candidate_rmse:.4f}) is not better than Production "
             f"(RMSE {production_rmse:.4f}); {alias} stays where it was")  # fmt: skip
     else:
-        replaced = move_alias(registry, spec.name, alias, version=registered.version).old_version
+        replaced = move_audited(registry, spec.name, alias, version=registered.version, trail=trail).old_version
         say(f"{spec.name}: {alias} -> version {registered.version}")
     return RetrainResult(
         spec.name, registered.version, registered.run_id, alias, replaced, candidate_rmse,

@@ -180,6 +180,9 @@ def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_en
     assert "production_holdout_rmse" in run.data.metrics and run.data.params["data_source"] == "synthetic"
     [event] = [e for e in tail(flow_env.redis, 20) if e.type == "model.retrained"]
     assert event.subject == "CRCP"
+    moves = [(e.type, json.loads(e.data)) for e in tail(flow_env.redis, 20) if e.type.startswith("alias.")]
+    assert [t for t, _ in moves] == ["alias.move_intended", "alias.moved"]  # Canary never moves without a trail
+    assert all(d["alias"] == "Canary" and d["by"] == "retrain" for _, d in moves)
     assert json.loads(event.data)["actor"] == "system:retrain"
 
 
