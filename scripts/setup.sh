@@ -16,4 +16,16 @@ else
   "$venv/bin/python" -m pip install --quiet -r requirements.lock
   "$venv/bin/python" -m pip install --quiet --no-deps -e .
 fi
+# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) drives Debian's Chromium and its driver.
+# Installed only when missing; without root (or apt) the test skips and says why.
+if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium and chromium-driver for the dashboard's browser test"
+    if ! { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
+      echo "warning: chromium could not be installed; the dashboard's browser test will be skipped" >&2
+    fi
+  else
+    echo "note: not root (or no apt-get): chromium is not installed; the dashboard's browser test will be skipped" >&2
+  fi
+fi
 echo "examlops installed in $venv"

@@ -54,6 +54,7 @@ from examlops.api.v2 import v2_routes
 from examlops.core.errors import ExamlopsError
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
+from examlops.dashboard import dashboard_router
 from examlops.identity import Permission
 from examlops.jobs.service import JobService
 from examlops.registry.catalog import Catalog
@@ -197,6 +198,7 @@ def create_app(
         app.include_router(traces_router(traces))
     if jobs is not None:
         app.include_router(jobs_router(jobs))
+    app.include_router(dashboard_router(settings, pipeline, metrics, traces=traces, jobs=jobs))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -6,7 +6,8 @@
   ``application/octet-stream`` (its binary tensor data extension) and no content type at all (what
   tritonclient sends: the protocol's body is JSON unless ``Inference-Header-Content-Length`` says otherwise),
   and their refusals carry the protocol's error body (``error``, ``code``, ``inference_failed``; no
-  ``prediction``).
+  ``prediction``). The dashboard's routes (``/dashboard/...``) take HTML forms
+  (``application/x-www-form-urlencoded``) besides JSON.
 - A declared Content-Length over the limit is refused with a 413 before a byte is read; a chunked body is
   counted as it arrives and refused at the first chunk that crosses the limit. The application's own
   reply to a cut-off body is dropped.
@@ -54,10 +55,16 @@ def is_v2_infer(path: str) -> bool:
     return _V2_INFER.fullmatch(path) is not None
 
 
+DASHBOARD_FORMS = "/dashboard/"
+"""The dashboard's pages post HTML forms (``application/x-www-form-urlencoded``): login, logout, actions."""
+
+
 def accepts(path: str, content_type: bytes) -> bool:
     """Whether a body of ``content_type`` may reach the route at ``path`` (rules in the module docstring)."""
     if is_json(content_type):
         return True
+    if path.startswith(DASHBOARD_FORMS):
+        return content_type.split(b";", 1)[0].strip().lower() == b"application/x-www-form-urlencoded"
     if not is_v2_infer(path):
         return False
     media = content_type.split(b";", 1)[0].strip().lower()

@@ -1,7 +1,8 @@
 """The control plane's adapters (for the flows and their CLI twins) and the audit trail's.
 
 ``ControlPlane(settings)`` builds each adapter on first use: the catalog, the MLflow registry, the snapshot
-stream and reader, the drift store, the training references and the audit hook. ``audit_trail`` is the
+stream and reader, the drift store, the training references and the audit hook; ``audit_moves`` the audited
+trail of a promotion (``bootstrap.moves``). ``audit_trail`` is the
 appender; ``audit_access`` what reads, verifies and archives the trail (`exa audit`, the retention flow);
 ``failure_store`` the shared failure windows that `exa bridge status` reads.
 No Prefect import: `exa drift report` and `exa retrain` run the same services in process.
@@ -22,6 +23,9 @@ from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
+    import redis
+
+    from examlops.bootstrap.moves import AuditedMoves
     from examlops.monitoring.audit.archive import Archiver
     from examlops.monitoring.audit.checkpoints import SqlCheckpointStore
     from examlops.monitoring.audit.trail import AuditTrail
@@ -30,7 +34,6 @@ if TYPE_CHECKING:
     from examlops.monitoring.failure_store import RedisFailureStore
     from examlops.monitoring.snapshot_projection import ProjectedSnapshotReader
     from examlops.monitoring.snapshots import SnapshotStream
-    from examlops.promotion.aliases import AliasMove
     from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
@@ -38,16 +41,12 @@ AuditHook = Callable[[str, str, Mapping[str, Any]], None]
 """``(event type, subject, data)``: appends one event to the audit trail; raises ``StoreUnavailable``."""
 
 
-def audit_moves(audit: AuditHook, actor: str, by: str = "promote flow") -> Callable[[AliasMove], None]:
-    """The ``on_moved`` hook of a promotion or rollback: one ``alias.moved`` event naming ``actor``."""
-    from dataclasses import asdict
+def audit_moves(audit: AuditHook, client: redis.Redis, actor: str, by: str = "promote flow") -> AuditedMoves:
+    """The ``trail`` of a promotion or rollback (``bootstrap.moves``): intent, then outcome, each appended through
+    ``audit`` and naming ``actor``; the per-alias index in ``client`` (``ControlPlane.redis``)."""
+    from examlops.bootstrap.moves import AuditedMoves
 
-    from examlops.monitoring.audit import ALIAS_MOVED
-
-    def on_moved(move: AliasMove) -> None:
-        audit(ALIAS_MOVED, move.model, {**asdict(move), "by": by, "actor": actor})
-
-    return on_moved
+    return AuditedMoves(audit, client, actor, by)
 
 
 def control_events(settings: Settings, engine: Engine) -> AuditHook:
@@ -174,6 +173,13 @@ class ControlPlane:
         from examlops.bootstrap.serving import model_registry
 
         return model_registry(self.settings)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        """A client on the settings' Redis for the control plane's own keys (the audited aliases)."""
+        from examlops.adapters.redis import connect
+
+        return connect(self.settings.redis_url)
 
     @cached_property
     def snapshot_stream(self) -> SnapshotStream:

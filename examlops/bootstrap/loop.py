@@ -4,9 +4,10 @@ rollback or `exa loop` acts through, and closes what it opened.
 - the loop records in SQL (``loop.sql``), the traffic split in SQL with a ``traffic.changed`` audit event
   (serving applies it within its rules cache, ``traffic.rules_ttl_s``, plus a second);
 - the window's calls from the trace store, its bus predictions from the snapshot stream, the drift test by
-  Evidently (``monitoring.drift.prediction_p_value``);
+  Evidently (``monitoring.drift.prediction_drift``);
 - promotion and rollback by ``promotion.service`` (what `exa promote` and `exa rollback` run: every
-  serving instance reloads and confirms), each move an ``alias.moved`` audit event;
+  serving instance reloads and confirms), each move an ``alias.move_intended`` audit event before it and
+  ``alias.moved`` or ``alias.move_failed`` after;
 - the failure windows in Redis; the audit hook of the control plane.
 
 Nothing connects until used.
@@ -22,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 from examlops.bootstrap.control import AuditHook, ControlPlane, audit_moves
 from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
-from examlops.loop.analysis import LoopParts
 from examlops.loop.figures import CallSample
-from examlops.loop.ports import Promotion
+from examlops.loop.ports import LoopParts, Promotion
 from examlops.loop.state import LoopStore
 
 if TYPE_CHECKING:
@@ -84,16 +84,26 @@ class _Promoter:
     plane: ControlPlane
     actor: str
 
-    def promote(self, model: str) -> Promotion:
+    def promote(self, model: str, version: str, *, production: str) -> Promotion:
         from examlops.promotion.service import promote
 
+        self._expect(model, production)
         return self._done(promote(self.plane.settings, self.plane.registry, model, "Production",
-                                  from_alias="Canary", **self._follow()))  # fmt: skip
+                                  version=version, **self._follow()))  # fmt: skip
 
-    def rollback(self, model: str) -> Promotion:
+    def rollback(self, model: str, *, production: str) -> Promotion:
         from examlops.promotion.service import rollback
 
+        self._expect(model, production)
         return self._done(rollback(self.plane.settings, self.plane.registry, model, "Production", **self._follow()))
+
+    def _expect(self, model: str, production: str) -> None:
+        from examlops.core.errors import Conflict
+
+        now = self.plane.registry.resolve(model, "Production").version
+        if now != production:
+            raise Conflict(f"{model}: Production points at version {now}, not {production} as the loop expected; "
+                           "someone else moved it, so the loop leaves it alone")  # fmt: skip
 
     def load(self, model: str, alias: str, version: str) -> tuple[str, ...]:
         from examlops.bootstrap.identity import platform_token
@@ -105,7 +115,8 @@ class _Promoter:
     def _follow(self) -> dict[str, Any]:
         from examlops.bootstrap.identity import platform_token
 
-        return {"on_moved": audit_moves(self.plane.audit, self.actor), "token": platform_token(self.plane.settings)}
+        trail = audit_moves(self.plane.audit, self.plane.redis, self.actor, by="closed loop")
+        return {"trail": trail, "token": platform_token(self.plane.settings)}
 
     @staticmethod
     def _done(result: Any) -> Promotion:
@@ -120,7 +131,7 @@ def closed_loop(
     ``actor`` is named in the audit events of the traffic changes and alias moves it makes."""
     from examlops.adapters.redis import connect
     from examlops.loop.sql import SqlLoopStore
-    from examlops.monitoring.drift import prediction_p_value
+    from examlops.monitoring.drift import prediction_drift
     from examlops.monitoring.failure_store import RedisFailureStore
     from examlops.monitoring.snapshots import SnapshotStream
     from examlops.serving.traffic_store import SqlTrafficRuleStore
@@ -138,7 +149,7 @@ def closed_loop(
             ),
             calls=_Calls(SqlTraceStore(engine)),
             predictions=_Predictions(SnapshotStream(client)),
-            drift=prediction_p_value,
+            drift=prediction_drift,
             promoter=_Promoter(plane, actor),
             failures=RedisFailureStore(client),
             audit=plane.audit,
@@ -149,6 +160,8 @@ def closed_loop(
         yield parts
     finally:
         client.close()
+        if "redis" in vars(plane):  # built only when a promotion ran
+            plane.redis.close()
         engine.dispose()
 
 

@@ -21,6 +21,7 @@ from examlops.registry.catalog import Catalog, load_catalog
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from examlops.registry.mlflow_client import HttpLimits
     from examlops.registry.mlflow_registry import MlflowRegistry
     from examlops.serving.ports import PredictRuntime
 
@@ -33,18 +34,30 @@ def model_registry(settings: Settings) -> MlflowRegistry:
     from examlops.registry.mlflow_registry import MlflowRegistry
 
     settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
-    return MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+    return MlflowRegistry(
+        settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models", limits=mlflow_limits(settings)
+    )
+
+
+def mlflow_limits(settings: Settings) -> HttpLimits:
+    """What bounds each HTTP request to an MLflow server: ``mlflow.timeout_s`` and ``mlflow.max_retries``."""
+    from examlops.registry.mlflow_client import HttpLimits
+
+    return HttpLimits(timeout_s=settings.mlflow.timeout_s, max_retries=settings.mlflow.max_retries)
 
 
 def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> FastAPI:
-    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, and
-    the task resolver over the SQL task map (seeded first with catalog tasks it lacks, so that `exa serve
-    start` alone serves every catalog task; an operator's remap is never touched). ``runtime`` replaces the
-    process predict pool (the Ray engine passes its deployments')."""
+    """The serving app with its real adapters: MLflow hot set, process predict pool, SQL traffic rules, the
+    dashboard's sources (``bootstrap.dashboard``), and the task resolver over the SQL task map (seeded first
+    with catalog tasks it lacks, so that `exa serve start` alone serves every catalog task; an operator's
+    remap is never touched). ``runtime`` replaces the process predict pool (the Ray engine passes its
+    deployments')."""
     from prometheus_client import CollectorRegistry
 
     from examlops.api.app import create_app
+    from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
+    from examlops.dashboard import attach_sources
     from examlops.registry.loader import WARM_MODULES, load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
@@ -73,7 +86,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
     jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
-    return create_app(
+    app = create_app(
         settings,
         pipeline,
         metrics,
@@ -84,6 +97,8 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
         jobs=jobs,
         job_runner=job_runner,
     )
+    attach_sources(app, dashboard_sources(settings, engine, events))
+    return app
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

@@ -1,8 +1,11 @@
 """`exa audit verify`, `exa audit tail` and `exa audit archive`: the hash-chained audit trail.
 
 Thin: parse, call what ``bootstrap.control.audit_access`` built, format. Registered in ``main.py`` as the
-group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first broken link; ``archive``
-exits 1 when it refuses (a broken chain, another archiver); both exit 3 when Redis or SQL is down.
+group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first broken link, or when an
+alias's version in MLflow is not what the trail last said of it (``promotion.trail.unaccounted``: an intent
+with no outcome, a move the trail does not hold); with MLflow unreachable (within ``mlflow.timeout_s``) that
+second check is skipped and says so. ``archive`` exits 1 when it refuses (a broken chain, another
+archiver); both exit 3 when Redis or SQL is down.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Annotated
 import typer
 
 from examlops.cli.output import UNWELL, JsonOption, console, errors_as_exit, load_settings, print_json, print_table
+from examlops.core.settings import Settings
 
 audit_app = typer.Typer(
     help="The hash-chained audit trail: verify it, show its last events, archive it out of Redis.",
@@ -25,10 +29,12 @@ def verify(as_json: JsonOption = False) -> None:
     from examlops.bootstrap.control import audit_access
     from examlops.monitoring.audit.verify import verify as verify_trail
 
-    with errors_as_exit(), audit_access(load_settings()) as audit:
+    settings = load_settings()
+    with errors_as_exit(), audit_access(settings) as audit:
         report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
+        aliases, unchecked = _aliases(settings)
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "aliases_unaccounted": aliases, "aliases_unchecked": unchecked})
     elif report.broken is None:
         console.print(
             f"audit trail intact: {report.events} events ({report.archived} archived, last seq "
@@ -44,8 +50,29 @@ def verify(as_json: JsonOption = False) -> None:
             f"[bold red]audit trail broken[/] at seq {broken.seq} ({broken.kind}): {escape(broken.message + where)}",
             highlight=False,
         )
-    if report.broken is not None:
+    if not as_json:
+        for line in aliases:
+            console.print(f"[bold red]alias move not accounted for:[/] {line}", highlight=False)
+        if unchecked:
+            console.print(f"[yellow]aliases not checked against MLflow:[/] {unchecked}", highlight=False)
+    if report.broken is not None or aliases:
         raise typer.Exit(UNWELL)
+
+
+def _aliases(settings: Settings) -> tuple[list[str], str | None]:
+    """What the trail cannot account for in MLflow's aliases, and why they were not checked (None: they were)."""
+    from examlops.bootstrap import model_registry
+    from examlops.bootstrap.moves import audited_aliases
+    from examlops.core.errors import RegistryUnavailable
+    from examlops.promotion.trail import unaccounted_moves
+
+    moves = audited_aliases(settings)
+    if not moves:
+        return [], None
+    try:
+        return unaccounted_moves(moves, model_registry(settings)), None
+    except RegistryUnavailable as exc:
+        return [], str(exc)
 
 
 @audit_app.command("tail")

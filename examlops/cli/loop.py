@@ -123,7 +123,7 @@ def start(
         name = catalog(settings).get(model).name
         with closed_loop(settings, actor=actor, say=shown.update) as parts:
             owner = f"cli-{uuid.uuid4().hex[:12]}"
-            result = run_canary(parts, name, owner=owner, run=f"exa canary start by {actor}", share=share)
+            result = run_canary(settings, parts, name, owner=owner, run=f"exa canary start by {actor}", share=share)
     if as_json:
         print_json(result.to_json())
         return

@@ -2,13 +2,19 @@
 
 Thin: parse, call ``examlops.promotion.service``, format. Exit codes come from ``output.py``:
 0 every instance serves the new version; 1 the alias moved but an instance lags, refused the
-version or cannot be reached (the message names each one); 2 bad input; 3 MLflow unavailable;
-4 no such model, alias or version, or nothing recorded to roll back to.
+version or cannot be reached (the message names each one); 2 bad input; 3 MLflow unavailable, or the
+audit trail (Redis, SQL) unavailable before the move (then nothing moved); 4 no such model, alias or
+version, or nothing recorded to roll back to.
+
+Each move is audited as intent then outcome (``promotion.service``); a version of the alias that the trail
+cannot account for (an earlier intent with no outcome, a move made outside examlops) is printed as a
+warning and recorded in the new intent, and the promotion goes on. Every MLflow call is bounded by
+``mlflow.timeout_s`` and ``mlflow.max_retries``, so an MLflow server that is down fails the command within
+seconds with the alias where it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -24,11 +30,8 @@ from examlops.cli.output import (
     print_json,
     print_table,
 )
-from examlops.core.errors import ExamlopsError
-from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
-    from examlops.promotion.aliases import AliasMove
     from examlops.promotion.service import PromotionResult
 
 ModelArgument = Annotated[str, typer.Argument(help="Catalog model name (any case).")]
@@ -62,6 +65,7 @@ def promote(
     instance and wait until each serves the new version."""
     from examlops.bootstrap import model_registry
     from examlops.bootstrap.identity import acting_identity, platform_token
+    from examlops.bootstrap.moves import audited_moves
     from examlops.identity import Permission
     from examlops.promotion import service as promotion
 
@@ -70,18 +74,19 @@ def promote(
     settings = load_settings()
     with errors_as_exit():
         actor = acting_identity(settings, Permission.PROMOTE)
-        result = promotion.promote(
-            settings,
-            model_registry(settings),
-            model,
-            alias,
-            version=version,
-            from_alias=from_alias,
-            instances=urls or None,
-            timeout_s=timeout,
-            on_moved=_audited("exa promote", actor, settings),
-            token=platform_token(settings),
-        )
+        with audited_moves(settings, actor, "exa promote") as trail:
+            result = promotion.promote(
+                settings,
+                model_registry(settings),
+                model,
+                alias,
+                version=version,
+                from_alias=from_alias,
+                instances=urls or None,
+                timeout_s=timeout,
+                trail=trail,
+                token=platform_token(settings),
+            )
     _report(result, as_json)
 
 
@@ -95,47 +100,32 @@ def rollback(
     """Move an alias back to the version its last promotion replaced, then reload every serving instance."""
     from examlops.bootstrap import model_registry
     from examlops.bootstrap.identity import acting_identity, platform_token
+    from examlops.bootstrap.moves import audited_moves
     from examlops.identity import Permission
     from examlops.promotion import service as promotion
 
     settings = load_settings()
     with errors_as_exit():
         actor = acting_identity(settings, Permission.ROLLBACK)
-        result = promotion.rollback(
-            settings,
-            model_registry(settings),
-            model,
-            alias,
-            instances=urls or None,
-            timeout_s=timeout,
-            on_moved=_audited("exa rollback", actor, settings),
-            token=platform_token(settings),
-        )
+        with audited_moves(settings, actor, "exa rollback") as trail:
+            result = promotion.rollback(
+                settings,
+                model_registry(settings),
+                model,
+                alias,
+                instances=urls or None,
+                timeout_s=timeout,
+                trail=trail,
+                token=platform_token(settings),
+            )
     _report(result, as_json)
 
 
-def _audited(by: str, actor: str, settings: Settings) -> Callable[[AliasMove], None]:
-    """Appends ``alias.moved`` to the audit trail. When Redis is down the move still goes on to the
-    instances (it is done in MLflow already); the missing audit event is reported, never silent."""
-    from dataclasses import asdict
-
-    from examlops.bootstrap import control_events, sql_engine
-
-    def on_moved(move: AliasMove) -> None:
-        try:
-            data = {**asdict(move), "by": by, "actor": actor}
-            engine = sql_engine(settings)
-            try:
-                control_events(settings, engine)("alias.moved", move.model, data)
-            finally:
-                engine.dispose()
-        except ExamlopsError as exc:
-            err_console.print(f"[yellow]warning:[/] the alias moved but its audit event was not written: {exc}")
-
-    return on_moved
-
-
 def _report(result: PromotionResult, as_json: bool) -> None:
+    if result.unaccounted:
+        err_console.print(f"[yellow]warning:[/] the audit trail did not account for this alias: {result.unaccounted}")
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if as_json:
         print_json(
             {
@@ -144,6 +134,8 @@ def _report(result: PromotionResult, as_json: bool) -> None:
                 "old_version": result.old_version,
                 "new_version": result.new_version,
                 "instances": list(result.instances),
+                "unaccounted": result.unaccounted,
+                "warnings": list(result.warnings),
             }
         )
         return

@@ -38,6 +38,7 @@ def retrain(
     if via_prefect:
         _retrain_via_prefect(settings, model, alias, shift, seed, as_json, actor)
         return
+    import uuid
     from dataclasses import asdict
 
     from examlops.bootstrap.control import ControlPlane
@@ -57,8 +58,9 @@ def retrain(
             )  # fmt: skip
 
         with closed_loop(settings, actor=actor, say=status.update) as parts:
-            cycle = retrain_cycle(parts, name, owner=f"cli-retrain-{name}", run=f"exa retrain by {actor}",
-                                  from_trigger=False, retrain=train, analyse=None, reason="exa retrain")  # fmt: skip
+            owner = f"cli-retrain-{uuid.uuid4().hex[:12]}"
+            cycle = retrain_cycle(parts, name, owner=owner, run=f"exa retrain by {actor}", from_trigger=False,
+                                  retrain=train, analyse=None, reason="exa retrain")  # fmt: skip
     result = cycle.candidate
     assert isinstance(result, RetrainResult)
     if as_json:

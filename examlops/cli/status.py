@@ -3,9 +3,11 @@
 Thin: reads ``examlops.platform`` (the state file ``UpState``, the supervisor's lock, each service's
 health probe, all probed at once), formats. ``status_document`` is the JSON document (`exa up --detach
 --json` prints it too): ``running`` is the supervisor's lock, not its pid; a service is ``running``,
-``starting``, ``unhealthy``, ``stopped``, or, when `exa up` did not start it, ``external`` or
-``unreachable``. Exit codes from ``output.py``: 0 when everything that should run does, 1 otherwise.
-Nothing heavy is imported at module level, so `exa --help` stays fast.
+``starting``, ``restarting`` (it exited on its own and the supervisor starts it again), ``failed`` (it kept
+failing and was left stopped: only a UI-only one, the rest would have stopped the platform), ``unhealthy``,
+``stopped``, or, when `exa up` did not start it, ``external`` or ``unreachable``; ``restarts`` and
+``last_exit`` say how often it was restarted and how it last ended. Exit codes from ``output.py``: 0 when
+everything that should run does, 1 otherwise. Nothing heavy is imported at module level, so `exa --help` stays fast.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
     healthy = probe(record.health_url) if record.health_url else None
     if not record.owned:
         state = "external" if healthy is not False else "unreachable"
+    elif supervisor_up and record.state in ("restarting", "failed"):
+        state = record.state  # the supervisor's word: the pid on file is the one that exited
     elif record.pid is None or not pid_alive(record.pid):
         state = "stopped"
     elif healthy is False:
@@ -47,6 +51,8 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
         "pgid": record.pgid,
         "log": record.log,
         "owned": record.owned,
+        "restarts": record.restarts,
+        "last_exit": record.last_exit,
     }
 
 
@@ -85,10 +91,11 @@ def status(
         console.print("nothing running")
     else:
         table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
-        for column in ("service", "state", "pid", "URL", "health"):
+        for column in ("service", "state", "pid", "URL", "health", "restarts"):
             table.add_column(column)
         for s in doc["services"]:
             health = {True: "ok", False: "failing", None: "-"}[s["healthy"]]
-            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health)
+            restarts = f"{s['restarts']} (last exit {s['last_exit']})" if s["restarts"] else "-"
+            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health, restarts)
         console.print(table)
     raise typer.Exit(OK if well else UNWELL)

@@ -3,3 +3,8 @@
 BUS_HANDLERS = "examlops:bus:handlers"
 """Hash: bus address -> the UNIX time of the last heartbeat of a bridge serving it (written by the bus,
 read by `exa up` to see that a bridge is serving)."""
+
+AUDITED_ALIASES = "examlops:audit:aliases"
+"""Hash: ``<model>/<Alias>`` -> JSON of the last alias event the audit trail holds for it (intended, moved or
+failed; written right after the event by whoever appended it), so that `exa promote` and `exa audit verify`
+can compare the registry with the trail without walking the chain."""

@@ -37,6 +37,7 @@ from examlops.core.setting_sections import (
     ServingSettings,
     TracingSettings,
     TrafficSettings,
+    UpSettings,
 )
 
 ENV_PREFIX = "EXAMLOPS_"
@@ -97,6 +98,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     mlflow: MlflowSettings = MlflowSettings()
     prefect: PrefectSettings = PrefectSettings()
+    up: UpSettings = UpSettings()
 
     @field_validator("environment")
     @classmethod

@@ -4,7 +4,8 @@ Started as a subflow of a retrain run that put a better candidate on Canary, by 
 (a run of the ``canary-analysis`` deployment), or from the Prefect UI. ``owner`` is the hold the run takes
 over (the retrain run's); a standalone run holds the model as its own flow run. Publishes a table artifact
 of the gates and a markdown artifact plotting the two versions side by side; the run fails when the
-analysis raised (its record says why).
+analysis raised (its record says why). A run cancelled or crashed mid-window puts its split back from its
+cancellation and crash hooks (``loop.recovery.end_run``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,23 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from examlops.bootstrap.loop import closed_loop
+from examlops.core.errors import ConfigError
 from examlops.core.settings import Settings
 from examlops.flows.wiring import artifact_key
-from examlops.loop.analysis import AnalysisResult, CanaryAnalysis, LoopParts
+from examlops.loop.analysis import CanaryAnalysis
+from examlops.loop.ports import LoopParts
 from examlops.loop.report import gate_rows, side_by_side
+from examlops.loop.window import AnalysisResult
 
 
-def run_canary(parts: LoopParts, model: str, *, owner: str, run: str, share: int | None = None) -> AnalysisResult:
-    """The analysis as the flow and `exa canary start --here` run it."""
+def run_canary(
+    settings: Settings, parts: LoopParts, model: str, *, owner: str, run: str, share: int | None = None
+) -> AnalysisResult:
+    """The analysis as the flow and `exa canary start --here` run it. ``ConfigError`` when tracing is off:
+    the traces are the analysis's only figures, and without them it could never decide."""
+    if not settings.tracing.enabled:
+        raise ConfigError("the canary analysis reads the traces of every call, and tracing is off "
+                          "(EXAMLOPS_TRACING__ENABLED=false): turn it on to run the closed loop")  # fmt: skip
     return CanaryAnalysis(parts).run(model, owner=owner, run=run, share=share)
 
 
@@ -36,7 +46,21 @@ def publish(result: AnalysisResult) -> None:
                              description=f"{result.model}: Production and Canary side by side")  # fmt: skip
 
 
-@flow(name="canary-analysis")
+def _end_after(flow: Any, flow_run: Any, state: Any) -> None:
+    """The run was cancelled or crashed mid-window: put its split back and end its hold now, rather than
+    when the next loop finds its lease run out."""
+    from examlops.loop.recovery import end_run
+
+    settings = Settings()
+    with closed_loop(settings, actor="system:canary") as parts:
+        model = _spec(settings, str(flow_run.parameters.get("model", "")))
+        record = parts.store.get(model)
+        owners = {str(flow_run.parameters.get("owner") or ""), str(flow_run.id)}
+        if record is not None and record.owner in owners:
+            end_run(parts, record, f"its Prefect run {flow_run.name} ended {state.type.value.lower()}")
+
+
+@flow(name="canary-analysis", on_cancellation=[_end_after], on_crashed=[_end_after])
 def canary_flow(model: str, share: int | None = None, owner: str | None = None) -> dict[str, Any]:
     """Send ``share`` % (default: the setting) of ``model``'s default-alias traffic to Canary, compare it with
     Production over a window, then promote it, set its share to 0, or leave things as they were."""
@@ -45,7 +69,7 @@ def canary_flow(model: str, share: int | None = None, owner: str | None = None) 
     run_id = str(flow_run.get_id() or "")
     with closed_loop(settings, actor="system:canary", say=logger.info) as parts:
         spec = _spec(settings, model)
-        result = run_canary(parts, spec, owner=owner or run_id, run=f"flow run {run_id}", share=share)
+        result = run_canary(settings, parts, spec, owner=owner or run_id, run=f"flow run {run_id}", share=share)
     publish(result)
     return result.to_json()
 

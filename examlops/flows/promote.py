@@ -1,8 +1,9 @@
 """The promote flow: ``promotion.service.promote``, the service `exa promote` uses, with the audit trail attached.
 
-Moves the alias (an ``alias.moved`` event is appended before the instances
-are asked), asks every serving instance to reload and waits until each
-reports the new version. The run fails with ``PromotionIncomplete`` when an
+Moves the alias (an ``alias.move_intended`` event before it moves, ``alias.moved``
+or ``alias.move_failed`` after), asks every serving instance to reload and waits
+until each reports the new version. Every MLflow call is bounded by
+``mlflow.timeout_s`` and ``mlflow.max_retries``. The run fails with ``PromotionIncomplete`` when an
 instance does not: the alias move stays done, and the message names the instance.
 """
 
@@ -44,7 +45,7 @@ def promote_flow(
         from_alias=from_alias,
         instances=instances,
         timeout_s=timeout_s,
-        on_moved=audit_moves(plane.audit, actor),
+        trail=audit_moves(plane.audit, plane.redis, actor),
         token=platform_token(plane.settings),
     )
     get_run_logger().info(

@@ -2,8 +2,8 @@
 ``registry.retrain.retrain``, with a table artifact and a ``model.retrained`` event.
 
 Started by the bridges' failure trigger (its outbox creates a run of the ``retrain/retrain`` deployment with
-``model`` and ``reason``; ``source`` stays ``failure-trigger``), by ``exa retrain MODEL --via-prefect``
-(``source`` ``operator``), or from the Prefect UI. For the trigger, a model another loop holds drops the
+``model``, ``reason``, ``source`` ``failure-trigger`` and ``requested_at``), by ``exa retrain MODEL
+--via-prefect`` or from the Prefect UI (``source`` ``operator``). For the trigger, a model another loop holds drops the
 request, and a model the loop promoted within the grace period is rolled back instead. A better candidate
 goes to Canary and, with ``loop.auto_canary``, the canary-analysis flow runs as this run's subflow.
 """
@@ -63,11 +63,13 @@ def retrain_flow(
     data_shift: float = 0.0,
     seed: int | None = None,
     actor: str = "system:retrain",
-    source: str = "failure-trigger",
+    source: str = "operator",
+    requested_at: float | None = None,
 ) -> dict[str, Any]:
     """Train a candidate of ``model`` on fresh data and compare it with Production; a better one goes to
     Canary and its canary analysis runs. ``actor`` is the identity that triggered the run (``system:retrain``
-    for the failure trigger); ``source`` is ``failure-trigger`` or ``operator``."""
+    for the failure trigger); ``source`` is ``failure-trigger`` (the trigger's outbox passes it, with
+    ``requested_at``) or ``operator`` (the UI, `exa retrain --via-prefect`)."""
     from examlops.bootstrap.loop import closed_loop
     from examlops.flows.canary import canary_flow
     from examlops.loop.cycle import retrain_cycle
@@ -101,6 +103,7 @@ def retrain_flow(
         cycle = retrain_cycle(
             parts, name, owner=owner, run=f"flow run {owner}", from_trigger=source == "failure-trigger",
             retrain=retrain, analyse=analyse if settings.loop.auto_canary else None, reason=reason,
+            requested_at=requested_at,
         )  # fmt: skip
     retrained = results[0] if results else None
     if cycle.action in ("dropped", "rolled_back", "kept_back"):  # the analysis publishes its own decision

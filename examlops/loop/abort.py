@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from examlops.core.errors import NotFound
-from examlops.loop import events
-from examlops.loop.analysis import LoopParts
-from examlops.loop.state import LoopRecord, Phase
+from examlops.loop.ports import LoopParts
+from examlops.loop.recovery import end_run
+from examlops.loop.state import LoopRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +31,5 @@ def abort_analysis(parts: LoopParts, model: str, *, actor: str) -> AbortResult:
         raise NotFound(f"no loop holds {model}: nothing to abort (`exa loop status {model}`)")
     if record.updated_at >= now - p.settings.lease_s:
         return AbortResult("asked", record)
-    if record.phase is Phase.CANARY:
-        p.traffic.set(model, record.restore)
-    note = f"aborted by {actor}; its run had stopped answering, so the split was put back here"
-    ended = p.store.finish(model, record.owner or "", Phase.ABORTED, p.clock(), note=note, share=0)
-    p.audit(events.DECIDED, model, {"decision": "aborted", "note": note, "actor": actor, "run": record.run})
+    ended = end_run(p, record, f"aborted by {actor}; its run had stopped answering")
     return AbortResult("ended", ended or record)

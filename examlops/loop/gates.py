@@ -3,19 +3,21 @@ not judged (too little to go on), and ``verdict`` turns them into a decision.
 
 Gates (their limits are ``LoopSettings``):
 
-- ``failures``: Canary's model-failure rate is at most Production's plus ``failure_margin``;
+- ``failures``: Canary's model-failure rate is at most Production's plus ``failure_margin``, and never above
+  ``max_failure_rate`` whatever Production does (a broken Production is no standard to meet);
 - ``latency``: Canary's p99 is at most ``p99_ratio`` times Production's plus ``p99_slack_ms`` (not judged
   when either version answered nothing). Until Canary answered ``p99_min_answers`` calls the gate compares
-  p95 instead: the p99 of a hundred calls is about their second largest, and rejects an equal candidate
-  one time in twenty-five (bench/RESULTS.md);
-- ``drift``: Canary's predictions do not differ from Production's in the same window (two-sample K-S
-  p-value at or above ``drift_p_value``; not judged with fewer than ``drift_min_rows`` bus predictions of
-  either version). Both versions see the same traffic (the split draws at random), so a difference is the
-  model's, not the traffic's;
+  p95 instead: the p99 of a hundred calls is about their second largest (bench/RESULTS.md, issue 20);
+- ``drift``: Canary's predictions do not differ from Production's in the same window: drift is a two-sample
+  K-S p-value below ``drift_p_value`` and a K-S distance of at least ``drift_min_distance`` (a p-value alone
+  finds any difference once traffic is large); not judged with fewer than ``drift_min_rows`` bus
+  predictions of either version. Both versions see the same traffic (the split draws at random), so a
+  difference is the model's, not the traffic's;
 - ``refusals``: Canary's share of late budget refusals is at most Production's plus ``refusal_margin``.
 
 ``verdict``: ``undecided`` until the window holds ``min_requests`` Canary calls and ``min_seconds`` have
 passed; then ``pass`` when no gate failed, else ``fail``. A gate that is not judged never fails a canary.
+A Canary whose model failures already exceed ``max_failure_rate`` of ``min_requests`` fails at once.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ Decision = Literal["pass", "fail", "undecided"]
 
 @dataclass(frozen=True, slots=True)
 class DriftFigure:
-    """Canary's bus predictions against Production's in the window: the K-S p-value (None when not computed)."""
+    """Canary's bus predictions against Production's in the window: the K-S p-value and distance (None when
+    not computed)."""
 
     p_value: float | None
     canary_rows: int
     production_rows: int
+    distance: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +70,20 @@ def judge(
 
 
 def verdict(gates: Sequence[GateResult], canary: VersionFigures, elapsed_s: float, settings: LoopSettings) -> Decision:
+    if canary.model_failures > settings.max_failure_rate * settings.min_requests:
+        return "fail"  # more calls cannot bring it under the ceiling within the minimum
     if canary.requests < settings.min_requests or elapsed_s < settings.min_seconds:
         return "undecided"
     return "fail" if any(gate.passed is False for gate in gates) else "pass"
 
 
 def _failures(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
-    limit = production.failure_rate + settings.failure_margin
+    limit = min(production.failure_rate + settings.failure_margin, settings.max_failure_rate)
     passed = canary.failure_rate <= limit
     detail = (
         f"model-failure rate {canary.failure_rate:.3f} ({canary.model_failures}/{canary.requests}) against "
         f"Production's {production.failure_rate:.3f} ({production.model_failures}/{production.requests}); "
-        f"limit {limit:.3f}"
+        f"limit {limit:.3f} (Production's + {settings.failure_margin:g}, at most {settings.max_failure_rate:g})"
     )
     return GateResult("failures", passed, canary.failure_rate, production.failure_rate, limit, detail)
 
@@ -106,10 +112,12 @@ def _drift(drift: DriftFigure, settings: LoopSettings) -> GateResult:
             f"{settings.drift_min_rows} of each are needed"
         )
         return GateResult("drift", None, drift.p_value, None, settings.drift_p_value, detail)
-    passed = drift.p_value >= settings.drift_p_value
+    distance = drift.distance or 0.0
+    passed = drift.p_value >= settings.drift_p_value or distance < settings.drift_min_distance
     detail = (
-        f"K-S p-value {drift.p_value:.4f} of Canary's {drift.canary_rows} predictions against Production's "
-        f"{drift.production_rows}; drift below {settings.drift_p_value:g}"
+        f"K-S p-value {drift.p_value:.4g}, distance {distance:.3f} of Canary's {drift.canary_rows} predictions "
+        f"against Production's {drift.production_rows}; drift below p {settings.drift_p_value:g} with a distance "
+        f"of {settings.drift_min_distance:g} or more"
     )
     return GateResult("drift", passed, drift.p_value, None, settings.drift_p_value, detail)
 

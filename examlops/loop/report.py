@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from examlops.loop.analysis import AnalysisResult
 from examlops.loop.figures import VersionFigures
+from examlops.loop.window import AnalysisResult
 
 BAR = 30
 """Characters of the longest bar in the plot."""

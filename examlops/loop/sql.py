@@ -12,7 +12,7 @@ import json
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import case, or_, update
 from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
@@ -86,8 +86,9 @@ class SqlLoopStore:
     def claim(
         self, model: str, owner: str, phase: Phase, now: float, lease_s: float, **values: Any
     ) -> LoopRecord | None:
-        assert phase.active, f"{phase} does not hold a model"
-        columns = _columns({**values, "phase": phase, "owner": owner, "updated_at": now, "abort_requested": False})
+        if not phase.active:
+            raise ValueError(f"{phase} does not hold a model")
+        columns = _columns({**values, "phase": phase, "owner": owner, "updated_at": now})
         free = or_(
             col(LoopState.phase).not_in(_ACTIVE),
             col(LoopState.owner) == owner,
@@ -96,12 +97,15 @@ class SqlLoopStore:
         with self._session("claim") as session:
             if session.get(LoopState, model) is None:
                 try:
-                    session.add(LoopState(model=model, **columns))
+                    session.add(LoopState(model=model, **columns, abort_requested=False))
                     session.commit()
                     return self._reread(session, model)
                 except IntegrityError:
                     session.rollback()  # another run inserted it first: compete on the update below
-            result = session.exec(update(LoopState).where(col(LoopState.model) == model, free).values(**columns))
+            # An abort asked of this owner survives its next claim (a retrain handing over to its analysis).
+            kept = case((col(LoopState.owner) == owner, col(LoopState.abort_requested)), else_=False)
+            claim = update(LoopState).where(col(LoopState.model) == model, free).values(**columns, abort_requested=kept)
+            result = session.exec(claim)
             session.commit()
             return self._reread(session, model) if _count(result) == 1 else None
 
@@ -109,7 +113,8 @@ class SqlLoopStore:
         return self._owned_write(model, owner, _columns({**values, "updated_at": now}), "update")
 
     def finish(self, model: str, owner: str, phase: Phase, now: float, **values: Any) -> LoopRecord | None:
-        assert not phase.active, f"{phase} is not a final phase"
+        if phase.active:
+            raise ValueError(f"{phase} is not a final phase")
         columns = _columns({**values, "phase": phase, "owner": None, "updated_at": now, "abort_requested": False})
         return self._owned_write(model, owner, columns, "end")
 

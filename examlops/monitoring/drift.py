@@ -104,8 +104,10 @@ def compare(current: pd.DataFrame, reference: pd.DataFrame) -> tuple[DriftResult
     )
 
 
-def prediction_p_value(current: Sequence[float], reference: Sequence[float]) -> float:
-    """The K-S p-value of two samples of predictions, by Evidently's ``ValueDrift`` (the canary's drift gate).
+def prediction_drift(current: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
+    """The two-sample K-S test of two samples of predictions (the canary's drift gate): its p-value, by
+    Evidently's ``ValueDrift``, and its distance (the largest gap between the two empirical distributions,
+    scipy's ``ks_2samp`` statistic), which says how large a difference the p-value found.
 
     ``InvalidInput`` when a sample has fewer than 2 values.
     """
@@ -113,12 +115,14 @@ def prediction_p_value(current: Sequence[float], reference: Sequence[float]) -> 
         raise InvalidInput("a drift test needs 2 predictions on each side")
     from evidently import Report
     from evidently.metrics import ValueDrift
+    from scipy.stats import ks_2samp  # type: ignore[import-untyped]  # scipy ships no type information here
 
     report = Report([ValueDrift(column=PREDICTION_COLUMN, method=METHOD, threshold=THRESHOLD)])
     snapshot = report.run(
         pd.DataFrame({PREDICTION_COLUMN: list(current)}), pd.DataFrame({PREDICTION_COLUMN: list(reference)})
     )
-    return float(snapshot.dict()["metrics"][0]["value"])
+    distance = float(ks_2samp(list(current), list(reference)).statistic)
+    return float(snapshot.dict()["metrics"][0]["value"]), distance
 
 
 def _column_verdicts(result: dict[str, Any]) -> dict[str, ColumnDrift]:

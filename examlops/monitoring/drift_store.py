@@ -1,10 +1,11 @@
 """Drift status rows in SQL (SQLModel): one row per model, kind (prediction or input) and reported window.
 
 ``exa drift status`` and ``exa drift input status`` read the latest row of
-each model (``latest``). Rows are only added, never updated: the table is the
-history of every report. ``(model, kind, last_id)`` is unique, so a window
-saved twice (a run that crashed between saving and advancing its checkpoint,
-then ran again) keeps its first row. Database errors become ``StoreUnavailable``.
+each model (``latest``); the dashboard's drift charts read ``history``. Rows
+are only added, never updated: the table is the history of every report.
+``(model, kind, last_id)`` is unique, so a window saved twice (a run that
+crashed between saving and advancing its checkpoint, then ran again) keeps its
+first row. Database errors become ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -119,6 +120,16 @@ class SqlDriftStore:
         except OperationalError as exc:
             raise StoreUnavailable(f"the drift status table cannot be read: {exc}") from exc
         return [_status(r) for r in rows]
+
+    def history(self, limit: int = 500) -> list[StatusRow]:
+        """The newest ``limit`` rows of every model and kind, oldest first (the dashboard's drift charts)."""
+        query = select(DriftStatus).order_by(col(DriftStatus.id).desc()).limit(limit)
+        try:
+            with Session(self._engine) as session:
+                rows = session.exec(query).all()
+        except OperationalError as exc:
+            raise StoreUnavailable(f"the drift status table cannot be read: {exc}") from exc
+        return [_status(r) for r in reversed(rows)]
 
 
 def _status(r: DriftStatus) -> StatusRow:

@@ -55,8 +55,9 @@ class RetrainRequest:
 
 
 class RetrainRequester(Protocol):
-    def request(self, model: str, reason: str, idempotency_key: str) -> str:
+    def request(self, model: str, reason: str, idempotency_key: str, requested_at: float = 0.0) -> str:
         """Ask the control plane to retrain ``model``; the id of the run it made (the same run for the same key).
+        ``requested_at`` is when the trigger fired (the closed loop ignores a request older than its promotion).
 
         Raises ``DependencyUnavailable`` (or anything else) when it could not; the outbox retries.
         """
@@ -168,7 +169,7 @@ class OutboxDelivery:
             if self.clock() < next_at:
                 continue
             try:
-                run_id = self.requester.request(request.model, request.reason, key)
+                run_id = self.requester.request(request.model, request.reason, key, request.requested_at)
             except Exception as exc:
                 attempts += 1
                 delay = self.backoff.delay(attempts)
@@ -221,8 +222,8 @@ class OutboxDelivery:
 class PrefectRetrainRequester:
     """Creates a flow run of the retrain deployment with the request's idempotency key (Prefect dedupes on it).
 
-    The run gets the parameters ``model`` and ``reason``. Prefect is imported on the first request only:
-    the import is slow and creates ``PREFECT_HOME``.
+    The run gets the parameters ``model``, ``reason``, ``source`` (``failure-trigger``) and ``requested_at``.
+    Prefect is imported on the first request only: the import is slow and creates ``PREFECT_HOME``.
     """
 
     def __init__(self, api_url: str, deployment: str = DEFAULT_DEPLOYMENT, *, timeout_s: float = 10.0) -> None:
@@ -230,7 +231,7 @@ class PrefectRetrainRequester:
         self.deployment = deployment
         self.timeout_s = timeout_s
 
-    def request(self, model: str, reason: str, idempotency_key: str) -> str:
+    def request(self, model: str, reason: str, idempotency_key: str, requested_at: float = 0.0) -> str:
         from prefect.client.orchestration import SyncPrefectClient
 
         try:
@@ -238,7 +239,12 @@ class PrefectRetrainRequester:
                 deployment = client.read_deployment_by_name(self.deployment)
                 run = client.create_flow_run_from_deployment(
                     deployment.id,
-                    parameters={"model": model, "reason": reason},
+                    parameters={
+                        "model": model,
+                        "reason": reason,
+                        "source": "failure-trigger",
+                        "requested_at": requested_at,
+                    },
                     idempotency_key=idempotency_key,
                     tags=["examlops", "retrain-trigger"],
                 )

@@ -10,11 +10,14 @@ Contract:
   polls until it answers. The process dying first raises
   ``ServiceStartFailed`` with the tail of its log; running past ``timeout``
   raises ``ServiceStartFailed`` too.
-- ``stop(grace)`` signals the whole group (``stop_signal``, SIGTERM by
-  default), waits ``grace`` seconds, then SIGKILLs the group. It is idempotent
-  and never raises for a process that is already gone. Signalling the group
-  matters: ``mlflow server`` forks uvicorn, and SIGTERM to its pid alone
-  orphans the workers.
+- ``stop(grace)`` signals the main process alone (``stop_signal``, SIGTERM by
+  default) and waits up to ``grace`` seconds for it to exit, so that it stops
+  its own children its own way (serving drains, and only then stops its
+  predict workers; a SIGTERM to the whole group would kill workers holding
+  requests). Then it ends what is left of the group: SIGTERM, up to
+  ``LEFTOVER_GRACE_S``, SIGKILL. That second step matters: ``mlflow server``
+  forks uvicorn, and a SIGTERM to its pid alone orphans the workers. It is
+  idempotent and never raises for a process that is already gone.
 
 The platform's errors live in ``examlops.core.errors`` with the rest of the
 family; this is their branch of its tree::
@@ -43,6 +46,9 @@ from urllib.parse import urlsplit
 from examlops.core.errors import PortInUse, ServiceStartFailed
 from examlops.core.settings import LogSettings
 from examlops.platform.log_pump import LogPump
+
+LEFTOVER_GRACE_S = 5.0
+"""Seconds what is left of a group after its main process exited gets between SIGTERM and SIGKILL."""
 
 HealthCheck = str | Callable[[], bool]
 """An ``http(s)://`` URL that must answer below 400, a ``redis://`` URL that must PING, or a callable."""
@@ -154,6 +160,8 @@ class ManagedProcess:
         self.logs = logs or LogSettings()
         self._popen: subprocess.Popen[bytes] | None = None
         self._pump: LogPump | None = None
+        self.started_at = 0.0
+        """UNIX time of the last ``start``."""
 
     @property
     def pid(self) -> int | None:
@@ -177,6 +185,7 @@ class ManagedProcess:
             return
         if self._prepare is not None:
             self._prepare()
+        self.started_at = time.time()
         try:
             self._popen = subprocess.Popen(
                 self.argv,
@@ -219,23 +228,28 @@ class ManagedProcess:
             time.sleep(interval)
 
     def stop(self, grace: float | None = None) -> int | None:
-        """Stop the whole group: ``stop_signal``, ``grace`` seconds (default ``stop_grace``), then SIGKILL.
-
-        Returns the exit code, None when it was never started.
-        """
+        """Stop the main process (``stop_signal``, up to ``grace`` seconds, default ``stop_grace``), then what is
+        left of its group (SIGTERM, ``LEFTOVER_GRACE_S``, SIGKILL). Returns the exit code, None when it was never
+        started."""
         if self._popen is None:
             return None
         grace = self.stop_grace if grace is None else grace
-        pgid = self._popen.pid
+        popen, pgid = self._popen, self._popen.pid
+        if popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                popen.send_signal(self.stop_signal)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(grace)
         if group_alive(pgid):
-            kill_group(pgid, self.stop_signal)
-            deadline = time.monotonic() + grace
+            # The main process is gone or past its grace: end its group (a killed main's children, or all of it).
+            kill_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + LEFTOVER_GRACE_S
             while group_alive(pgid) and time.monotonic() < deadline:
-                self._popen.poll()  # reap our child so its group can empty
+                popen.poll()  # reap our child so its group can empty
                 time.sleep(0.05)
             if group_alive(pgid):
                 kill_group(pgid, signal.SIGKILL)
-        code = self._popen.wait()
+        code = popen.wait()
         if self._pump is not None:
             self._pump.join(timeout=5.0)  # the group is gone, so the pipe's end of file is near
         return code

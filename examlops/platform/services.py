@@ -25,6 +25,18 @@ from examlops.platform.redis_server import EmbeddedRedis
 SERVICE_NAMES = ("redis", "mlflow", "prefect", "serving", "bridge", "flows")
 """Start order; they are stopped in reverse."""
 
+NEEDS: dict[str, tuple[str, ...]] = {
+    "redis": (),
+    "mlflow": (),
+    "prefect": (),
+    "serving": ("redis",),
+    "bridge": ("redis", "serving"),
+    "flows": ("prefect", "redis"),
+}
+"""What each service needs ready before it starts (`exa up` starts them in waves by this, after Redis and the
+setup hook). Serving does not need the MLflow server: it reads the registry's store itself (SQLite by default;
+an MLflow server over HTTP is external, never ours)."""
+
 LOCALHOST = "127.0.0.1"
 
 
@@ -44,6 +56,12 @@ class ServiceSpec:
     port_setting: str = ""
     health_url: str | None = None
     """What ``exa status`` probes; None when probing would need a secret."""
+    essential: bool = True
+    """False for a service that only serves a UI: when it keeps failing, the platform goes on without it."""
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return NEEDS.get(self.name, ())
 
     @property
     def owned(self) -> bool:
@@ -109,7 +127,7 @@ def mlflow_spec(settings: Settings) -> ServiceSpec:
     )
     return ServiceSpec(
         "mlflow", "MLflow UI", url, process=process, port=port,
-        port_setting="EXAMLOPS_MLFLOW__UI_PORT", health_url=f"{url}/health",
+        port_setting="EXAMLOPS_MLFLOW__UI_PORT", health_url=f"{url}/health", essential=False,
     )  # fmt: skip
 
 
@@ -159,12 +177,15 @@ def serving_spec(settings: Settings) -> ServiceSpec:
         stop_grace=settings.serving.drain_grace_s + 5,  # it drains requests in flight on SIGTERM
     )
     return ServiceSpec(
-        "serving", "Serving API", url, links=(("OpenAPI docs", f"{url}/docs"),), process=process,
+        "serving", "Serving API", url, links=(("OpenAPI docs", f"{url}/docs"), ("Dashboard", f"{url}/dashboard")),
+        process=process,
         port=port, port_setting="EXAMLOPS_SERVING__PORT", health_url=f"{url}/readyz",
     )  # fmt: skip
 
 
-def _bridge_heartbeat(redis_url: str, started_at: float) -> Callable[[], bool]:
+def _bridge_heartbeat(redis_url: str, started_at: Callable[[], float]) -> Callable[[], bool]:
+    """Ready once some bridge has beaten since this process (re)started."""
+
     def check() -> bool:
         import redis
 
@@ -175,25 +196,24 @@ def _bridge_heartbeat(redis_url: str, started_at: float) -> Callable[[], bool]:
             return False
         finally:
             client.close()
-        return any(float(beat) >= started_at for beat in beats)
+        return any(float(beat) >= started_at() for beat in beats)
 
     return check
 
 
 def bridge_spec(settings: Settings) -> ServiceSpec:
     """`exa bridge start`: one handler per catalog UUID; ready once it has announced them in Redis."""
-    import time
-
     process = ManagedProcess(
         "bridge",
         [sys.executable, "-m", "examlops.cli.main", "bridge", "start"],
         log_path=settings.log_dir / "bridge.log",
         logs=settings.logs,
-        health=_bridge_heartbeat(settings.redis_url, time.time()),
+        health=lambda: False,  # replaced below: the check needs the process's start time
         env={"EXAMLOPS_HOME": str(settings.state_dir)},
         cwd=settings.state_dir,
         stop_grace=settings.http.connect_timeout_s + settings.http.read_timeout_s + 5,
     )
+    process.health = _bridge_heartbeat(settings.redis_url, lambda: process.started_at)
     return ServiceSpec("bridge", "Bus bridge", redact(settings.redis_url), process=process)
 
 

@@ -9,18 +9,22 @@
   setting to change).
 - Upgrades the SQL schema (``examlops.db.upgrade``; a failure is
   ``ServiceStartFailed``), starts redis, then calls the setup hook, then starts the rest of
-  ``services.SERVICE_NAMES`` together (mlflow, prefect, serving, the bus
-  bridge and the served Prefect flows; those pointed elsewhere by a URL
-  setting are external and never started) and waits for all of them.
-  ``ServiceStartFailed`` carries the log tail of the one that failed.
+  ``services.SERVICE_NAMES`` in waves by ``services.NEEDS`` (mlflow, prefect and serving, then the bus
+  bridge and the served Prefect flows; those pointed elsewhere by a URL setting are external and never
+  started), each wave once the one before is ready. ``ServiceStartFailed`` carries the log tail of the
+  one that failed to start.
+- Once all are ready, keeps them running (``keeper.Keeper``): a service that exits on its own is
+  restarted with backoff, within ``up.restart_limit`` per ``up.restart_window_s``, and said so on the
+  output and in ``up.json``; one that keeps failing raises ``ServiceExited``, except the MLflow UI
+  (not ``essential``), which is then left stopped while the rest keeps serving.
 - Keeps ``run_dir/up.json`` current (``up_state.UpState``: supervisor pid,
-  state, and per service pid, pgid, URL, log, state) for ``exa status`` and
+  state, and per service pid, pgid, URL, log, state, restarts) for ``exa status`` and
   ``exa down``.
-- Returns the signal's name after SIGINT, SIGTERM or SIGHUP; raises
-  ``ServiceExited`` when a service dies on its own.
-- Whatever happened, every process it started is stopped (reverse order, whole
-  process groups, SIGKILL after the grace) and ``up.json`` is removed before
-  ``run`` returns or raises.
+- Returns the signal's name after SIGINT, SIGTERM or SIGHUP.
+- Whatever happened, every process it started is stopped in reverse start order (dependents first),
+  each with ``ManagedProcess.stop``: its main process is signalled and given its grace to finish its
+  own way (serving drains its requests in flight, then stops its predict workers), and only then is
+  the rest of its process group ended; ``up.json`` is removed before ``run`` returns or raises.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from typing import IO
 
 from rich.console import Console
 
-from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceExited, ServiceStartFailed
+from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.db import upgrade
+from examlops.platform.keeper import Keeper
 from examlops.platform.process import ensure_port_free, group_alive
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
@@ -60,6 +65,7 @@ def _record(spec: ServiceSpec) -> ServiceRecord:
         port=spec.port,
         log=str(spec.process.log_path) if spec.process else None,
         health_url=spec.health_url,
+        essential=spec.essential,
     )
 
 
@@ -179,7 +185,17 @@ class Supervisor:
             t0 = time.monotonic()
             self.setup(self.settings, lambda line: self.console.print(f"  {line}", highlight=False))
             self.console.print(f"[green]✓[/] platform prepared ({time.monotonic() - t0:.1f} s)")
-        self._start_group([s for s in owned if s.name != "redis"])
+        ours = {s.name for s in owned}
+        ready = {s.name for s in first}
+        rest = [s for s in owned if s.name != "redis"]
+        while rest:
+            # A need that is not ours (external, or left out with --skip) is not waited for.
+            wave = [s for s in rest if all(n in ready or n not in ours for n in s.needs)]
+            if not wave:
+                raise ServiceStartFailed(f"services whose needs cannot be met: {', '.join(s.name for s in rest)}")
+            self._start_group(wave)
+            ready.update(s.name for s in wave)
+            rest = [s for s in rest if s not in wave]
 
     def _start_group(self, specs: list[ServiceSpec]) -> None:
         """Start every spec, then wait for all of them together; the first failure raises."""
@@ -218,19 +234,17 @@ class Supervisor:
                     time.sleep(0.2)
 
     def _watch(self) -> None:
+        keeper = Keeper(
+            self._started,
+            self._records,
+            self.settings.up,
+            say=lambda line: self.console.print(line, highlight=False),
+            save=self._save,
+            ready_timeout=self.ready_timeout,
+        )
         while True:
             time.sleep(self.poll_interval)
-            for spec in self._started:
-                assert spec.process is not None
-                if not spec.process.alive():
-                    record = self._records[spec.name]
-                    record.state = "failed"
-                    self._save()
-                    raise ServiceExited(
-                        f"{spec.name} exited unexpectedly with code {spec.process.returncode} "
-                        f"(log: {spec.process.log_path})",
-                        log_tail=spec.process.log_tail(),
-                    )
+            keeper.tick()
 
     def _shutdown(self) -> None:
         self._stopping = True

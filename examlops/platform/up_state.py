@@ -30,13 +30,18 @@ class ServiceRecord:
     links: list[tuple[str, str]] = field(default_factory=list)
     owned: bool = True
     state: str = "pending"
-    """pending, starting, running, failed, stopped, or external."""
+    """pending, starting, running, restarting, failed, stopped, or external."""
     pid: int | None = None
     pgid: int | None = None
     port: int | None = None
     log: str | None = None
     health_url: str | None = None
     ready_after_s: float | None = None
+    restarts: int = 0
+    """Times the supervisor restarted it after it exited on its own."""
+    last_exit: int | None = None
+    """The exit code of its last unexpected exit (negative: killed by that signal)."""
+    essential: bool = True
 
 
 @dataclass(slots=True)

@@ -10,6 +10,8 @@ This is the registry half of a promotion; ``examlops.promotion.service`` adds th
   already has changes nothing and leaves the tag alone. A new alias records nothing.
 - ``rollback_alias(registry, model, alias)`` moves the alias to that recorded version, itself with
   ``move_alias``: the rollback records the version it replaced, so a second rollback undoes the first.
+- Each is a read (``plan_move``, ``plan_rollback``: what would move, from which version to which; nothing
+  written) and a write (``apply_move``), so that a caller can record the intent in between.
 
 The tag is written before the alias moves: if the move then fails, the tag names the version the
 alias still has, and a rollback is a harmless no-op rather than a jump to an older version.
@@ -64,7 +66,7 @@ def previous_tag(alias: str) -> str:
     return PREVIOUS_TAG_PREFIX + canonical_alias(alias)
 
 
-def move_alias(
+def plan_move(
     registry: AliasRegistry,
     model: str,
     alias: str,
@@ -72,7 +74,7 @@ def move_alias(
     version: str | int | None = None,
     from_alias: str | None = None,
 ) -> AliasMove:
-    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at); record the replaced version."""
+    """The move ``move_alias`` would make, read from the registry; nothing is written."""
     if (version is None) == (from_alias is None):
         raise InvalidInput("give exactly one of a version and an alias to promote from", field="version")
     alias = canonical_alias(alias)
@@ -84,14 +86,32 @@ def move_alias(
         current: str | None = registry.resolve(target.name, alias).version
     except AliasNotFound:
         current = None
-    if current is not None and current != target.version:
-        registry.set_model_tag(target.name, previous_tag(alias), current)
-    replaced = registry.set_alias(target.name, alias, target.version)
-    return AliasMove(target.name, alias, replaced.version if replaced else None, target.version)
+    return AliasMove(target.name, alias, current, target.version)
 
 
-def rollback_alias(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALIAS) -> AliasMove:
-    """Move ``alias`` back to the version its last move replaced (``VersionNotFound`` if none is recorded)."""
+def apply_move(registry: AliasRegistry, move: AliasMove) -> AliasMove:
+    """Make ``move`` in the registry: the replaced version's tag first, then the alias. Returns the move as the
+    registry reports it (``old_version`` is what the alias had at the moment it moved)."""
+    if move.old_version is not None and move.changed:
+        registry.set_model_tag(move.model, previous_tag(move.alias), move.old_version)
+    replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    return AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
+
+
+def move_alias(
+    registry: AliasRegistry,
+    model: str,
+    alias: str,
+    *,
+    version: str | int | None = None,
+    from_alias: str | None = None,
+) -> AliasMove:
+    """Point ``alias`` at ``version`` (or at what ``from_alias`` points at); record the replaced version."""
+    return apply_move(registry, plan_move(registry, model, alias, version=version, from_alias=from_alias))
+
+
+def plan_rollback(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALIAS) -> AliasMove:
+    """The move back to the version the alias's last move replaced (``VersionNotFound`` if none is recorded)."""
     alias = canonical_alias(alias)
     name = registry.resolve(model, alias).name
     recorded = registry.model_tags(name).get(previous_tag(alias))
@@ -100,4 +120,9 @@ def rollback_alias(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALI
             f"{name}@{alias} has no recorded previous version to roll back to "
             f"(the tag {previous_tag(alias)} is written when the alias is promoted)"
         )
-    return move_alias(registry, name, alias, version=recorded)
+    return plan_move(registry, name, alias, version=recorded)
+
+
+def rollback_alias(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALIAS) -> AliasMove:
+    """Move ``alias`` back to the version its last move replaced (``VersionNotFound`` if none is recorded)."""
+    return apply_move(registry, plan_rollback(registry, model, alias))

@@ -1,31 +1,39 @@
-"""Promotion and rollback: move an alias in the registry, then make every serving instance follow.
+"""Promotion and rollback: move an alias in the registry with an audit trail, then make every serving instance follow.
 
-``promote`` (what `exa promote` and the promote flow call) and ``rollback`` (``follow`` does step 3 alone):
+``promote`` (what `exa promote`, the promote flow and the closed loop call) and ``rollback`` (``follow`` does
+step 5 alone):
 
-1. move the alias in MLflow, recording the version it replaced (``examlops.promotion.aliases``);
-2. call ``on_moved(move)`` if given: the hook for the audit trail (an exception from it propagates:
-   the alias has moved and the instances were not asked);
-3. ask every instance (``instances``; default ``settings.serving.instance_urls()``) to reload the
+1. read what would move (``aliases.plan_move`` / ``plan_rollback``: the alias's version now and the target);
+2. ``trail.intended(move, unaccounted)`` (``examlops.promotion.trail``): the intent goes on the trail before the
+   registry is touched, with what the trail could not account for in the alias's current version. When it
+   raises, the promotion stops there and nothing has moved;
+3. move the alias (``aliases.apply_move``); on any failure ``trail.failed(move, error)`` and the error is
+   raised: the registry's errors (``RegistryUnavailable`` within the MLflow timeouts of ``mlflow_client``);
+4. ``trail.moved(move)``. When the outcome cannot be written the alias has moved all the same: the promotion
+   goes on and ``PromotionResult.warnings`` says so (the intent without an outcome is what `exa audit verify`
+   and the next promotion of that alias then report);
+5. ask every instance (``instances``; default ``settings.serving.instance_urls()``) to reload the
    model and wait until each reports the new version for the alias (``confirm_reload``).
 
-Returns a ``PromotionResult`` naming the confirmed instances. Raises ``PromotionIncomplete`` when
-any instance is lagging, refused the version or cannot be reached: the message names each one and
-what it reported, and says that the alias move stays done. Before the move: the registry errors of
-``move_alias`` / ``rollback_alias`` (nothing has changed then).
+Without a ``trail`` (tests, scripts) steps 2 and 4 are skipped. Returns a ``PromotionResult`` naming the
+confirmed instances. Raises ``PromotionIncomplete`` when any instance is lagging, refused the version or
+cannot be reached: the message names each one and what it reported, and says that the alias move stays
+done. Before the move: the registry's read errors and the trail's (nothing has changed then).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
-from examlops.core.errors import PromotionIncomplete
+from examlops.core.errors import ExamlopsError, PromotionIncomplete
 from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
 from examlops.core.settings import Settings
-from examlops.promotion.aliases import AliasMove, AliasRegistry, move_alias, rollback_alias
+from examlops.promotion.aliases import AliasMove, AliasRegistry, apply_move, plan_move, plan_rollback
 from examlops.promotion.instances import confirm_reload
+from examlops.promotion.trail import MoveTrail, unaccounted
 
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds every instance gets to load the new version and report it."""
@@ -39,6 +47,10 @@ class PromotionResult:
     new_version: str
     instances: tuple[str, ...]
     """The serving instances that confirmed they serve ``new_version`` for the alias."""
+    unaccounted: str | None = None
+    """What the trail could not account for in the alias's version before this move (``trail.unaccounted``)."""
+    warnings: tuple[str, ...] = ()
+    """What went wrong on the audit side without stopping the promotion (an outcome event not written)."""
 
 
 def promote(
@@ -51,13 +63,14 @@ def promote(
     from_alias: str | None = None,
     instances: Sequence[str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    on_moved: Callable[[AliasMove], None] | None = None,
+    trail: MoveTrail | None = None,
     transport: httpx.BaseTransport | None = None,
     token: str | None = None,
 ) -> PromotionResult:
     """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every instance serve it."""
-    move = move_alias(registry, model, alias, version=version, from_alias=from_alias)
-    return _follow(settings, move, instances, timeout_s, on_moved, transport, token)
+    planned = plan_move(registry, model, alias, version=version, from_alias=from_alias)
+    move, notes = _move(registry, planned, trail)
+    return _follow(settings, move, notes, instances, timeout_s, transport, token)
 
 
 def rollback(
@@ -68,13 +81,44 @@ def rollback(
     *,
     instances: Sequence[str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    on_moved: Callable[[AliasMove], None] | None = None,
+    trail: MoveTrail | None = None,
     transport: httpx.BaseTransport | None = None,
     token: str | None = None,
 ) -> PromotionResult:
     """Move ``alias`` back to the version its last promotion replaced, and make every instance serve it."""
-    move = rollback_alias(registry, model, alias)
-    return _follow(settings, move, instances, timeout_s, on_moved, transport, token)
+    move, notes = _move(registry, plan_rollback(registry, model, alias), trail)
+    return _follow(settings, move, notes, instances, timeout_s, transport, token)
+
+
+@dataclass(frozen=True, slots=True)
+class _Notes:
+    unaccounted: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        before = [f"the audit trail did not account for this alias: {self.unaccounted}"] if self.unaccounted else []
+        return before + list(self.warnings)
+
+
+def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) -> tuple[AliasMove, _Notes]:
+    """Steps 2 to 4 of the module docstring."""
+    if trail is None:
+        return apply_move(registry, planned), _Notes()
+    found = unaccounted(trail.last(planned.model, planned.alias), planned.old_version)
+    trail.intended(planned, found)
+    try:
+        move = apply_move(registry, planned)
+    except BaseException as exc:
+        try:
+            trail.failed(planned, exc)
+        except ExamlopsError as lost:
+            exc.add_note(f"its move_failed audit event was not written either: {lost}")
+        raise
+    try:
+        trail.moved(move)
+    except ExamlopsError as exc:
+        return move, _Notes(found, (f"the alias moved but its audit outcome was not written: {exc}",))
+    return move, _Notes(found)
 
 
 def follow(
@@ -92,20 +136,18 @@ def follow(
     (the closed loop loads a new Canary everywhere before it sends it traffic). ``PromotionIncomplete`` as
     for a promotion."""
     move = AliasMove(model, canonical_alias(alias), version, version)
-    return _follow(settings, move, instances, timeout_s, None, transport, token)
+    return _follow(settings, move, _Notes(), instances, timeout_s, transport, token)
 
 
 def _follow(
     settings: Settings,
     move: AliasMove,
+    notes: _Notes,
     instances: Sequence[str] | None,
     timeout_s: float,
-    on_moved: Callable[[AliasMove], None] | None,
     transport: httpx.BaseTransport | None,
     token: str | None,
 ) -> PromotionResult:
-    if on_moved is not None:
-        on_moved(move)
     urls = tuple(instances) if instances else settings.serving.instance_urls()
     reports = confirm_reload(
         urls,
@@ -124,8 +166,10 @@ def _follow(
         raise PromotionIncomplete(
             f"{move.model}@{move.alias} now points at version {move.new_version} in MLflow "
             f"(was {move.old_version or 'unset'}; that move stays done), but {len(lagging)} of {len(reports)} "
-            f"serving instance(s) do not serve it: {where}",
+            f"serving instance(s) do not serve it: {where}" + "".join(f"; {note}" for note in notes.lines()),
             confirmed=confirmed,
             lagging=lagging,
         )
-    return PromotionResult(move.model, move.alias, move.old_version, move.new_version, confirmed)
+    return PromotionResult(
+        move.model, move.alias, move.old_version, move.new_version, confirmed, notes.unaccounted, notes.warnings
+    )

@@ -34,6 +34,7 @@ from examlops.registry.demo_models import (
     seed_of,
     train,
 )
+from examlops.registry.mlflow_client import HttpLimits
 from examlops.registry.mlflow_registry import MlflowRegistry
 from examlops.registry.registration import ensure_experiment, log_and_register
 
@@ -61,7 +62,8 @@ def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str],
     before the failure stay seeded, so running it again completes the rest.
     """
     say = on_progress or (lambda _message: None)
-    registry = MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
+    limits = HttpLimits(timeout_s=settings.mlflow.timeout_s, max_retries=settings.mlflow.max_retries)
+    registry = MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models", limits=limits)
     created: list[str] = []
     skipped: list[str] = []
     experiment_id: str | None = None

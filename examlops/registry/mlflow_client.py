@@ -4,21 +4,27 @@ Contracts:
 
 - ``import_mlflow`` imports mlflow with its usage telemetry off unless the environment turns it on.
 - ``connect`` builds ``MlflowClient(tracking_uri=..., registry_uri=...)`` on the URI given, never
-  the process-global fluent URI.
+  the process-global fluent URI. With ``limits`` it first bounds every HTTP request MLflow makes in
+  this process (``bound_http``): MLflow reads ``MLFLOW_HTTP_REQUEST_TIMEOUT``,
+  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` from the environment
+  on each request, and these are process-wide, so the last limits given win.
 - ``translate_error`` maps one MLflow failure onto our family (callers chain it with ``from exc``):
   not found is whatever ``missing()`` builds; a store that cannot be reached (connection errors,
   SQLite ``OperationalError``) is ``RegistryUnavailable``; a name taken is ``Conflict``; refused
   credentials ``ConfigError``; a refused value ``InvalidInput``; anything else ``ExamlopsError``.
 
-Failure mode: MLflow retries before it gives up, so ``RegistryUnavailable`` can take a while (over HTTP
-minutes by default: ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT`` shorten it;
-the figure for SQLite is in bench/RESULTS.md).
+Failure mode: MLflow retries before it gives up. Unbounded (MLflow's defaults: 120 s per request, 7
+retries with exponential backoff) a stopped server over HTTP holds a call for many minutes; bounded by
+``HttpLimits`` (``mlflow.timeout_s``, ``mlflow.max_retries``: what the composition root passes) a call
+fails with ``RegistryUnavailable`` within about ``(max_retries + 1) * timeout_s`` plus a second of
+backoff per retry. A SQLite store has no such limit (the figure is in bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from examlops.core.errors import ConfigError, Conflict, ExamlopsError, InvalidInput, RegistryUnavailable
@@ -40,12 +46,31 @@ def import_mlflow() -> Any:
     return mlflow
 
 
-def connect(tracking_uri: str) -> Any:
-    """An ``MlflowClient`` for ``tracking_uri`` as tracking and registry URI.
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """How long one HTTP request to an MLflow server may take, and how often a failed one is retried."""
+
+    timeout_s: int = 5
+    max_retries: int = 1
+    backoff_factor: int = 1
+    """urllib3's: about ``backoff_factor * 2 ** (retry - 1)`` seconds before each retry."""
+
+
+def bound_http(limits: HttpLimits) -> None:
+    """Bound every HTTP request MLflow makes from now on in this process (module docstring)."""
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(limits.timeout_s)
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(limits.max_retries)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(limits.backoff_factor)
+
+
+def connect(tracking_uri: str, limits: HttpLimits | None = None) -> Any:
+    """An ``MlflowClient`` for ``tracking_uri`` as tracking and registry URI; ``limits`` bound its HTTP requests.
 
     ``RegistryUnavailable`` when the store cannot be opened, ``ConfigError`` when MLflow refuses the
     URI itself.
     """
+    if limits is not None:
+        bound_http(limits)
     mlflow = import_mlflow()
     try:
         # Eager for SQL stores: opens the database and runs MLflow's migrations.

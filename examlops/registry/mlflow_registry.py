@@ -29,7 +29,7 @@ from urllib.request import url2pathname
 
 from examlops.core.errors import AliasNotFound, ExamlopsError, ModelLoadError, ModelNotFound, VersionNotFound
 from examlops.core.messages import KNOWN_ALIASES, ModelRef, canonical_alias
-from examlops.registry.mlflow_client import connect, import_mlflow, translate_error
+from examlops.registry.mlflow_client import HttpLimits, connect, import_mlflow, translate_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +51,10 @@ class MlflowRegistry:
     Safe to share between threads.
     """
 
-    def __init__(self, tracking_uri: str, cache_dir: Path) -> None:
+    def __init__(self, tracking_uri: str, cache_dir: Path, *, limits: HttpLimits | None = None) -> None:
         self.tracking_uri = tracking_uri
         self.cache_dir = cache_dir
+        self.limits = limits
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -66,7 +67,7 @@ class MlflowRegistry:
         """
         with self._lock:
             if self._client is None:
-                self._client = connect(self.tracking_uri)
+                self._client = connect(self.tracking_uri, self.limits)
             return self._client
 
     def _call(self, missing: Callable[[], ExamlopsError], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

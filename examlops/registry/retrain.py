@@ -12,8 +12,8 @@
    A Production whose model fails on the held-out rows (``InferenceFailed``)
    is scored as failing: any candidate that predicts them beats it;
 3. logs a run in the ``examlops-retrain`` experiment (metrics, the data source
-   and seed as params) and registers the version. Only a candidate at least as
-   good as Production (``better`` is not False) gets ``candidate_alias``
+   and seed as params) and registers the version. Only a candidate better than
+   Production, or with no Production to beat (``better`` is not False), gets ``candidate_alias``
    (Canary or Staging, never Production: promotion is a separate, audited
    step), moved with ``promotion.move_alias`` so that the move can be rolled
    back: a worse candidate is registered, never served (``moved`` False).

@@ -191,12 +191,34 @@ def test_second_up_is_refused_while_one_runs(exa: Exa) -> None:
         proc.communicate(timeout=30)
 
 
-def test_a_service_that_dies_stops_the_rest_and_says_which(exa: Exa) -> None:
+def _wait_running_again(exa: Exa, old_pid: int) -> dict[str, object]:
+    """The status document once redis runs under a pid other than ``old_pid``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = exa("status", "--json")
+        doc: dict[str, object] = json.loads(status.stdout)
+        services = doc["services"]
+        assert isinstance(services, list)
+        if services and services[0]["state"] == "running" and services[0]["pid"] != old_pid:
+            return doc
+        time.sleep(0.2)
+    raise AssertionError(f"redis did not come back: {doc}")
+
+
+def test_a_killed_service_is_restarted_and_one_that_keeps_failing_stops_the_rest(exa: Exa) -> None:
+    exa.env.update(EXAMLOPS_UP__RESTART_LIMIT="1", EXAMLOPS_UP__RESTART_BACKOFF_S="0.2")
     proc, doc = _start_foreground(exa)
-    os.kill(_redis_pid(doc), signal.SIGKILL)
+    first = _redis_pid(doc)
+    os.kill(first, signal.SIGKILL)
+    again = _wait_running_again(exa, first)
+    (redis_service,) = again["services"]  # type: ignore[misc]
+    assert (redis_service["restarts"], redis_service["last_exit"]) == (1, -9)
+    os.kill(redis_service["pid"], signal.SIGKILL)  # the second exit within the window: it keeps failing
     output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 3
-    assert "redis exited unexpectedly" in output
+    assert proc.returncode == 3, output
+    assert "redis exited unexpectedly with code -9: restarting in 0.2 s" in output
+    assert "redis is back" in output
+    assert "keeps failing" in output
 
 
 def test_a_taken_port_is_refused_naming_the_setting(exa: Exa) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,8 +193,21 @@ def test_a_passing_canary_is_promoted_everywhere_and_a_failure_within_grace_roll
         )
     assert {a.type for a in found} == {"table", "markdown"}
 
-    # The failure trigger fires within the grace period: the promotion is rolled back, not retrained.
-    summary = retrain_flow(model="AC", reason="failure rate 50/50 = 1.00 >= 0.5")
+    # The promoted version fails (its calls traced as serving traces them), and the failure trigger fires
+    # within the grace period: the promotion is rolled back, not retrained.
+    from examlops.tracing.record import TraceRecord, new_trace_id
+    from examlops.tracing.sql_store import SqlTraceStore
+
+    now = time.time()
+    failing = [
+        TraceRecord(new_trace_id(), now, "bus", "failed", "inference_failed", "AC", "Production", "2", status=500)
+        for _ in range(30)
+    ]
+    engine = sql_engine(site.settings)
+    SqlTraceStore(engine).add(failing)
+    engine.dispose()
+    summary = retrain_flow(model="AC", reason="failure rate 50/50 = 1.00 >= 0.5", source="failure-trigger",
+                           requested_at=now)  # fmt: skip
     assert summary["action"] == "rolled_back" and summary["retrain"] is None
     assert site.registry.resolve("AC", "Production").version == "1"
     assert serving_versions(site, "AC")["Production"] == "1"
@@ -284,3 +298,21 @@ def test_a_candidate_worse_than_production_is_registered_but_never_reaches_canar
     assert site.registry.resolve("JPCP", "Canary").version == canary_before
     assert cycle.candidate.version in [v.version for v in site.registry.list_versions("JPCP")]
     assert "loop.candidate_kept_back" in [t for t, _ in events_of(site, "JPCP")]
+
+
+def test_a_cancelled_canary_run_puts_its_split_back_from_its_hook(loop_env: Site) -> None:
+    from types import SimpleNamespace
+
+    from examlops.bootstrap.loop import closed_loop
+    from examlops.flows.canary import _end_after
+    from examlops.loop.state import Phase
+
+    with closed_loop(Settings()) as parts:
+        before = parts.traffic.get("AC")
+        parts.store.claim("AC", "run-x", Phase.CANARY, parts.clock(), 120.0, restore=before, run="flow run x")
+        parts.traffic.set("AC", {"Production": 90, "Canary": 10})
+        run = SimpleNamespace(parameters={"model": "ac", "owner": "run-x"}, id="other", name="brave-fox")
+        _end_after(None, run, SimpleNamespace(type=SimpleNamespace(value="CANCELLED")))
+        assert parts.traffic.get("AC") == before
+    record = loop_record(loop_env, "AC")
+    assert record.phase.value == "aborted" and "brave-fox ended cancelled" in record.note

@@ -254,6 +254,9 @@ def test_a_retrain_request_delivered_twice_makes_exactly_one_flow_run(plane: Pla
         runs = prefect.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
     assert [(str(run.id), run.idempotency_key) for run in runs] == [(run_ids[0], key)]
     assert (runs[0].parameters["model"], runs[0].parameters["reason"]) == ("CRCP", "failure rate 0.6 over 50")
+    # The closed loop tells the trigger's runs from an operator's, and ignores a request older than its promotion.
+    assert runs[0].parameters["source"] == "failure-trigger"
+    assert runs[0].parameters["requested_at"] == 1_700_000_000.0
 
 
 def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapshots(flow_env: Plane) -> None:

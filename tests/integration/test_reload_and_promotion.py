@@ -372,7 +372,7 @@ def test_promotion_reaches_two_servers_and_rollback_moves_it_back(
 
 
 def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
-    store: Store, still: ServingProcess, polling: ServingProcess, monkeypatch: pytest.MonkeyPatch
+    store: Store, still: ServingProcess, polling: ServingProcess, monkeypatch: pytest.MonkeyPatch, redis_server: str
 ) -> None:
     monkeypatch.setenv("EXAMLOPS_HOME", str(store.home))
     dead = f"http://127.0.0.1:{free_port()}"
@@ -381,6 +381,12 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
     runner = CliRunner()
     urls = ["--url", still.url, "--url", polling.url]
     try:
+        # Without its audit trail (Redis down) a promotion is refused before anything moves.
+        monkeypatch.setenv("EXAMLOPS_REDIS__URL", f"redis://127.0.0.1:{free_port()}/0")
+        refused = runner.invoke(cli, ["promote", "AC", "--alias", "Production", "--from", "canary", *urls])
+        assert refused.exit_code == 3, refused.output
+        assert store.registry.resolve("AC", "Production").version == "1"
+        monkeypatch.setenv("EXAMLOPS_REDIS__URL", redis_server)
         moved = runner.invoke(cli, ["promote", "AC", "--alias", "Production", "--from", "canary", *urls, "--url", dead])
         assert moved.exit_code == 1, moved.output
         flat = "".join(moved.output.split())
@@ -407,6 +413,8 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
         "old_version": "2",
         "new_version": "1",
         "instances": [still.url, polling.url],
+        "unaccounted": None,
+        "warnings": [],
     }
     assert runner.invoke(cli, ["promote", "AC", "--alias", "Production"]).exit_code == 2
 

@@ -12,6 +12,8 @@ The names other packages use are re-exported here.
 
 from examlops.core.jsoncodec import canonical as canonical_json
 from examlops.monitoring.audit.chain import (
+    ALIAS_MOVE_FAILED,
+    ALIAS_MOVE_INTENDED,
     ALIAS_MOVED,
     GENESIS,
     INFERENCE_SERVED,
@@ -34,6 +36,8 @@ from examlops.monitoring.audit.walk import BrokenLink
 
 __all__ = [
     "ALIAS_MOVED",
+    "ALIAS_MOVE_FAILED",
+    "ALIAS_MOVE_INTENDED",
     "GENESIS",
     "HEAD",
     "INFERENCE_SERVED",

@@ -28,7 +28,10 @@ FIELDS = ("seq", "ts", "type", "subject", "data", "prev", "hash")
 # Event types. Control actions are appended by whoever performs them (serving, flows, the CLI).
 INFERENCE_SERVED = "inference.served"
 TRAFFIC_CHANGED = "traffic.changed"
+ALIAS_MOVE_INTENDED = "alias.move_intended"
+"""Written before an alias moves in the registry; ``alias.moved`` or ``alias.move_failed`` follows."""
 ALIAS_MOVED = "alias.moved"
+ALIAS_MOVE_FAILED = "alias.move_failed"
 MODEL_RELOADED = "model.reloaded"
 RELOAD_REFUSED = "reload.refused"
 RETRAIN_REQUESTED = "retrain.requested"

@@ -6,11 +6,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from examlops.core.errors import AliasNotFound
+from examlops.core.errors import AliasNotFound, Conflict
 from examlops.core.settings import LoopSettings
-from examlops.loop.analysis import LoopParts
 from examlops.loop.figures import CallSample
-from examlops.loop.ports import Promotion
+from examlops.loop.ports import LoopParts, Promotion
 from examlops.loop.state import LoopRecord, Phase
 
 
@@ -50,7 +49,8 @@ class FakeLoopStore:
         if not free:
             return None
         base = current or LoopRecord(model, phase)
-        record = replace(base, **values, phase=phase, owner=owner, updated_at=now, abort_requested=False)
+        kept = current is not None and current.owner == owner and current.abort_requested
+        record = replace(base, **values, phase=phase, owner=owner, updated_at=now, abort_requested=kept)
         self.records[model] = record
         return record
 
@@ -129,10 +129,12 @@ class FakePromoter:
     previous: dict[str, str] = field(default_factory=dict)
     loaded: list[tuple[str, str]] = field(default_factory=list)
 
-    def promote(self, model: str) -> Promotion:
+    def promote(self, model: str, version: str, *, production: str) -> Promotion:
+        if self.versions.aliases["Production"] != production:
+            raise Conflict(f"Production is not {production}")
         old = self.versions.aliases["Production"]
         self.previous[model] = old
-        self.versions.aliases["Production"] = self.versions.aliases["Canary"]
+        self.versions.aliases["Production"] = version
         self.promoted.append(model)
         return Promotion(model, old, self.versions.aliases["Production"], ("http://a", "http://b"))
 
@@ -140,7 +142,9 @@ class FakePromoter:
         self.loaded.append((alias, version))
         return ("http://a", "http://b")
 
-    def rollback(self, model: str) -> Promotion:
+    def rollback(self, model: str, *, production: str) -> Promotion:
+        if self.versions.aliases["Production"] != production:
+            raise Conflict(f"Production is not {production}")
         old = self.versions.aliases["Production"]
         self.versions.aliases["Production"] = self.previous[model]
         self.rolled_back.append(model)
@@ -203,7 +207,7 @@ def make_loop(**settings: Any) -> Loop:
     defaults: dict[str, Any] = {"min_requests": 20, "min_seconds": 10.0, "max_seconds": 60.0, "poll_s": 1.0}
     loop.parts = LoopParts(
         store=loop.store, versions=versions, traffic=loop.traffic, calls=loop.calls, predictions=loop.predictions,
-        drift=lambda canary, production: drift_p[0], promoter=loop.promoter, failures=loop.failures,
+        drift=lambda canary, production: (drift_p[0], 0.5), promoter=loop.promoter, failures=loop.failures,
         audit=loop.audit, settings=LoopSettings(**{**defaults, **settings}), clock=clock, sleep=clock.sleep,
     )  # fmt: skip
     return loop

@@ -53,12 +53,20 @@ def test_a_passing_canary_is_promoted_the_split_restored_and_the_failure_window_
     assert result.canary.requests >= 20 and result.decided_at - result.window_start >= 10.0
 
 
-def test_the_window_opens_only_once_every_instance_applies_the_split() -> None:
+def test_the_window_opens_only_once_canary_is_loaded_and_every_instance_applies_the_split() -> None:
     loop = make_loop()
     loop.calls.add("2", loop.clock.now, 50, outcome="failed", code="inference_failed")  # before the window
+    load = loop.promoter.load
+
+    def slow_load(model: str, alias: str, version: str) -> tuple[str, ...]:
+        loop.clock.now += 30  # instances take their time to load the new version
+        return load(model, alias, version)
+
+    loop.promoter.load = slow_load  # type: ignore[method-assign]
     feed(loop)
     result = CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
-    assert result.decision == "pass" and result.window_start == result.started_at + loop.traffic.settle_s
+    assert result.decision == "pass"
+    assert result.window_start == result.started_at + 30 + loop.traffic.settle_s
 
 
 def test_a_failing_canary_gets_share_zero_and_production_stays() -> None:
@@ -164,3 +172,17 @@ def test_an_error_during_the_window_restores_the_split_and_ends_the_hold() -> No
     record = loop.store.get("JPCP")
     assert loop.traffic.split == {"Production": 100}
     assert record is not None and record.phase is Phase.UNDECIDED and "down" in record.note
+
+
+def test_a_dead_canary_runs_split_is_put_back_before_a_new_analysis_takes_the_model() -> None:
+    loop = make_loop()
+    loop.traffic.split = {"Production": 100}
+    loop.store.claim("JPCP", "dead", Phase.CANARY, loop.clock.now, 120.0, restore={"Production": 100}, run="r0")
+    loop.traffic.split = {"Production": 90, "Canary": 10}  # the dead run's
+    loop.clock.now += 500
+    feed(loop)
+    result = CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
+    assert result.decision == "pass"
+    assert loop.traffic.history[0] == {"Production": 100}, "the dead run's split went back first"
+    assert loop.traffic.split == {"Production": 100}, "and the new run restored the site's split, not the dead run's"
+    assert "aborted" in [d.get("decision") for t, _s, d in loop.audit.events if t == events.DECIDED]

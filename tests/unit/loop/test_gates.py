@@ -44,10 +44,18 @@ def test_the_latency_gate_compares_p99_with_ratio_and_slack_and_is_not_judged_wi
     assert gates_of(calls("1", 0, 100), calls("2", 100))["latency"] is None
 
 
-def test_the_drift_gate_needs_rows_of_both_versions_and_fails_below_the_p_value() -> None:
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300))["drift"] is None
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300))["drift"] is False
-    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300))["drift"] is True
+def test_the_drift_gate_needs_rows_of_both_versions_and_a_low_p_value_with_a_real_distance() -> None:
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 10, 300, 0.5))["drift"] is None
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.001, 40, 300, 0.5))["drift"] is False
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(0.2, 40, 300, 0.5))["drift"] is True
+    assert gates_of(calls("1", 50), calls("2", 50), DriftFigure(1e-9, 4000, 30000, 0.04))["drift"] is True  # tiny
+
+
+def test_a_canary_above_the_failure_ceiling_fails_however_badly_production_does_and_at_once() -> None:
+    assert gates_of(calls("1", 0, 900), calls("2", 50, 50))["failures"] is False
+    canary = figures_of(calls("2", 3, 2), "2")  # 2 failures > 0.1 x 10 calls: no more calls can save it
+    gates = judge(figures_of(calls("1", 0, 100), "1"), canary, DriftFigure(None, 0, 0), SETTINGS)
+    assert verdict(gates, canary, 0.0, SETTINGS) == "fail"
 
 
 def test_below_the_minimum_of_answers_the_latency_gate_compares_p95_so_two_slow_calls_decide_nothing() -> None:

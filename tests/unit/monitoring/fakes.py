@@ -100,7 +100,7 @@ class FakeRequester:
     calls: list[str] = field(default_factory=list)
     runs: dict[str, str] = field(default_factory=dict)
 
-    def request(self, model: str, reason: str, idempotency_key: str) -> str:
+    def request(self, model: str, reason: str, idempotency_key: str, requested_at: float = 0.0) -> str:
         self.calls.append(idempotency_key)
         if len(self.calls) <= self.fail_first:
             raise DependencyUnavailable("Prefect cannot be reached")

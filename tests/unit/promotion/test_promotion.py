@@ -8,12 +8,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from examlops.core.errors import AliasNotFound, InvalidInput, ModelNotFound, PromotionIncomplete, VersionNotFound
+from examlops.core.errors import (
+    AliasNotFound,
+    InvalidInput,
+    ModelNotFound,
+    PromotionIncomplete,
+    RegistryUnavailable,
+    StoreUnavailable,
+    VersionNotFound,
+)
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion import instances
 from examlops.promotion.aliases import AliasMove, previous_tag
 from examlops.promotion.service import promote, rollback
+from examlops.promotion.trail import AuditedMove, MoveState, unaccounted, unaccounted_moves
 
 
 class InMemoryAliasRegistry:
@@ -56,6 +65,53 @@ class InMemoryAliasRegistry:
     def set_model_tag(self, name: str, key: str, value: str) -> None:
         self._check(name)
         self.tags[key] = value
+
+
+class InMemoryMoveTrail:
+    """A ``MoveTrail`` that records its events and keeps the last word per alias, as the audited index does;
+    ``fail_on`` makes that kind of event raise ``StoreUnavailable`` (the trail's Redis is down)."""
+
+    def __init__(self, fail_on: frozenset[str] = frozenset()) -> None:
+        self.events: list[tuple[str, AliasMove]] = []
+        self.unaccounted: list[str | None] = []
+        self.errors: list[str] = []
+        self.lasts: dict[tuple[str, str], AuditedMove] = {}
+        self.fail_on = fail_on
+
+    def _write(self, state: MoveState, move: AliasMove, error: str = "") -> None:
+        if state in self.fail_on:
+            raise StoreUnavailable("redis is down")
+        self.events.append((state, move))
+        self.lasts[(move.model, move.alias)] = AuditedMove(
+            state, move.model, move.alias, move.old_version, move.new_version, "admin", error
+        )
+
+    def intended(self, move: AliasMove, unaccounted: str | None) -> None:
+        self._write("intended", move)
+        self.unaccounted.append(unaccounted)
+
+    def moved(self, move: AliasMove) -> None:
+        self._write("moved", move)
+
+    def failed(self, move: AliasMove, error: BaseException) -> None:
+        self.errors.append(str(error))
+        self._write("failed", move, str(error))
+
+    def last(self, model: str, alias: str) -> AuditedMove | None:
+        return self.lasts.get((model, alias))
+
+
+class UnreachableRegistry(InMemoryAliasRegistry):
+    """Reads work; the alias write fails as a stopped MLflow server does (after the write, when ``applied``)."""
+
+    def __init__(self, *, applied: bool = False) -> None:
+        super().__init__()
+        self.applied = applied
+
+    def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None:
+        if self.applied:
+            super().set_alias(name, alias, version)
+        raise RegistryUnavailable("the MLflow registry cannot be reached: timed out")
 
 
 class FakeServing:
@@ -109,7 +165,7 @@ A, B, DEAD = "http://a:1", "http://b:2", "http://dead:3"
 def test_promote_moves_the_alias_records_the_old_version_and_waits_for_every_instance(settings: Settings) -> None:
     registry = InMemoryAliasRegistry()
     a, b = FakeServing(registry), FakeServing(registry)
-    moves: list[AliasMove] = []
+    trail = InMemoryMoveTrail()
     result = promote(
         settings,
         registry,
@@ -117,7 +173,7 @@ def test_promote_moves_the_alias_records_the_old_version_and_waits_for_every_ins
         "production",
         version=3,
         instances=[A, B],
-        on_moved=moves.append,
+        trail=trail,
         transport=Network({"a:1": a, "b:2": b}),
     )
     assert (result.model, result.alias, result.old_version, result.new_version) == ("AC", "Production", "1", "3")
@@ -125,7 +181,8 @@ def test_promote_moves_the_alias_records_the_old_version_and_waits_for_every_ins
     assert registry.aliases["Production"] == "3" and registry.tags[previous_tag("Production")] == "1"
     assert a.serving["Production"] == b.serving["Production"] == "3"
     assert a.reloads == [{"model": "AC"}]
-    assert moves == [AliasMove("AC", "Production", "1", "3")]
+    move = AliasMove("AC", "Production", "1", "3")
+    assert trail.events == [("intended", move), ("moved", move)]
 
 
 def test_promote_from_an_alias_and_rollback_twice_goes_back_and_forth(settings: Settings) -> None:
@@ -199,3 +256,63 @@ def test_nothing_recorded_means_nothing_to_roll_back_to(settings: Settings) -> N
     with pytest.raises(VersionNotFound, match="no recorded previous version"):
         rollback(settings, registry, "AC", instances=[A], transport=Network({}))
     assert registry.aliases["Production"] == "1"
+
+
+def test_an_intent_that_cannot_be_written_moves_nothing(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()
+    with pytest.raises(StoreUnavailable):
+        promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=InMemoryMoveTrail(
+            frozenset({"intended"})), transport=Network({}))  # fmt: skip
+    assert registry.aliases["Production"] == "1" and previous_tag("Production") not in registry.tags
+
+
+def test_a_registry_that_fails_the_move_gets_a_failed_event_and_the_alias_stays(settings: Settings) -> None:
+    registry, trail = UnreachableRegistry(), InMemoryMoveTrail()
+    with pytest.raises(RegistryUnavailable):
+        promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=Network({}))
+    move = AliasMove("AC", "Production", "1", "3")
+    assert trail.events == [("intended", move), ("failed", move)]
+    assert "cannot be reached" in trail.errors[0]
+    assert registry.aliases["Production"] == "1"
+    assert unaccounted(trail.last("AC", "Production"), registry.aliases["Production"]) is None
+
+
+def test_a_failed_move_that_did_happen_is_reported_by_the_next_promotion(settings: Settings) -> None:
+    registry, trail = UnreachableRegistry(applied=True), InMemoryMoveTrail()
+    with pytest.raises(RegistryUnavailable):
+        promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=Network({}))
+    assert registry.aliases["Production"] == "3"
+    again = InMemoryAliasRegistry()
+    again.aliases = registry.aliases
+    result = promote(settings, again, "AC", "Production", version=2, instances=[A], trail=trail,
+                     transport=Network({"a:1": FakeServing(again)}))  # fmt: skip
+    assert result.unaccounted is not None and "recorded as failed" in result.unaccounted
+    assert trail.unaccounted[-1] == result.unaccounted  # the new intent carries it onto the trail
+
+
+def test_an_outcome_that_cannot_be_written_is_a_warning_and_leaves_an_intent_to_report(settings: Settings) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail(frozenset({"moved"}))
+    net = Network({"a:1": FakeServing(registry)})
+    result = promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    assert result.new_version == "3" and result.warnings and "outcome was not written" in result.warnings[0]
+    line = unaccounted(trail.last("AC", "Production"), registry.aliases["Production"])
+    assert line is not None and "has no recorded outcome" in line
+
+
+def test_a_move_made_outside_the_trail_is_unaccounted_and_a_clean_one_is_not(settings: Settings) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
+    net = Network({"a:1": FakeServing(registry)})
+    promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    assert unaccounted_moves(trail.lasts.values(), registry) == []
+    registry.aliases["Production"] = "2"  # someone used the MLflow UI
+    (line,) = unaccounted_moves(trail.lasts.values(), registry)
+    assert "last audited move put it at 3" in line and "registry has 2" in line
+
+
+def test_a_rollback_is_audited_as_intent_and_outcome(settings: Settings) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
+    net = Network({"a:1": FakeServing(registry)})
+    promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    rollback(settings, registry, "AC", instances=[A], trail=trail, transport=net)
+    back = AliasMove("AC", "Production", "3", "1")
+    assert trail.events[-2:] == [("intended", back), ("moved", back)]

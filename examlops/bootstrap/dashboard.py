@@ -1,0 +1,172 @@
+"""The dashboard's sources in the serving process: the same services `exa audit`, `exa drift status`,
+`exa bridge status`, `exa loop status`, `exa promote --from Canary` and `exa rollback` use.
+
+``dashboard_sources(settings, engine, events)`` takes serving's SQL engine and its audit hook; it opens one
+Redis client (connecting on first use) and builds the MLflow registry on the first promotion or rollback
+only. Nothing here decides: each adapter translates a service's answer into the dashboard's port types.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from sqlalchemy.engine import Engine
+
+from examlops.bootstrap.control import AuditAccess, AuditHook, audit_moves
+from examlops.core.settings import Settings
+from examlops.dashboard.ports import (
+    AuditCheck,
+    AuditEntry,
+    DashboardSources,
+    DriftPoint,
+    FailureWindow,
+    Moved,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import redis
+
+    from examlops.registry.mlflow_registry import MlflowRegistry
+
+
+@dataclass
+class _Audit:
+    access: AuditAccess
+
+    def tail(self, n: int) -> list[AuditEntry]:
+        import json
+
+        from examlops.monitoring.audit.verify import tail
+
+        out = []
+        for event in tail(self.access.store, n, archive=self.access.archive):
+            data = event.to_json()
+            try:
+                actor = str(json.loads(event.data).get("actor", ""))
+            except (ValueError, AttributeError):
+                actor = ""
+            out.append(AuditEntry(event.seq, data["time"], event.type, event.subject, actor, event.data))
+        return out
+
+    def verify(self) -> AuditCheck:
+        from examlops.monitoring.audit.verify import verify
+
+        report = verify(self.access.store, self.access.secret, self.access.checkpoints, archive=self.access.archive)
+        broken = report.broken
+        return AuditCheck(
+            report.events, report.checkpoints, None if broken is None else f"seq {broken.seq}: {broken.message}"
+        )
+
+
+@dataclass
+class _Drift:
+    engine: Engine
+
+    def history(self, limit: int) -> list[DriftPoint]:
+        from examlops.monitoring.drift_store import SqlDriftStore
+
+        return [
+            DriftPoint(r.model, r.kind, r.version, r.created_at.timestamp(), r.score, r.threshold, r.drifted,
+                       r.report_html)
+            for r in SqlDriftStore(self.engine).history(limit)
+        ]  # fmt: skip
+
+
+@dataclass
+class _Failures:
+    client: redis.Redis
+    capacity: int
+
+    def windows(self, models: Sequence[str]) -> dict[str, FailureWindow]:
+        from examlops.monitoring.failure_store import RedisFailureStore
+        from examlops.monitoring.failures import failure_status
+
+        return {
+            row.model: FailureWindow(row.model, row.window.rate, row.window.size, row.window.capacity,
+                                     row.cooldown_left_s)
+            for row in failure_status(RedisFailureStore(self.client), models, self.capacity)
+        }  # fmt: skip
+
+
+@dataclass
+class _Loops:
+    engine: Engine
+    lease_s: float
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        from examlops.loop.sql import SqlLoopStore
+
+        now = time.time()
+        out = {}
+        for record in SqlLoopStore(self.engine).list():
+            row = record.to_json()
+            row["stale"] = record.phase.active and record.updated_at < now - self.lease_s
+            out[record.model] = row
+        return out
+
+
+@dataclass
+class _Promoter:
+    settings: Settings
+    events: AuditHook
+
+    @cached_property
+    def registry(self) -> MlflowRegistry:
+        from examlops.bootstrap.serving import model_registry
+
+        return model_registry(self.settings)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        """For the audited aliases' index (``bootstrap.moves``)."""
+        from examlops.adapters.redis import connect
+
+        return connect(self.settings.redis_url)
+
+    def promote_canary(self, model: str, actor: str) -> Moved:
+        from examlops.promotion.service import promote
+
+        return self._moved(promote(self.settings, self.registry, model, "Production", from_alias="Canary",
+                                   **self._follow(actor, "dashboard promote")))  # fmt: skip
+
+    def rollback(self, model: str, actor: str) -> Moved:
+        from examlops.promotion.service import rollback
+
+        return self._moved(rollback(self.settings, self.registry, model, "Production",
+                                    **self._follow(actor, "dashboard rollback")))  # fmt: skip
+
+    def _follow(self, actor: str, by: str) -> dict[str, Any]:
+        from examlops.bootstrap.identity import platform_token
+
+        return {"trail": audit_moves(self.events, self.redis, actor, by), "token": platform_token(self.settings)}
+
+    @staticmethod
+    def _moved(result: Any) -> Moved:
+        return Moved(result.model, result.old_version, result.new_version, tuple(result.instances))
+
+
+def ui_links(settings: Settings) -> dict[str, str]:
+    """The MLflow and Prefect UIs the pages link to: the external URLs when set, else the embedded ones'."""
+    tracking = settings.mlflow_tracking_uri
+    mlflow = (tracking.rstrip("/") if urlsplit(tracking).scheme in ("http", "https")
+              else f"http://127.0.0.1:{settings.mlflow.ui_port}")  # fmt: skip
+    return {"mlflow": mlflow, "prefect": settings.prefect_api_url.removesuffix("/").removesuffix("/api")}
+
+
+def dashboard_sources(settings: Settings, engine: Engine, events: AuditHook) -> DashboardSources:
+    from examlops.adapters.redis import connect
+
+    return DashboardSources(
+        audit=_Audit(AuditAccess(settings)),
+        drift=_Drift(engine),
+        failures=_Failures(connect(settings.redis_url), settings.failure.window),
+        loops=_Loops(engine, settings.loop.lease_s),
+        promoter=_Promoter(settings, events),
+        links=ui_links(settings),
+    )

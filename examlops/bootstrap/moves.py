@@ -1,0 +1,138 @@
+"""The audit trail of alias moves: ``AuditedMoves``, the ``promotion.trail.MoveTrail`` adapter, and its reader.
+
+Each event goes on the hash-chained trail through the control plane's audit hook (signed at once), then
+the per-alias index ``keys.AUDITED_ALIASES`` (a Redis hash: ``<model>/<Alias>`` -> the event as JSON) is
+updated, so that the last word on one alias is one HGET. Events: ``alias.move_intended`` (model, alias,
+from, to, actor, by, and ``unaccounted`` when the alias's version was not what the trail last said),
+``alias.moved`` (the same fields and ``old_version``/``new_version`` as before), ``alias.move_failed``
+(with ``error``). Every Redis or SQL failure is ``StoreUnavailable`` (or another ``ExamlopsError``): the
+service decides what that means (an intent that cannot be written stops the promotion).
+
+The index is written after the chain: when that write is lost, the index is one event behind the chain
+and the checks report the older state, which errs towards reporting. ``audited_aliases(settings)`` reads
+the whole index (`exa audit verify`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from examlops.core import keys
+from examlops.core.settings import Settings
+from examlops.promotion.aliases import AliasMove
+from examlops.promotion.trail import AuditedMove, MoveState
+
+if TYPE_CHECKING:
+    import redis
+
+    from examlops.bootstrap.control import AuditHook
+
+
+def _field(model: str, alias: str) -> str:
+    return f"{model}/{alias}"
+
+
+@dataclass
+class AuditedMoves:
+    """``MoveTrail`` over the audit hook and the index in ``client``; ``actor`` and ``by`` go into every event."""
+
+    audit: AuditHook
+    client: redis.Redis
+    actor: str
+    by: str
+
+    def intended(self, move: AliasMove, unaccounted: str | None) -> None:
+        from examlops.monitoring.audit import ALIAS_MOVE_INTENDED
+
+        extra = {"unaccounted": unaccounted} if unaccounted else {}
+        self._write(ALIAS_MOVE_INTENDED, "intended", move, extra)
+
+    def moved(self, move: AliasMove) -> None:
+        from examlops.monitoring.audit import ALIAS_MOVED
+
+        self._write(ALIAS_MOVED, "moved", move, {})
+
+    def failed(self, move: AliasMove, error: BaseException) -> None:
+        from examlops.monitoring.audit import ALIAS_MOVE_FAILED
+
+        self._write(ALIAS_MOVE_FAILED, "failed", move, {"error": f"{type(error).__name__}: {error}"[:500]})
+
+    def last(self, model: str, alias: str) -> AuditedMove | None:
+        from examlops.adapters.redis import translated
+
+        with translated("the audited aliases"):
+            raw = self.client.hget(keys.AUDITED_ALIASES, _field(model, alias))
+        return _parse(str(raw)) if raw else None
+
+    def _write(self, type: str, state: MoveState, move: AliasMove, extra: dict[str, Any]) -> None:
+        from examlops.adapters.redis import translated
+
+        data = {
+            "model": move.model,
+            "alias": move.alias,
+            "old_version": move.old_version,
+            "new_version": move.new_version,
+            "from": move.old_version,
+            "to": move.new_version,
+            "by": self.by,
+            "actor": self.actor,
+            **extra,
+        }
+        self.audit(type, move.model, data)
+        with translated("the audited aliases"):
+            self.client.hset(keys.AUDITED_ALIASES, _field(move.model, move.alias), json.dumps({**data, "state": state}))
+
+
+def _parse(raw: str) -> AuditedMove | None:
+    try:
+        data = json.loads(raw)
+        return AuditedMove(
+            state=data["state"],
+            model=data["model"],
+            alias=data["alias"],
+            old_version=data.get("old_version"),
+            new_version=str(data["new_version"]),
+            actor=str(data.get("actor", "")),
+            error=str(data.get("error", "")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None  # an entry this release cannot read says nothing
+
+
+@contextmanager
+def audited_moves(settings: Settings, actor: str, by: str, audit: AuditHook | None = None) -> Iterator[AuditedMoves]:
+    """``AuditedMoves`` on the settings' Redis, appending through ``audit`` (default: a ``control_events`` hook of
+    its own on the settings' SQL); everything it opened is closed on exit. Nothing connects until used."""
+    from examlops.adapters.redis import connect
+    from examlops.bootstrap.control import control_events
+    from examlops.bootstrap.sql import sql_engine
+
+    client = connect(settings.redis_url)
+    engine = None
+    if audit is None:
+        engine = sql_engine(settings)
+        audit = control_events(settings, engine)
+    try:
+        yield AuditedMoves(audit, client, actor, by)
+    finally:
+        client.close()
+        if engine is not None:
+            engine.dispose()
+
+
+def audited_aliases(settings: Settings) -> list[AuditedMove]:
+    """Every alias the trail has spoken about, with its last word (the index; ``StoreUnavailable`` when Redis
+    is down)."""
+    from examlops.adapters.redis import connect, translated
+
+    client = connect(settings.redis_url)
+    try:
+        with translated("the audited aliases"):
+            raw: dict[str, str] = client.hgetall(keys.AUDITED_ALIASES)  # type: ignore[assignment]  # sync client
+    finally:
+        client.close()
+    return [move for value in raw.values() if (move := _parse(value)) is not None]

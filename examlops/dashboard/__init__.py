@@ -1,0 +1,6 @@
+"""The operators' web dashboard, served by serving at ``/dashboard`` (README.md beside this file)."""
+
+from examlops.dashboard.ports import DashboardSources
+from examlops.dashboard.routes import attach_sources, dashboard_router
+
+__all__ = ["DashboardSources", "attach_sources", "dashboard_router"]

@@ -1,0 +1,172 @@
+"""A promotion against an MLflow server over HTTP that is stopped (SIGSTOP) or gone (a dead port): `exa promote`
+fails within its timeouts, the alias stays where it was, the audit trail verifies and accounts for every alias;
+and a move made behind the trail's back is what `exa audit verify` reports.
+
+Real processes: `mlflow server` on a SQLite store in the test's folder, a redis-server, `exa` as a child
+process (MLflow's HTTP limits are process-wide environment variables, so not in the test's own process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from examlops.platform.redis_server import EmbeddedRedis
+from tests.integration.conftest import free_port
+from tests.integration.servers import examlops_env, upgraded
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+MODEL = "OUTAGE"
+COMMAND_LIMIT_S = 60
+"""Only so that a hang fails the test instead of stalling the suite; MLflow unbounded takes many minutes."""
+
+
+def _seed(store: str) -> None:
+    """A registered model with versions 1 and 2, Production at 1, written to the store before the server starts."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    client.create_registered_model(MODEL)
+    for _ in range(2):
+        client.create_model_version(MODEL, source="file:///nonexistent/model")
+    client.set_registered_model_alias(MODEL, "Production", "1")
+
+
+def _production(store: str) -> str:
+    """The alias as the store itself holds it (SQLite, read without the server)."""
+    from mlflow import MlflowClient
+
+    version = (
+        MlflowClient(tracking_uri=store, registry_uri=store).get_model_version_by_alias(MODEL, "Production").version
+    )
+    return str(version)
+
+
+class MlflowServer:
+    def __init__(self, home: Path, store: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (home / "mlflow.log").open("wb")
+        bin_dir = Path(sys.executable).parent
+        self.proc = subprocess.Popen(
+            [str(bin_dir / "mlflow"), "server", "--backend-store-uri", store, "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1", "--default-artifact-root", str(home / "artifacts")],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"},
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=home,
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (home / "mlflow.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError("mlflow server not ready")
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def close(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def outage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MlflowServer, dict[str, str], str]]:
+    home = tmp_path_factory.mktemp("outage")
+    store = f"sqlite:///{home / 'mlflow.db'}"
+    _seed(store)
+    redis = EmbeddedRedis(home / "redis", free_port())
+    redis.start()
+    server = MlflowServer(home, store)
+    env = examlops_env(home, EXAMLOPS_REDIS__URL=redis.url, EXAMLOPS_MLFLOW__TRACKING_URI=server.url)
+    env["EXAMLOPS_TOKEN"] = upgraded(env)
+    env["COLUMNS"] = "400"  # rich wraps messages at 80 columns otherwise
+    try:
+        yield server, env, store
+    finally:
+        server.close()
+        redis.stop()
+
+
+def exa(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "examlops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=COMMAND_LIMIT_S,
+    )  # fmt: skip
+
+
+def alias_events(env: dict[str, str]) -> list[tuple[str, object, object]]:
+    tail = exa(env, "audit", "tail", "-n", "100", "--json")
+    assert tail.returncode == 0, tail.stderr
+    return [(e["type"], e["data"]["from"], e["data"]["to"]) for e in json.loads(tail.stdout) if "alias" in e["type"]]
+
+
+def test_promotion_against_a_stopped_then_a_dead_mlflow_fails_fast_and_changes_nothing(
+    outage: tuple[MlflowServer, dict[str, str], str],
+) -> None:
+    server, env, store = outage
+    server.signal(signal.SIGSTOP)  # it accepts connections and never answers
+    try:
+        stopped = exa(env, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
+    finally:
+        server.signal(signal.SIGCONT)
+    assert stopped.returncode == 3, stopped.stdout + stopped.stderr
+    assert "cannot be reached" in stopped.stderr
+
+    dead = {**env, "EXAMLOPS_MLFLOW__TRACKING_URI": f"http://127.0.0.1:{free_port()}"}
+    refused = exa(dead, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "cannot be reached" in refused.stderr
+
+    assert _production(store) == "1"
+    assert alias_events(env) == []  # nothing moved, so nothing was intended
+    verified = exa(env, "audit", "verify", "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert json.loads(verified.stdout)["aliases_unaccounted"] == []
+
+
+def test_a_move_is_intent_then_outcome_and_a_move_behind_the_trail_is_reported(
+    outage: tuple[MlflowServer, dict[str, str], str],
+) -> None:
+    _, env, store = outage
+    # No serving instance answers, so the command ends with exit 1 after the move (that move stays done).
+    moved = exa(env, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "2",
+                "--url", f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    assert moved.returncode == 1, moved.stdout + moved.stderr
+    assert "that move stays done" in moved.stderr
+    assert _production(store) == "2"
+    assert alias_events(env)[-2:] == [("alias.move_intended", "1", "2"), ("alias.moved", "1", "2")]
+    assert exa(env, "audit", "verify").returncode == 0
+
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=store, registry_uri=store).set_registered_model_alias(MODEL, "Production", "1")
+    verify = exa(env, "audit", "verify", "--json")
+    assert verify.returncode == 1
+    (line,) = json.loads(verify.stdout)["aliases_unaccounted"]
+    assert "last audited move put it at 2" in line and "registry has 1" in line
+
+    again = exa(env, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "2",
+                "--url", f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    assert "did not account for this alias" in again.stderr
+    assert exa(env, "audit", "verify").returncode == 0  # the new move is what the trail last says

@@ -1,0 +1,253 @@
+"""The dashboard's pages and actions through the serving app, with fakes at the dashboard's ports."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from html import unescape
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from examlops.api.app import create_app
+from examlops.core.settings import Settings
+from examlops.dashboard import DashboardSources, attach_sources
+from examlops.dashboard.ports import DriftPoint, FailureWindow
+from examlops.identity import IdentityResolver, IdentityService, Role
+from examlops.registry.catalog import load_catalog
+from examlops.tracing import TraceQuery, TraceRecord
+from tests.unit.dashboard.fakes import (
+    FixedDrift,
+    FixedFailures,
+    FixedLoops,
+    HotPipeline,
+    InMemoryAudit,
+    RecordingPromoter,
+)
+from tests.unit.identity.fakes import InMemoryIdentityStore
+from tests.unit.tracing.test_tracing import InMemoryTraceStore
+
+
+@dataclass
+class Site:
+    client: httpx.AsyncClient
+    pipeline: HotPipeline
+    service: IdentityService
+    audit: InMemoryAudit
+    promoter: RecordingPromoter
+    failures: FixedFailures
+
+    async def login(self, name: str, role: Role, models: tuple[str, ...] = ()) -> None:
+        _, issued = self.service.add(name, role, models=list(models))
+        reply = await self.client.post("/dashboard/login", data={"token": issued.token})
+        assert reply.status_code == 303, reply.text
+
+
+@pytest.fixture
+async def site(settings: Settings) -> AsyncIterator[Site]:
+    pipeline = HotPipeline(load_catalog(settings.catalog_path))
+    service = IdentityService(InMemoryIdentityStore())
+    audit = InMemoryAudit()
+    promoter = RecordingPromoter(audit)
+    failures = FixedFailures({"JPCP": FailureWindow("JPCP", 0.6, 50, 50, 120.0)})
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=IdentityResolver(service.store, 30.0))
+    attach_sources(
+        app,
+        DashboardSources(
+            audit=audit,
+            drift=FixedDrift([DriftPoint("JPCP", "prediction", "1", 1.7e9, 0.01, 0.05, True, "/r/a.html")]),
+            failures=failures,
+            loops=FixedLoops({"JPCP": {"phase": "canary", "share": 10, "note": "watching"}}),
+            promoter=promoter,
+            links={"mlflow": "http://127.0.0.1:18002", "prefect": "http://127.0.0.1:18003"},
+        ),
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://serving") as client:
+        yield Site(client, pipeline, service, audit, promoter, failures)
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_every_page_needs_a_login_and_the_form_sets_a_strict_httponly_cookie(site: Site) -> None:
+    for page in ("models", "drift", "control", "traces", "models/fragment"):
+        reply = await site.client.get(f"/dashboard/{page}")
+        assert reply.status_code == 303 and reply.headers["location"] == "/dashboard/login"
+    _, issued = site.service.add("ops", Role.OPERATOR)
+    reply = await site.client.post("/dashboard/login", data={"token": issued.token})
+    cookie = reply.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard" in cookie
+    assert issued.token not in cookie
+    assert (await site.client.get("/dashboard/models")).status_code == 200
+
+
+async def test_a_wrong_token_is_refused_and_opens_no_session(site: Site) -> None:
+    reply = await site.client.post("/dashboard/login", data={"token": "exa_0123456789abcdef_" + "x" * 43})
+    assert reply.status_code == 401 and "not valid" in reply.text
+    assert "set-cookie" not in reply.headers
+
+
+async def test_models_page_shows_each_alias_version_split_window_and_loop(site: Site) -> None:
+    site.pipeline.splits["JPCP"] = {"Production": 90, "Canary": 10}
+    await site.login("ops", Role.OPERATOR)
+    html = (await site.client.get("/dashboard/models")).text
+    assert re.search(r'id="version-JPCP-Production">1<', html)
+    assert re.search(r'id="version-CRCP-Canary">2<', html)
+    assert "run-JPCP-1" in html
+    assert "Production 90 %" in html and "Canary 10 %" in html
+    assert "0.60" in html and "threshold 0.5" in html and "120 s left" in html
+    assert "canary at 10 %" in html
+    assert 'href="http://127.0.0.1:18002/#/models/JPCP"' in html
+    assert 'id="promote-JPCP"' in html and 'id="set-split-JPCP"' in html
+
+
+async def test_a_caller_sees_only_its_models_no_actions_no_audit_and_no_traces(site: Site) -> None:
+    await site.login("robot", Role.CALLER, models=("JPCP",))
+    html = (await site.client.get("/dashboard/models")).text
+    assert 'id="model-JPCP"' in html and 'id="model-CRCP"' not in html
+    assert "2 model(s) are hidden" in html and "read-only" in html and 'id="promote-JPCP"' not in html
+    assert "needs the permission" not in html
+    control = (await site.client.get("/dashboard/control")).text
+    assert "need the permission <code>read_traces</code>" in control and 'id="audit"' not in control
+    traces = (await site.client.get("/dashboard/traces")).text
+    assert "Searching traces needs the permission" in traces
+
+
+async def test_a_failing_source_is_shown_in_place_not_as_an_error(site: Site) -> None:
+    site.failures.down = True
+    await site.login("ops", Role.OPERATOR)
+    reply = await site.client.get("/dashboard/models/fragment")
+    assert reply.status_code == 200 and "failure windows: redis is down" in reply.text
+
+
+async def test_an_operator_sets_a_split_after_confirming_and_it_names_the_identity(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get(
+        "/dashboard/confirm", params={"action": "split", "model": "jpcp", "production": "80", "canary": "20"}
+    )
+    assert confirm.status_code == 200 and "Production 80 % / Canary 20 %" in confirm.text
+    assert site.pipeline.traffic_set == []  # nothing happens before the confirmation
+    done = await site.client.post(
+        "/dashboard/actions",
+        data={"csrf": csrf_of(confirm.text), "action": "split", "model": "jpcp", "production": "80", "canary": "20"},
+    )
+    assert done.status_code == 200, done.text
+    assert site.pipeline.traffic_set == [("JPCP", "ops")]
+    assert site.pipeline.splits["JPCP"] == {"Production": 80, "Canary": 20}
+
+
+async def test_an_action_without_the_csrf_token_is_refused_and_does_nothing(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    reply = await site.client.post("/dashboard/actions", data={"csrf": "forged", "action": "reload", "model": "JPCP"})
+    assert reply.status_code == 403 and "CSRF" in reply.text
+    assert site.pipeline.reloads == []
+
+
+async def test_an_action_without_the_operator_permission_is_refused(site: Site) -> None:
+    await site.login("robot", Role.CALLER, models=("JPCP",))
+    page = (await site.client.get("/dashboard/models")).text
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
+    assert confirm.status_code == 403 and "lacks the permission 'promote'" in unescape(confirm.text)
+    reply = await site.client.post(
+        "/dashboard/actions", data={"csrf": csrf_of(page), "action": "promote", "model": "JPCP"}
+    )
+    assert reply.status_code == 403
+    assert site.promoter.asked == []
+
+
+async def test_a_promotion_goes_through_the_promoter_as_the_identity_and_is_audited(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
+    done = await site.client.post(
+        "/dashboard/actions", data={"csrf": csrf_of(confirm.text), "action": "promote", "model": "JPCP"}
+    )
+    assert done.status_code == 200 and "version 1 -> 2" in unescape(done.text)
+    assert site.promoter.asked == [("promote", "JPCP", "ops")]
+    control = (await site.client.get("/dashboard/control")).text
+    assert re.search(r"alias\.moved</td><td>JPCP</td><td class=\"actor\">ops<", control)
+    assert "intact: 1 events" in control
+
+
+async def test_a_bad_split_is_refused_with_the_services_message(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    reply = await site.client.get("/dashboard/confirm", params={"action": "split", "model": "JPCP", "canary": "x"})
+    assert reply.status_code == 400 and "whole number" in reply.text
+
+
+async def test_drift_page_lists_reports_and_charts_read_their_p_values(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    html = (await site.client.get("/dashboard/drift")).text
+    assert "DRIFT" in html and "/dashboard/drift/report?path=/r/a.html" in html
+    series = (await site.client.get("/dashboard/drift/series.json")).json()
+    assert series == {"JPCP": {"prediction": {"at": [1.7e9], "score": [0.01]}}}
+    assert (await site.client.get("/dashboard/drift/report", params={"path": "/etc/passwd"})).status_code == 404
+
+
+async def test_logout_ends_the_session(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    await site.client.post("/dashboard/logout")
+    assert (await site.client.get("/dashboard/models")).status_code == 303
+
+
+async def test_a_revoked_identity_loses_its_session(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    site.service.revoke("ops")
+    resolver = IdentityResolver(site.service.store, 30.0)
+    resolver.forget()
+    site.client._transport.app.state.identities = resolver  # type: ignore[attr-defined]  # ASGITransport
+    reply = await site.client.get("/dashboard/models")
+    assert reply.status_code == 303 and "expired" in reply.headers["location"]
+
+
+async def test_pages_load_only_their_own_assets(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    for page in ("models", "drift", "control", "traces"):
+        reply = await site.client.get(f"/dashboard/{page}")
+        assert "script-src 'self'" in reply.headers["content-security-policy"]
+        for src in re.findall(r'(?:src|href)="([^"]+)"', reply.text):
+            assert src.startswith(("/dashboard", "data:", "http://127.0.0.1:1800")), src
+    for name in ("htmx.min.js", "uPlot.iife.min.js", "uPlot.min.css", "dashboard.js", "dashboard.css"):
+        assert (await site.client.get(f"/dashboard/static/{name}")).status_code == 200
+    assert (await site.client.get("/dashboard/static/../routes.py")).status_code == 404
+
+
+async def test_with_authentication_off_pages_open_a_session_as_the_system_caller(settings: Settings) -> None:
+    app = create_app(settings, HotPipeline(load_catalog(settings.catalog_path)), CollectorRegistry(), identities=None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        reply = await client.get("/dashboard/models")
+        assert reply.status_code == 200 and "authentication off" in reply.text
+        assert "system:auth-off" in reply.text and "set-cookie" in reply.headers
+
+
+class QueriedTraces(InMemoryTraceStore):
+    """Remembers the queries it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries: list[TraceQuery] = []
+
+    def find(self, query: TraceQuery) -> list[TraceRecord]:
+        self.queries.append(query)
+        return super().find(query)
+
+
+async def test_trace_search_passes_each_filter_and_shows_what_the_store_found(settings: Settings) -> None:
+    traces = QueriedTraces()
+    traces.add([TraceRecord("t" * 32, 1.7e9, "http", "failed", "inference_failed", model="JPCP", identity="robot")])
+    service = IdentityService(InMemoryIdentityStore())
+    app = create_app(settings, HotPipeline(load_catalog(settings.catalog_path)), CollectorRegistry(),
+                     identities=IdentityResolver(service.store, 30.0), traces=traces)  # fmt: skip
+    _, issued = service.add("ops", Role.OPERATOR)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        await client.post("/dashboard/login", data={"token": issued.token})
+        reply = await client.get(
+            "/dashboard/traces", params={"identity": "robot", "model": "JPCP", "outcome": "failed", "task": ""}
+        )
+    assert reply.status_code == 200 and "inference_failed" in reply.text and "robot" in reply.text
+    assert traces.queries == [TraceQuery(identity="robot", model="JPCP", outcome="failed", limit=50)]
