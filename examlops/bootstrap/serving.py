@@ -58,7 +58,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
     from examlops.dashboard import attach_sources
-    from examlops.registry.loader import load_sklearn_model
+    from examlops.registry.loader import WARM_MODULES, load_sklearn_model
     from examlops.serving.pipeline import Pipeline
     from examlops.serving.pool import ProcessPredictPool
     from examlops.serving.traffic_store import SqlTrafficRuleStore
@@ -73,7 +73,8 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     tracer = call_tracer(settings, engine, metrics, in_child=True)
     if runtime is None:
         workers, timeout_s = settings.predict.workers, settings.predict.timeout_s
-        runtime = ProcessPredictPool(load_sklearn_model, workers=workers, timeout_s=timeout_s)
+        warm = ("examlops.serving.pool_worker", *WARM_MODULES)
+        runtime = ProcessPredictPool(load_sklearn_model, workers=workers, timeout_s=timeout_s, preload=warm)
     pipeline = Pipeline(
         settings,
         models,

@@ -3,13 +3,19 @@
 Shared by the predict pool's workers and the bridge's recording child.
 
 - ``CONTEXT`` is the "spawn" context: the parents run event loops and threads, so fork is unsafe.
-- ``start_child(target, args, name=...)`` returns a started daemon process; ``OSError`` when it cannot start.
+- ``warm_context(preload)`` is a "forkserver" context instead, where the platform has one: a clean
+  single-threaded server process imports ``preload`` once and forks every child from itself, so a child
+  starts with those modules in memory (shared copy-on-write) and none of its parent's threads. Spawn where
+  there is no forkserver (Windows). ``warm_up(context)`` waits until that server has imported them.
+- ``start_child(target, args, name=..., context=...)`` returns a started daemon process; ``OSError`` when it
+  cannot start.
 - ``stop_child(process, timeout_s, ask=...)`` sends SIGTERM when ``ask`` (else only waits: a child that
   exits by itself, on EOF), SIGKILLs it after ``timeout_s``, reaps it and releases its handles; its exit
   code (negative: the signal that ended it).
 - In the child: ``lower_priority(nice)`` once its start-up is done (start-up at normal priority, so a busy
   machine does not leave a new child starting for long), ``exit_with_parent(pid)`` (a thread that ends
-  the child within ``PARENT_CHECK_S`` of its parent's death, even mid-work).
+  the child within ``PARENT_CHECK_S`` of its parent's death, even mid-work; a forkserver's child sees the
+  server as its parent, so it watches both: the server exits when the parent does).
 - ``Heartbeat`` and ``Flag``: shared memory between parent and child (a time the child sets; a flag the
   parent sets), so neither a lock nor a pipe can leave one side waiting on a dead other.
 - ``KeptAlive`` supervises one long-lived child: ``check()`` (call it periodically) starts it again after
@@ -26,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any, NoReturn, Protocol
 
@@ -33,16 +40,39 @@ from examlops.core.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
-CONTEXT = multiprocessing.get_context("spawn")
+ChildContext = SpawnContext | ForkServerContext
+CONTEXT: ChildContext = multiprocessing.get_context("spawn")
 PARENT_CHECK_S = 0.5
 KILL_WAIT_S = 5.0
 RESTART = Backoff(1.0, 30.0)
 """The delay before a child is started again, doubling while children keep dying young."""
 
 
-def start_child(target: Callable[..., object], args: Sequence[Any], *, name: str) -> BaseProcess:
+def warm_context(preload: Sequence[str]) -> ChildContext:
+    """A context whose children fork from a server that imported ``preload`` (and the main module) once."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return CONTEXT
+    context = multiprocessing.get_context("forkserver")
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    # A child imports the parent's main module by name when it is not the server's (python -m ...): warm it too.
+    named_main = [main.name] if main is not None and main.name else []
+    context.set_forkserver_preload(["__main__", *named_main, *preload])
+    return context
+
+
+def warm_up(context: ChildContext) -> None:
+    """Start ``context``'s fork server and wait until it imported its modules (blocks: call it off the loop)."""
+    process = context.Process(target=exit_now, args=(0,), name="examlops-warm-up", daemon=True)
+    process.start()
+    process.join()
+    process.close()
+
+
+def start_child(
+    target: Callable[..., object], args: Sequence[Any], *, name: str, context: ChildContext = CONTEXT
+) -> BaseProcess:
     """A started daemon process running ``target(*args)`` (its arguments are pickled: no secrets in them)."""
-    process = CONTEXT.Process(target=target, args=tuple(args), name=name, daemon=True)
+    process = context.Process(target=target, args=tuple(args), name=name, daemon=True)
     process.start()
     return process
 
@@ -77,12 +107,26 @@ def lower_priority(nice: int) -> None:
 def exit_with_parent(parent_pid: int) -> None:
     """Start a thread that exits this process once its parent (``parent_pid``) is gone."""
 
+    server = os.getppid()  # the parent itself, or the fork server it asked for this child
+
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == server and (server == parent_pid or _alive(parent_pid)):
             time.sleep(PARENT_CHECK_S)
         exit_now(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:  # kill(0 or -1, 0) would ask about a whole group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def exit_now(code: int) -> NoReturn:

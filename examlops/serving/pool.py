@@ -8,7 +8,9 @@ what, and what replaces a lost one, is decided here.
 
 Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 
-- ``start()`` spawns ``workers`` processes plus one warm spare and returns once all answer.
+- ``start()`` spawns ``workers`` processes plus one warm spare and returns once all answer. With ``preload``
+  (module names), they fork from a warm fork server that imported those modules once (``core.children``),
+  off the event loop, instead of each starting a fresh interpreter.
 - ``load(key, location)``: every worker, the spare, and every worker started later runs
   ``loader(location)``, one worker at a time so that the others keep predicting.
   ``ModelLoadError`` naming the key and the cause when it raises in a worker (the first failure
@@ -45,12 +47,13 @@ import asyncio
 import collections
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from examlops.core.children import CONTEXT, ChildContext, warm_context, warm_up
 from examlops.core.errors import (
     ExamlopsError,
     InferenceTimeout,
@@ -74,10 +77,14 @@ REAP_TIMEOUT_S = 5.0
 class ProcessPredictPool:
     """A ``PredictRuntime`` on worker processes; the module docstring states the contract."""
 
-    def __init__(self, loader: ModelLoader, *, workers: int = 4, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, loader: ModelLoader, *, workers: int = 4, timeout_s: float = 30.0, preload: Sequence[str] = ()
+    ) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be at least 1 and timeout_s positive")
         self._loader, self._size, self._timeout_s = loader, workers, timeout_s
+        self._preload = tuple(preload)
+        self._context: ChildContext = CONTEXT
         self._active: list[Worker] = []
         self._spare: Worker | None = None
         self._idle: collections.deque[Worker] = collections.deque()
@@ -96,6 +103,9 @@ class ProcessPredictPool:
             raise RuntimeError("the predict pool was already started")
         self._loop = asyncio.get_running_loop()
         try:
+            if self._preload:
+                self._context = warm_context(self._preload)
+                await asyncio.to_thread(warm_up, self._context)  # the server's imports, off the loop
             while len(self._active) < self._size:
                 self._active.append(self._spawn())
             self._spare = self._spawn()
@@ -208,7 +218,7 @@ class ProcessPredictPool:
         self._idle.append(worker)
 
     def _spawn(self) -> Worker:
-        worker = Worker.spawn(self._loader)
+        worker = Worker.spawn(self._loader, self._context)
         loop = self._running_loop()
         loop.add_reader(worker.conn.fileno(), self._guarded, self._on_reply, worker)
         loop.add_reader(worker.process.sentinel, self._guarded, self._retire, worker, "the predict worker exited")

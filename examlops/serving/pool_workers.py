@@ -4,8 +4,8 @@
 The pool (``pool.ProcessPredictPool``) decides which worker takes a call and what replaces a lost one;
 a ``Worker`` only moves requests and replies:
 
-- ``Worker.spawn(loader)`` starts the process (``core.children``, running ``pool_worker.serve``);
-  ``OSError`` when it cannot start.
+- ``Worker.spawn(loader, context)`` starts the process (``core.children``, running ``pool_worker.serve``) in
+  ``context`` (spawned, or forked from the pool's warm fork server); ``OSError`` when it cannot start.
 - ``send(request_id, op, key, argument)`` registers a future for the request and writes it to the pipe;
   ``OSError`` or ``ValueError`` when the pipe is broken or closed (the future stays registered, so that
   ``fail`` settles it).
@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from examlops.core.children import CONTEXT, start_child, stop_child
+from examlops.core.children import CONTEXT, ChildContext, start_child, stop_child
 from examlops.core.errors import ExamlopsError, InferenceFailed, ModelLoadError, VersionNotFound
 from examlops.serving import pool_worker
 from examlops.serving.ports import ModelLoader
@@ -67,10 +67,11 @@ class Worker:
     retired: bool = False
 
     @classmethod
-    def spawn(cls, loader: ModelLoader) -> Worker:
-        parent_end, child_end = CONTEXT.Pipe()
+    def spawn(cls, loader: ModelLoader, context: ChildContext = CONTEXT) -> Worker:
+        parent_end, child_end = context.Pipe()
         try:
-            process = start_child(pool_worker.serve, (child_end, loader, os.getpid()), name="examlops-predict-worker")
+            args = (child_end, loader, os.getpid())
+            process = start_child(pool_worker.serve, args, name="examlops-predict-worker", context=context)
         except BaseException:
             parent_end.close()
             raise

@@ -107,6 +107,10 @@ class ServingProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def close_log(self) -> None:
+        """For a process that was killed rather than stopped: close its log file."""
+        self._log.close()
+
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

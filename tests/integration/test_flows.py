@@ -293,3 +293,47 @@ def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapsh
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["retention"])))
     assert artifacts and artifacts[0].type == "table"
+
+
+def test_the_work_pool_form_deploys_with_prefect_deploy_and_a_process_worker_runs_a_flow(
+    plane: Plane, tmp_path: Path, redis_server: str
+) -> None:
+    """The several-machines form of prefect.yaml, as a user runs it: `prefect work-pool create`, `prefect deploy
+    --all`, then `prefect worker start --run-once` in another process picks up a run of ``retention/retention``.
+    The worker gets a state folder and a Redis database of its own, as a worker on another machine would."""
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL
+
+    from examlops.flows.deployments import default_path
+
+    prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+    home = tmp_path / "worker-state"
+    home.mkdir()
+    worker_redis = redis_server.rsplit("/", 1)[0] + "/7"
+    upgrade_database(Settings(home=home, redis={"url": worker_redis}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "EXAMLOPS_HOME": str(home)}
+    env |= {"EXAMLOPS_REDIS__URL": worker_redis}
+
+    def prefect_cli(*args: str, timeout: float = 120) -> str:
+        done = subprocess.run([*prefect, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"prefect {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    prefect_cli("work-pool", "create", "examlops", "--type", "process")
+    prefect_cli("deploy", "--all", "--prefect-file", str(default_path()))
+    with get_client(sync_client=True) as client:
+        deployments = {d.name: d for d in client.read_deployments() if d.work_pool_name == "examlops"}
+        assert set(deployments) == {"drift-report", "retrain", "canary-analysis", "promote", "retention"}
+        assert deployments["retention"].entrypoint == "examlops.flows.retention:retention_flow"
+        assert deployments["retention"].pull_steps in (None, [])
+        run = client.create_flow_run_from_deployment(deployments["retention"].id)
+
+    prefect_cli("worker", "start", "--pool", "examlops", "--type", "process", "--run-once", timeout=240)
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+    assert state is not None and state.type == StateType.COMPLETED, state

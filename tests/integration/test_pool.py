@@ -92,11 +92,12 @@ def run_with_pool(
     loader: Callable[[str], Any] = load_scripted,
     workers: int = 1,
     timeout_s: float = 30.0,
+    preload: tuple[str, ...] = (),
 ) -> None:
     """Start a pool, run the scenario against it, close the pool whatever happened."""
 
     async def main() -> None:
-        pool = ProcessPredictPool(loader, workers=workers, timeout_s=timeout_s)
+        pool = ProcessPredictPool(loader, workers=workers, timeout_s=timeout_s, preload=preload)
         await pool.start()
         try:
             await scenario(pool)
@@ -293,3 +294,54 @@ def test_a_worker_exits_when_its_parent_is_gone_or_closes_the_pipe() -> None:
             parent_end.close()
         process.close()
     assert exits == [1, 0]
+
+
+def test_a_warm_pool_forks_its_workers_from_a_server_that_imported_the_preload_and_never_mlflow() -> None:
+    """The warm form serving uses: workers forked from a fork server (not our children, no fresh interpreter)
+    that imported the preload once; they predict, time out and get replaced as spawned ones do."""
+    preload = ("examlops.serving.pool_worker", "tests.integration.test_pool", "sklearn.linear_model")
+
+    async def scenario(pool: ProcessPredictPool) -> None:
+        await pool.load("pid", "pid")
+        await pool.load("linear/1", "linear")
+        pid = await worker_pid(pool)
+        worker = psutil.Process(pid)
+        assert worker.ppid() != os.getpid()  # forked by the server, not started by us
+        assert "spawn_main" not in " ".join(worker.cmdline())
+        np.testing.assert_allclose(await pool.predict("linear/1", ROWS), linear(ROWS))
+        await pool.load("modules", "modules")
+        loaded = set((await pool.predict("modules", ROWS)).tolist())
+        assert loaded == {1.0}  # sklearn.linear_model was there before the worker imported anything
+        await pool.load("slow", "sleep:30")
+        with pytest.raises(InferenceTimeout):
+            await pool.predict("slow", ROWS)
+        assert await worker_pid(pool) != pid
+
+    run_with_pool(scenario, loader=load_warm, workers=1, timeout_s=1.0, preload=preload)
+
+
+class ModulesModel:
+    """Predicts 1.0 when sklearn.linear_model and no mlflow are in memory, else 0.0."""
+
+    def predict(self, rows: np.ndarray) -> Any:
+        import sys
+
+        warm = "sklearn.linear_model" in sys.modules and "mlflow" not in sys.modules
+        return np.full(len(rows), 1.0 if warm else 0.0)
+
+
+def load_warm(location: str) -> Any:
+    return ModulesModel() if location == "modules" else load_scripted(location)
+
+
+def test_a_forked_worker_exits_when_its_parent_is_gone() -> None:
+    """A fork server's child sees the server as its parent: it watches the pid it was given as well."""
+    ctx = multiprocessing.get_context("forkserver")
+    parent_end, child_end = ctx.Pipe()
+    process = ctx.Process(target=pool_worker.serve, args=(child_end, load_scripted, 2**22 + 1), daemon=True)
+    process.start()
+    child_end.close()
+    process.join(timeout=20)
+    parent_end.close()
+    assert process.exitcode == 1
+    process.close()
