@@ -7,7 +7,6 @@ canary-analysis deployment), format. Exit codes from ``output.py``: 2 bad input,
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated, Any
 
@@ -133,23 +132,11 @@ def start(
 
 
 def _start_via_prefect(settings: Settings, model: str, share: int | None, as_json: bool) -> None:
-    from examlops.flows.wiring import prefect_environment
+    from examlops.cli.deployments import start_run
 
-    prefect_environment(settings)
-    from prefect.deployments import run_deployment
-
-    parameters: dict[str, Any] = {"model": model, "share": share}
-    try:
-        run = run_deployment("canary-analysis/canary-analysis", parameters=parameters, timeout=0, as_subflow=False)
-    except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there
-        fail(f"Prefect at {settings.prefect_api_url} did not start a canary analysis: {type(exc).__name__}: {exc}", 3)
-    assert not asyncio.iscoroutine(run)  # run_deployment is sync outside an event loop
-    ui = settings.prefect_api_url.removesuffix("/api")
-    if as_json:
-        print_json({"flow_run_id": str(run.id), "name": run.name, "url": f"{ui}/runs/flow-run/{run.id}"})
-    else:
-        console.print(f"canary analysis of {model} started: flow run {run.name} at {ui}/runs/flow-run/{run.id}; "
-                      f"follow it with `exa loop status {model}`", highlight=False)  # fmt: skip
+    follow = f"follow it with `exa loop status {model}`"
+    start_run(settings, "canary-analysis/canary-analysis", {"model": model, "share": share},
+              what=f"canary analysis of {model}", as_json=as_json, follow=follow)  # fmt: skip
 
 
 @canary_app.command("abort")

@@ -7,12 +7,11 @@ run exits with code 3.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 import typer
 
-from examlops.cli.output import JsonOption, console, errors_as_exit, fail, load_settings, print_json
+from examlops.cli.output import JsonOption, console, errors_as_exit, load_settings, print_json
 from examlops.core.settings import Settings
 
 
@@ -87,20 +86,8 @@ def retrain(
 def _retrain_via_prefect(
     settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool, actor: str
 ) -> None:
-    from examlops.flows.wiring import prefect_environment
-
-    prefect_environment(settings)
-    from prefect.deployments import run_deployment
+    from examlops.cli.deployments import start_run
 
     parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
     parameters |= {"data_shift": shift, "seed": seed, "actor": actor, "source": "operator"}
-    try:
-        run = run_deployment("retrain/retrain", parameters=parameters, timeout=0, as_subflow=False)
-    except Exception as exc:  # httpx errors, ObjectNotFound: Prefect or the deployment is not there
-        fail(f"Prefect at {settings.prefect_api_url} did not start a retrain run: {type(exc).__name__}: {exc}", 3)
-    assert not asyncio.iscoroutine(run)  # run_deployment is sync outside an event loop
-    ui = settings.prefect_api_url.removesuffix("/api")
-    if as_json:
-        print_json({"flow_run_id": str(run.id), "name": run.name, "url": f"{ui}/runs/flow-run/{run.id}"})
-    else:
-        console.print(f"retrain of {model} started: flow run {run.name} at {ui}/runs/flow-run/{run.id}")
+    start_run(settings, "retrain/retrain", parameters, what=f"retrain of {model}", as_json=as_json)
