@@ -13,6 +13,7 @@ running / a service not well, 2 a setting that cannot be used (a taken port),
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -187,8 +188,10 @@ def _up_detached(settings: Settings, *, no_seed: bool, timeout: float, skip: lis
     raise typer.Exit(UNAVAILABLE)
 
 
-def down(timeout: TimeoutOption = 60.0) -> None:
-    """Stop what `exa up` started: SIGTERM its supervisor, then SIGKILL any process group left behind."""
+def down(timeout: TimeoutOption = 180.0) -> None:
+    """Stop what `exa up` started: SIGTERM its supervisor, which stops each service in turn (serving drains its
+    requests in flight first), then end anything left behind: each main process first, then its group.
+    The default wait covers every service's stop grace one after another."""
     from examlops.platform.process import group_alive, kill_group, pid_alive
     from examlops.platform.up_state import STATE_FILE, UpState, supervisor_running
 
@@ -209,10 +212,18 @@ def down(timeout: TimeoutOption = 60.0) -> None:
             err_console.print(f"exa up (pid {state.supervisor_pid}) did not stop in {timeout:.0f} s: killing it")
             os.kill(state.supervisor_pid, signal.SIGKILL)
     leftovers = [r for r in state.services if r.pgid is not None and group_alive(r.pgid)]
+    for record in leftovers:  # the main process first, as the supervisor does: serving drains, then its workers go
+        err_console.print(f"{record.name} (group {record.pgid}) was left running: stopping it")
+        if record.pid is not None and pid_alive(record.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while any(r.pid is not None and pid_alive(r.pid) for r in leftovers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for record in leftovers:
         assert record.pgid is not None
-        err_console.print(f"{record.name} (group {record.pgid}) was left running: stopping it")
-        kill_group(record.pgid, signal.SIGTERM)
+        if group_alive(record.pgid):
+            kill_group(record.pgid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while any(group_alive(r.pgid) for r in leftovers if r.pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
