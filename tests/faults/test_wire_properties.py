@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from examlops.bus import wire
+from examlops.bus import replies, wire
 
 NOW = time.time()
 KEY, OTHER_KEY = b"k" * 32, b"o" * 32
@@ -112,15 +112,15 @@ def test_any_mapping_of_texts_is_a_job_or_malformed_never_a_crash(raw: dict[str,
 @PROFILE
 @given(job_ids, json_values, st.integers(0, 599))
 def test_a_reply_verifies_only_as_signed(job_id: str, body: Any, status: int) -> None:
-    fields = wire.reply_fields(KEY_ID, KEY, job_id, {"value": body}, status)
-    assert wire.verify_reply(KEY_ID, KEY, fields) == (job_id, {"value": body})
-    assert wire.verify_reply(KEY_ID, OTHER_KEY, fields) is None
-    assert wire.verify_reply("another-key-id", KEY, fields) is None
+    fields = replies.reply_fields(KEY_ID, KEY, job_id, {"value": body}, status)
+    assert replies.verify_reply(KEY_ID, KEY, fields) == (job_id, {"value": body})
+    assert replies.verify_reply(KEY_ID, OTHER_KEY, fields) is None
+    assert replies.verify_reply("another-key-id", KEY, fields) is None
     for name in fields:
-        assert wire.verify_reply(KEY_ID, KEY, {**fields, name: fields[name] + "x"}) is None
+        assert replies.verify_reply(KEY_ID, KEY, {**fields, name: fields[name] + "x"}) is None
 
 
 @PROFILE
 @given(st.dictionaries(st.sampled_from(["job_id", "status", "body", "key", "sig", "x"]), st.text(max_size=40)))
 def test_any_mapping_of_texts_is_a_reply_or_none_never_a_crash(raw: dict[str, str]) -> None:
-    assert wire.verify_reply(KEY_ID, KEY, raw) is None  # unsigned: it cannot verify
+    assert replies.verify_reply(KEY_ID, KEY, raw) is None  # unsigned: it cannot verify
