@@ -250,9 +250,11 @@ def test_dashboard_in_chromium(
         if weight:
             field.send_keys(weight)
     browser.find_element(By.ID, "set-split-JPCP").click()
+    wait_for(browser, lambda d: d.find_elements(By.ID, "confirm"))  # the click loads the confirmation page
     assert "Production 70 % / Canary 30 %" in browser.find_element(By.ID, "description").text
     screenshot(browser, shots / "confirm.png")
     browser.find_element(By.ID, "confirm").click()
+    wait_for(browser, lambda d: d.find_elements(By.ID, "result"))
     assert "traffic split is now" in browser.find_element(By.ID, "result").text
     assert platform.exa("serve", "traffic", "JPCP")["weights"] == {"Production": 70, "Canary": 30}
 
@@ -260,6 +262,7 @@ def test_dashboard_in_chromium(
     browser.get(f"{base}/dashboard/models")
     canary = browser.find_element(By.ID, "version-AC-Canary").text
     browser.find_element(By.ID, "promote-AC").click()
+    wait_for(browser, lambda d: d.find_elements(By.ID, "confirm"))
     browser.find_element(By.ID, "confirm").click()
     wait_for(browser, lambda d: d.find_elements(By.ID, "result"), timeout_s=90)
     assert f"-> {canary}" in browser.find_element(By.ID, "result").text
