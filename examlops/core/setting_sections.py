@@ -1,7 +1,8 @@
 """The sections of the settings object: one ``BaseModel`` each (``EXAMLOPS_<SECTION>__<NAME>``).
 
 Every section forbids unknown keys and is frozen; each field's docstring is what `exa config show` prints.
-The settings object itself, and the rules across sections, are ``examlops.core.settings``.
+The settings object itself, and the rules across sections, are ``examlops.core.settings``; the control
+plane's sections (the closed loop, `exa up`) are ``examlops.core.control_sections``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", frozen=True)
 
 
-class HttpSettings(_Section):
+class HttpSettings(Section):
     """The bridge's HTTP client to the inference pipeline (seed 000, step 3)."""
 
     connect_timeout_s: float = Field(5.0, gt=0)
@@ -25,7 +26,7 @@ class HttpSettings(_Section):
     """Seconds to wait for the pipeline's reply; the hop is never retried."""
 
 
-class BatchSettings(_Section):
+class BatchSettings(Section):
     """The feature transformer's micro-batches (seed 000, step 5)."""
 
     max_size: int = Field(32, ge=1)
@@ -34,7 +35,7 @@ class BatchSettings(_Section):
     """A batch is flushed this many milliseconds after its first request at the latest."""
 
 
-class TrafficSettings(_Section):
+class TrafficSettings(Section):
     """The model router (seed 000, step 6)."""
 
     rules_ttl_s: float = Field(30.0, ge=0)
@@ -43,7 +44,7 @@ class TrafficSettings(_Section):
     """Retries of a routed prediction after a transport error."""
 
 
-class PredictSettings(_Section):
+class PredictSettings(Section):
     """The predict pool (seed 000, step 7)."""
 
     workers: int = Field(4, ge=1)
@@ -52,7 +53,7 @@ class PredictSettings(_Section):
     """Hard limit of one prediction; past it the request gets a 504 and the worker is replaced."""
 
 
-class AdmissionSettings(_Section):
+class AdmissionSettings(Section):
     """Latency budgets and admission control at the ingress (seed 001)."""
 
     enabled: bool = True
@@ -67,7 +68,7 @@ class AdmissionSettings(_Section):
     """The ``Retry-After`` of an early refusal when the queue gives no better hint (seconds)."""
 
 
-class JobsSettings(_Section):
+class JobsSettings(Section):
     """Offline jobs (seed 001): run by serving in the gaps around interactive calls."""
 
     rest: float = Field(1.0, ge=0)
@@ -84,7 +85,7 @@ class JobsSettings(_Section):
     many rows behind a job, so keep it below ``batch.max_size``. A job keeps the size it was submitted with."""
 
 
-class HotSetSettings(_Section):
+class HotSetSettings(Section):
     """Models kept in memory and how they follow MLflow (seed 000, steps 7 and 11)."""
 
     version_cache_size: int = Field(8, ge=0)
@@ -95,7 +96,7 @@ class HotSetSettings(_Section):
     """The aliases loaded at start-up, for every model that has them."""
 
 
-class FailureSettings(_Section):
+class FailureSettings(Section):
     """The bridge's retrain trigger (seed 000, step 10)."""
 
     window: int = Field(50, ge=1)
@@ -106,49 +107,7 @@ class FailureSettings(_Section):
     """Seconds after a retrain request during which no other is made for that model."""
 
 
-class LoopSettings(_Section):
-    """The closed loop: the canary analysis after a retrain, its gates, and the guard after a promotion."""
-
-    auto_canary: bool = True
-    """Whether a retrain that points Canary at a better candidate starts the canary analysis itself."""
-    canary_share: int = Field(10, ge=1, le=50)
-    """Percent of the default alias's traffic sent to Canary during an analysis."""
-    min_requests: int = Field(100, ge=1)
-    """Calls Canary must answer or fail within the window before the analysis decides."""
-    min_seconds: float = Field(60.0, ge=0)
-    """Seconds the window lasts at least, however much traffic came."""
-    max_seconds: float = Field(900.0, gt=0)
-    """Seconds after which an analysis without enough traffic ends undecided and changes nothing."""
-    poll_s: float = Field(5.0, gt=0)
-    """Seconds between two looks at the figures."""
-    failure_margin: float = Field(0.02, ge=0, le=1)
-    """Canary passes when its model-failure rate exceeds Production's by at most this much."""
-    max_failure_rate: float = Field(0.1, ge=0, le=1)
-    """Canary never passes with a model-failure rate above this, however badly Production does."""
-    p99_ratio: float = Field(1.2, ge=1)
-    """Canary passes when its p99 latency is at most this many times Production's (plus ``p99_slack_ms``)."""
-    p99_min_answers: int = Field(300, ge=1)
-    """Canary answers below which the latency gate compares p95 (a p99 of fewer calls is mostly noise)."""
-    p99_slack_ms: float = Field(10.0, ge=0)
-    """Milliseconds added to the p99 bound, so that a millisecond of noise on a fast model decides nothing."""
-    drift_p_value: float = Field(0.05, gt=0, lt=1)
-    """Canary fails when its predictions differ from Production's in the same window (K-S p below this)."""
-    drift_min_distance: float = Field(0.1, ge=0, le=1)
-    """The K-S distance below which a difference in predictions is too small to count as drift."""
-    drift_min_rows: int = Field(30, ge=2)
-    """Bus predictions each version needs in the window before the drift gate is judged (else not judged)."""
-    refusal_margin: float = Field(0.02, ge=0, le=1)
-    """Canary passes when its share of late budget refusals exceeds Production's by at most this much."""
-    rollback_min_calls: int = Field(20, ge=1)
-    """Calls the promoted version must have answered or failed since its promotion before a failure trigger
-    within the grace period can blame it and roll it back."""
-    grace_s: float = Field(600.0, ge=0)
-    """Seconds after the loop's promotion during which the failure trigger rolls the promotion back."""
-    lease_s: float = Field(120.0, gt=0)
-    """Seconds a loop holds its model without a sign of life before another run may take it over."""
-
-
-class AuditSettings(_Section):
+class AuditSettings(Section):
     """The audit trail's signed checkpoints in SQL (seed 000, step 9)."""
 
     checkpoint_every: int = Field(1000, ge=1)
@@ -157,7 +116,7 @@ class AuditSettings(_Section):
     """And at least this often, in seconds, while events arrive."""
 
 
-class RecordingSettings(_Section):
+class RecordingSettings(Section):
     """How bus jobs are recorded (seed 000, step 9): the records stream and the bridge's recording child."""
 
     nice: int = Field(19, ge=0, le=19)
@@ -176,7 +135,7 @@ class RecordingSettings(_Section):
     """Drift snapshots older than this are trimmed by the retention flow, whether the drift flow read them or not."""
 
 
-class TracingSettings(_Section):
+class TracingSettings(Section):
     """The trace of every call (issue 16): one SQL row per HTTP or bus call, written off the request path."""
 
     enabled: bool = True
@@ -207,7 +166,7 @@ class TracingSettings(_Section):
         return self
 
 
-class BusSettings(_Section):
+class BusSettings(Section):
     """The Redis bus and its bridges (seed 000, steps 1-3 and 8)."""
 
     concurrency: int = Field(64, ge=1)
@@ -227,7 +186,7 @@ class BusSettings(_Section):
     (httpx's own, ~0.27 of aiohttp's bus throughput at c=32: bench/RESULTS.md)."""
 
 
-class AuthSettings(_Section):
+class AuthSettings(Section):
     """Identities and their bearer tokens (issue 16): who may call which task and model, and take which action."""
 
     enabled: bool = True
@@ -239,7 +198,7 @@ class AuthSettings(_Section):
     """Seconds the old token stays valid after `exa identity rotate` when --grace is not given."""
 
 
-class ServingSettings(_Section):
+class ServingSettings(Section):
     """The serving process (FastAPI on uvicorn, or on Ray Serve)."""
 
     engine: Literal["uvicorn", "ray"] = "uvicorn"
@@ -278,7 +237,7 @@ class ServingSettings(_Section):
         return self.instances or (self.local_url,)
 
 
-class LogSettings(_Section):
+class LogSettings(Section):
     """The log files under the state folder (``logs/``): every service's, rotated by size."""
 
     max_bytes: int = Field(10 * 1024 * 1024, ge=4096)
@@ -287,7 +246,7 @@ class LogSettings(_Section):
     """Rotated files kept per log (``serving.log.1`` ... ``.5``); the oldest is deleted."""
 
 
-class RedisSettings(_Section):
+class RedisSettings(Section):
     """The Redis server that carries the bus, snapshots and audit trail."""
 
     url: str | None = None
@@ -296,7 +255,7 @@ class RedisSettings(_Section):
     """Port of the embedded redis-server on 127.0.0.1."""
 
 
-class MlflowSettings(_Section):
+class MlflowSettings(Section):
     """The MLflow registry and its UI."""
 
     tracking_uri: str | None = None
@@ -310,21 +269,7 @@ class MlflowSettings(_Section):
     with backoff that adds up to minutes. A call then fails within about (max_retries + 1) x timeout_s + 2 s."""
 
 
-class UpSettings(_Section):
-    """How `exa up` keeps its services running."""
-
-    restart_limit: int = Field(5, ge=0)
-    """Restarts of one service allowed within ``restart_window_s``; one more exit and it counts as failing:
-    `exa up` then stops the platform (or, for the MLflow UI, which serving does not need, leaves it stopped)."""
-    restart_window_s: float = Field(300.0, gt=0)
-    """The window, in seconds, over which a service's exits are counted."""
-    restart_backoff_s: float = Field(1.0, gt=0)
-    """Seconds before the first restart of a service; doubled for each further exit within the window."""
-    restart_backoff_cap_s: float = Field(30.0, gt=0)
-    """The longest wait before a restart."""
-
-
-class PrefectSettings(_Section):
+class PrefectSettings(Section):
     """The Prefect server that runs the control-plane flows."""
 
     api_url: str | None = None
@@ -333,7 +278,7 @@ class PrefectSettings(_Section):
     """Port of the embedded Prefect server and its UI."""
 
 
-class RaySettings(_Section):
+class RaySettings(Section):
     """The Ray Serve engine (``serving.engine=ray``): the cluster and each model deployment's replicas."""
 
     address: str | None = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from examlops.core.control_sections import LoopSettings, UpSettings
 from examlops.core.setting_sections import (
     AdmissionSettings,
     AuditSettings,
@@ -27,7 +28,6 @@ from examlops.core.setting_sections import (
     HttpSettings,
     JobsSettings,
     LogSettings,
-    LoopSettings,
     MlflowSettings,
     PredictSettings,
     PrefectSettings,
@@ -37,7 +37,6 @@ from examlops.core.setting_sections import (
     ServingSettings,
     TracingSettings,
     TrafficSettings,
-    UpSettings,
 )
 
 ENV_PREFIX = "EXAMLOPS_"

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from examlops.core.control_sections import UpSettings
 from examlops.core.errors import ServiceExited, ServiceStartFailed
-from examlops.core.setting_sections import UpSettings
 from examlops.platform.restarts import RestartBudget
 from examlops.platform.services import ServiceSpec
 from examlops.platform.up_state import ServiceRecord

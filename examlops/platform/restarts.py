@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from examlops.core.backoff import Backoff
-from examlops.core.setting_sections import UpSettings
+from examlops.core.control_sections import UpSettings
 
 
 class RestartBudget:

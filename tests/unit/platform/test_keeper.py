@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from examlops.core.control_sections import UpSettings
 from examlops.core.errors import ServiceExited, ServiceStartFailed
-from examlops.core.setting_sections import UpSettings
 from examlops.platform.keeper import Keeper
 from examlops.platform.restarts import RestartBudget
 from examlops.platform.services import ServiceSpec
