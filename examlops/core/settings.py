@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from examlops.core.control_sections import LoopSettings, UpSettings
+from examlops.core.server_sections import MlflowSettings, PrefectSettings, RaySettings, RedisSettings
 from examlops.core.setting_sections import (
     AdmissionSettings,
     AuditSettings,
@@ -28,12 +29,8 @@ from examlops.core.setting_sections import (
     HttpSettings,
     JobsSettings,
     LogSettings,
-    MlflowSettings,
     PredictSettings,
-    PrefectSettings,
-    RaySettings,
     RecordingSettings,
-    RedisSettings,
     ServingSettings,
     TracingSettings,
     TrafficSettings,
