@@ -211,7 +211,7 @@ class Supervisor:
                 except ServiceStartFailed as exc:
                     if spec.essential:
                         raise
-                    self._first_failures.append((spec, str(exc)))
+                    self._first_failures.append((spec, f"could not be started ({exc})"))
                     pending.remove(spec)
                     continue
                 record.pid, record.pgid = spec.process.pid, spec.process.pgid
