@@ -9,8 +9,10 @@ from, to, actor, by, and ``unaccounted`` when the alias's version was not what t
 service decides what that means (an intent that cannot be written stops the promotion).
 
 The index is written after the chain: when that write is lost, the index is one event behind the chain
-and the checks report the older state, which errs towards reporting. ``audited_aliases(settings)`` reads
-the whole index (`exa audit verify`).
+and the checks report the older state, which errs towards reporting. The index is not signed: it only
+speeds up ``last`` for a promotion's own check. `exa audit verify` does not read it: ``LastMoves``, fed every
+event of the verified chain (``monitoring.audit.verify``'s ``seen``), gives the last word on each alias as the
+signed chain holds it, so an index edited or emptied cannot hide an unaccounted move.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     import redis
 
     from examlops.bootstrap.control import AuditHook
+    from examlops.monitoring.audit.chain import AuditEvent
 
 
 def _field(model: str, alias: str) -> str:
@@ -124,15 +127,32 @@ def audited_moves(settings: Settings, actor: str, by: str, audit: AuditHook | No
             engine.dispose()
 
 
-def audited_aliases(settings: Settings) -> list[AuditedMove]:
-    """Every alias the trail has spoken about, with its last word (the index; ``StoreUnavailable`` when Redis
-    is down)."""
-    from examlops.adapters.redis import connect, translated
+class LastMoves:
+    """The last alias event per alias among the audit events it is called with (``verify``'s ``seen``)."""
 
-    client = connect(settings.redis_url)
-    try:
-        with translated("the audited aliases"):
-            raw: dict[str, str] = client.hgetall(keys.AUDITED_ALIASES)  # type: ignore[assignment]  # sync client
-    finally:
-        client.close()
-    return [move for value in raw.values() if (move := _parse(value)) is not None]
+    def __init__(self) -> None:
+        from examlops.monitoring.audit import ALIAS_MOVE_FAILED, ALIAS_MOVE_INTENDED, ALIAS_MOVED
+
+        self._states: dict[str, MoveState] = {
+            ALIAS_MOVE_INTENDED: "intended",
+            ALIAS_MOVED: "moved",
+            ALIAS_MOVE_FAILED: "failed",
+        }
+        self._last: dict[tuple[str, str], AuditedMove] = {}
+
+    def __call__(self, event: AuditEvent) -> None:
+        state = self._states.get(event.type)
+        if state is None:
+            return
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        move = _parse(json.dumps({**data, "state": state}))
+        if move is not None:
+            self._last[(move.model, move.alias)] = move
+
+    def moves(self) -> list[AuditedMove]:
+        return list(self._last.values())

@@ -2,20 +2,24 @@
 
 Thin: parse, call what ``bootstrap.control.audit_access`` built, format. Registered in ``main.py`` as the
 group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first broken link, or when an
-alias's version in MLflow is not what the trail last said of it (``promotion.trail.unaccounted``: an intent
-with no outcome, a move the trail does not hold); with MLflow unreachable (within ``mlflow.timeout_s``) that
+alias's version in MLflow is not what the verified chain last said of it (``promotion.trail.unaccounted``: an
+intent with no outcome, a move the trail does not hold; read from the chain's events as they verify, never
+from the unsigned per-alias index); with MLflow unreachable (within ``mlflow.timeout_s``) that
 second check is skipped and says so. ``archive`` exits 1 when it refuses (a broken chain, another
 archiver); both exit 3 when Redis or SQL is down.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from examlops.cli.output import UNWELL, JsonOption, console, errors_as_exit, load_settings, print_json, print_table
 from examlops.core.settings import Settings
+
+if TYPE_CHECKING:
+    from examlops.promotion.trail import AuditedMove
 
 audit_app = typer.Typer(
     help="The hash-chained audit trail: verify it, show its last events, archive it out of Redis.",
@@ -27,12 +31,14 @@ audit_app = typer.Typer(
 def verify(as_json: JsonOption = False) -> None:
     """Walk the chain (archive, then Redis) and the signed checkpoints; name the first broken link, exit 1."""
     from examlops.bootstrap.control import audit_access
+    from examlops.bootstrap.moves import LastMoves
     from examlops.monitoring.audit.verify import verify as verify_trail
 
     settings = load_settings()
+    last_moves = LastMoves()
     with errors_as_exit(), audit_access(settings) as audit:
-        report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
-        aliases, unchecked = _aliases(settings)
+        report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
+        aliases, unchecked = _aliases(settings, last_moves.moves())
     if as_json:
         print_json({**report.to_json(), "aliases_unaccounted": aliases, "aliases_unchecked": unchecked})
     elif report.broken is None:
@@ -59,14 +65,13 @@ def verify(as_json: JsonOption = False) -> None:
         raise typer.Exit(UNWELL)
 
 
-def _aliases(settings: Settings) -> tuple[list[str], str | None]:
-    """What the trail cannot account for in MLflow's aliases, and why they were not checked (None: they were)."""
+def _aliases(settings: Settings, moves: list[AuditedMove]) -> tuple[list[str], str | None]:
+    """What the trail cannot account for in MLflow's aliases (``moves``: the last word on each alias in the
+    verified chain), and why they were not checked (None: they were)."""
     from examlops.bootstrap import model_registry
-    from examlops.bootstrap.moves import audited_aliases
     from examlops.core.errors import RegistryUnavailable
     from examlops.promotion.trail import unaccounted_moves
 
-    moves = audited_aliases(settings)
     if not moves:
         return [], None
     try:

@@ -13,6 +13,10 @@ Contract, per service, on each ``tick``:
   with its log tail. Except a service that is not ``essential`` (the MLflow UI: serving reads the
   registry's store itself): it is left stopped, marked ``failed``, and the rest keeps running.
 
+Nothing is (re)started once ``stopping()`` says the platform is being stopped: a restart due then is dropped.
+``start_failed(name, why)`` hands over a service whose first start failed (the supervisor does so for one
+that is not ``essential``): it is treated as a restart that never became ready.
+
 A restart does not restart the services that depend on it: their clients reconnect (Redis, serving over
 HTTP), and one that dies of the outage is restarted in turn.
 """
@@ -51,6 +55,7 @@ class Keeper:
         save: Callable[[], None],
         ready_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.specs = [spec for spec in specs if spec.process is not None]
         self.records = records
@@ -59,10 +64,20 @@ class Keeper:
         self.save = save
         self.ready_timeout = ready_timeout
         self.clock = clock
+        self.stopping = stopping
         self._phases = {spec.name: _Phase(RestartBudget(policy, clock)) for spec in self.specs}
+
+    def start_failed(self, name: str, why: str) -> None:
+        """``name``'s first start failed (``why``): stop what is left of it, then retry it as a restart."""
+        spec = next(spec for spec in self.specs if spec.name == name)
+        phase = self._phases[name]
+        phase.exited_at = self.clock()
+        self._exited(spec, phase, ready=False, why=why)
 
     def tick(self) -> None:
         for spec in self.specs:
+            if self.stopping():
+                return  # the platform is being stopped: start nothing more
             record, phase = self.records[spec.name], self._phases[spec.name]
             if record.state == "failed":
                 continue  # a UI-only service given up on
@@ -125,6 +140,8 @@ class Keeper:
 
     def _restart(self, spec: ServiceSpec, phase: _Phase) -> None:
         assert spec.process is not None
+        if self.stopping():
+            return
         phase.restart_at = None
         try:
             spec.process.start()

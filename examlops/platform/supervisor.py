@@ -16,11 +16,16 @@
 - Once all are ready, keeps them running (``keeper.Keeper``): a service that exits on its own is
   restarted with backoff, within ``up.restart_limit`` per ``up.restart_window_s``, and said so on the
   output and in ``up.json``; one that keeps failing raises ``ServiceExited``, except the MLflow UI
-  (not ``essential``), which is then left stopped while the rest keeps serving.
+  (not ``essential``), which is then left stopped while the rest keeps serving. A service that is not
+  essential and fails its very first start (exits, or is not ready within ``ready_timeout``) does not stop
+  the start either: it is handed to the keeper as a failed start (retried with backoff, then ``failed``).
 - Keeps ``run_dir/up.json`` current (``up_state.UpState``: supervisor pid,
   state, and per service pid, pgid, URL, log, state, restarts) for ``exa status`` and
   ``exa down``.
-- Returns the signal's name after SIGINT, SIGTERM or SIGHUP.
+- Returns the signal's name after SIGINT, SIGTERM or SIGHUP. A signal that lands while a process is being
+  started (at first start, or by the keeper's restart) takes effect once that start has returned and is
+  recorded, so the stop always knows, and stops, every process started; once a stop has begun, the keeper
+  starts nothing more.
 - Whatever happened, every process it started is stopped in reverse start order (dependents first),
   each with ``ManagedProcess.stop``: its main process is signalled and given its grace to finish its
   own way (serving drains its requests in flight, then stops its predict workers), and only then is
@@ -32,11 +37,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
 from rich.console import Console
@@ -47,6 +50,7 @@ from examlops.db import upgrade
 from examlops.platform.keeper import Keeper
 from examlops.platform.process import ensure_port_free, group_alive
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
+from examlops.platform.stop_signals import StopRequested, StopSignals
 from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
 
 Progress = Callable[[str], None]
@@ -67,14 +71,6 @@ def _record(spec: ServiceSpec) -> ServiceRecord:
         health_url=spec.health_url,
         essential=spec.essential,
     )
-
-
-class StopRequested(BaseException):
-    """Raised from the signal handler to unwind whatever the supervisor was doing."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signame = signal.Signals(signum).name
 
 
 class Supervisor:
@@ -99,7 +95,9 @@ class Supervisor:
         self.state = UpState(os.getpid(), str(settings.state_dir), services=[_record(s) for s in self.specs])
         self._records = {r.name: r for r in self.state.services}
         self._started: list[ServiceSpec] = []
-        self._stopping = False
+        self._first_failures: list[tuple[ServiceSpec, str]] = []
+        """Services that are not essential and failed their first start: the keeper retries them."""
+        self.signals = StopSignals()
         self._lock: IO[str] | None = None
 
     @property
@@ -109,14 +107,21 @@ class Supervisor:
     def run(self) -> str:
         """Start, print the URLs, wait; returns the name of the signal that stopped it."""
         self._claim()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        with self.signals.installed():
+            return self._run()
+
+    def _run(self) -> str:
         try:
             self._start_all()
+            keeper = self._keeper()
+            with self.signals.atomic():
+                for spec, why in self._first_failures:
+                    keeper.start_failed(spec.name, why)
             self.state.state = "ready"
             self._save()
             self.console.print(url_table(self.state))
             self.console.print(f"logs in {self.settings.log_dir}; Ctrl-C or `exa down` stops everything")
-            self._watch()
+            self._watch(keeper)
         except StopRequested as stop:
             self.console.print(f"{stop.signame} received: stopping")
             return stop.signame
@@ -125,15 +130,7 @@ class Supervisor:
                 self._shutdown()
             except StopRequested:  # the first signal landed before _shutdown marked us as stopping
                 self._shutdown()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         raise AssertionError("unreachable: _watch only leaves by raising")
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._stopping:
-            return  # already unwinding; stop() finishes within its grace
-        self._stopping = True
-        raise StopRequested(signum)
 
     def _claim(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,27 +199,47 @@ class Supervisor:
         if not specs:
             return
         t0 = time.monotonic()
-        for spec in specs:
-            assert spec.process is not None
-            record = self._records[spec.name]
-            record.state = "starting"
-            self._started.append(spec)
-            spec.process.start()
-            record.pid, record.pgid = spec.process.pid, spec.process.pgid
-        self._save()
         pending = list(specs)
+        with self.signals.atomic():
+            for spec in specs:
+                assert spec.process is not None
+                record = self._records[spec.name]
+                record.state = "starting"
+                self._started.append(spec)
+                try:
+                    spec.process.start()
+                except ServiceStartFailed as exc:
+                    if spec.essential:
+                        raise
+                    self._first_failures.append((spec, f"could not be started ({exc})"))
+                    pending.remove(spec)
+                    continue
+                record.pid, record.pgid = spec.process.pid, spec.process.pgid
+            self._save()
         with self.console.status("") as status:
             while pending:
                 waited = time.monotonic() - t0
                 status.update(f"starting {', '.join(s.name for s in pending)} ({waited:.0f} s)")
                 for spec in list(pending):
                     assert spec.process is not None
-                    if spec.process.check_ready():
+                    try:
+                        ready = spec.process.check_ready()
+                    except ServiceStartFailed:
+                        if spec.essential:
+                            raise
+                        self._first_failures.append((spec, f"exited with code {spec.process.returncode} at start"))
+                        pending.remove(spec)
+                        continue
+                    if ready:
                         pending.remove(spec)
                         record = self._records[spec.name]
                         record.state, record.ready_after_s = "running", round(time.monotonic() - t0, 1)
                         self._save()
                         self.console.print(f"[green]✓[/] {spec.name} ready in {record.ready_after_s} s at {spec.url}")
+                if pending and waited > self.ready_timeout:
+                    late = [s for s in pending if not s.essential]
+                    self._first_failures += [(s, f"not ready within {self.ready_timeout:g} s") for s in late]
+                    pending = [s for s in pending if s.essential]
                 if pending and waited > self.ready_timeout:
                     spec = pending[0]
                     assert spec.process is not None
@@ -233,21 +250,25 @@ class Supervisor:
                 if pending:
                     time.sleep(0.2)
 
-    def _watch(self) -> None:
-        keeper = Keeper(
+    def _keeper(self) -> Keeper:
+        return Keeper(
             self._started,
             self._records,
             self.settings.up,
             say=lambda line: self.console.print(line, highlight=False),
             save=self._save,
             ready_timeout=self.ready_timeout,
+            stopping=lambda: self.signals.stopping,
         )
+
+    def _watch(self, keeper: Keeper) -> None:
         while True:
             time.sleep(self.poll_interval)
-            keeper.tick()
+            with self.signals.atomic():
+                keeper.tick()
 
     def _shutdown(self) -> None:
-        self._stopping = True
+        self.signals.stopping = True
         try:
             self.state.state = "stopping"
             self._save()

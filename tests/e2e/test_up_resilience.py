@@ -1,29 +1,21 @@
 """`exa up` keeps the platform serving: SIGKILL of Redis, the MLflow server, the bridge and serving each end with
-the platform serving again by itself; `exa down` under load answers every request accepted before it with 200.
+the platform serving again by itself. `exa down` under load is ``test_up_drain.py``.
 
 One platform for the module (`exa up --detach`, demo models seeded; Prefect and the served flows left out, as
 no kill here concerns them), driven as an operator does: signals to the pids `exa status` shows, `exa` for
-everything else. The load is bounded: ``E2E_DRAIN_RPS`` requests per second (100 by default; 800 is the
-issue's high variant, for a machine that can produce it) until serving has closed its listener or `exa down`
-has finished, at most ``LOAD_S`` seconds.
+everything else.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-import numpy as np
 import pytest
 
 from tests.e2e.test_up_down import Exa, _free_port
@@ -32,14 +24,6 @@ from tests.e2e.test_up_down import Exa, _free_port
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 KILLED = ("redis", "mlflow", "bridge", "serving")
-LOAD_S = 30.0
-DOWN_AFTER_S = 1.5
-REFUSED = ("ConnectError", "RemoteProtocolError", "ReadError")
-"""What a request sent after `exa down` may meet once serving has drained and closes its listener and its
-idle keep-alive connections: refused, or a keep-alive connection closed (or reset) under a request the
-server had not read yet: the HTTP keep-alive close race, seen about once per run here. A client cannot tell
-that last case from a request cut off after it was read, so this test asserts the strict property on the
-requests sent before `exa down` (all 200) and on every answer (never ``worker_lost``)."""
 
 
 @pytest.fixture(scope="module")
@@ -132,70 +116,20 @@ def test_sigkill_of_each_service_ends_with_the_platform_serving_again(exa: Exa) 
     print(*(line for line in up_log.splitlines() if " is back " in line), sep="\n")  # figures, with -s
 
 
-@dataclass
-class Sent:
-    at: float
-    status: int | None = None
-    body: str = ""
-    error: str = ""
-
-
-async def _load(exa: Exa, url: str, token: str, rps: int) -> tuple[list[Sent], float, int]:
-    """``rps`` predictions a second, `exa down` after ``DOWN_AFTER_S``, until serving's listener is closed or
-    `exa down` is done (at most ``LOAD_S`` seconds); every request, when it was sent, the exit code of `down`."""
-    rng = np.random.default_rng(0)
-    payload = {"model": "JPCP", "embedding": [float(v) for v in rng.normal(0, 0.05, 384)], "node_count": 12}
-    sent: list[Sent] = []
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-
-    async def one(client: httpx.AsyncClient, record: Sent) -> None:
-        try:
-            reply = await client.post("/infer-pipeline/infer", json=payload)
-            record.status, record.body = reply.status_code, reply.text[:300]
-        except httpx.TransportError as exc:
-            record.error = type(exc).__name__
-
-    async with httpx.AsyncClient(
-        base_url=url, timeout=60, limits=limits, headers={"Authorization": f"Bearer {token}"}
-    ) as client:
-        tasks, down, down_at = [], None, float("inf")
-        t0 = time.monotonic()
-        for i in range(int(rps * LOAD_S)):
-            await asyncio.sleep(max(0.0, t0 + i / rps - time.monotonic()))
-            if down is None and time.monotonic() - t0 >= DOWN_AFTER_S:
-                down_at = time.monotonic()
-                down = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "examlops.cli.main", "down", env=exa.env,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-                )  # fmt: skip
-            if down is not None and (down.returncode is not None or any(s.error == "ConnectError" for s in sent)):
-                break  # serving has drained and closed its listener, or everything is stopped
-            record = Sent(time.monotonic())
-            sent.append(record)
-            tasks.append(asyncio.create_task(one(client, record)))
-        await asyncio.gather(*tasks)
-        assert down is not None
-        code = await asyncio.wait_for(down.wait(), 120)
-    return sent, down_at, code
-
-
-def test_down_under_load_answers_every_request_accepted_before_it_with_200(exa: Exa) -> None:
-    rps = int(os.environ.get("E2E_DRAIN_RPS", "100"))
-    serving = _services(exa)["serving"]
-    token = (Path(exa.env["EXAMLOPS_HOME"]) / "admin.token").read_text().strip()
-    sent, down_at, code = asyncio.run(_load(exa, serving["url"], token, rps))
-    assert code == 0
-    before = [s for s in sent if s.at < down_at]
-    assert before  # the load ran before `exa down` (at the rate this machine's client can send, up to rps)
-    assert [s for s in before if s.status != 200] == []
-    # After `exa down`: answered (200), refused as draining (503, retryable), or the listener closed; never a
-    # request cut off in a worker (503 worker_lost) or left without an answer.
-    after = [s for s in sent if s.at >= down_at]
-    unexpected = Counter(s.status or s.error for s in after if s.status not in (200, 503) and s.error not in REFUSED)
-    assert not unexpected, unexpected
-    assert not [s for s in sent if "worker_lost" in s.body]
-    assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
-    outcomes = Counter(s.status or s.error for s in after)
-    sending = (sent[-1].at - sent[0].at) if len(sent) > 1 else 0.0
-    achieved = len(sent) / sending if sending else 0.0
-    print(f"{rps} req/s asked, {achieved:.0f} sent: {len(before)} before exa down, all 200; after: {dict(outcomes)}")
+def test_a_ui_service_failing_at_its_first_start_is_retried_then_left_failed_while_serving_runs(exa: Exa) -> None:
+    """Run last: the module's platform is started again, seeded already, with an MLflow UI that cannot start."""
+    assert exa("down", timeout=120).returncode == 0
+    # Only the MLflow server runs uvicorn's command line, which reads UVICORN_*: its server exits at once.
+    broken = Exa({**exa.env, "UVICORN_LOOP": "no-such-loop", "EXAMLOPS_UP__RESTART_LIMIT": "2"})
+    up = broken("up", "--detach", "--skip", "prefect", "--skip", "flows", "--timeout", "240", timeout=400)
+    assert up.returncode == 0, up.stdout + up.stderr
+    deadline = time.monotonic() + 120
+    while (service := _services(exa)["mlflow"])["state"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert service["state"] == "failed", service
+    services = _services(exa)
+    assert [services[name]["state"] for name in ("redis", "serving", "bridge")] == ["running"] * 3
+    _serves(exa)  # over HTTP and over the bus
+    up_log = (Path(exa.env["EXAMLOPS_HOME"]) / "logs" / "up.log").read_text()
+    assert "mlflow exited with code" in up_log and "restarting in" in up_log
+    assert "left stopped: MLflow UI is not needed for serving" in up_log

@@ -1,9 +1,13 @@
-"""A promotion against an MLflow server over HTTP that is stopped (SIGSTOP) or gone (a dead port): `exa promote`
-fails within its timeouts, the alias stays where it was, the audit trail verifies and accounts for every alias;
-and a move made behind the trail's back is what `exa audit verify` reports.
+"""A promotion against an MLflow server over HTTP that is stopped (its port refuses) or unreachable (a port that
+accepts and never answers), from the start of the command or at its first write: `exa promote` fails within
+its timeouts with a clear message, the alias stays where it was, and the trail says what happened (nothing
+when the registry could not even be read; the intent and its failed outcome when the write could not be
+made); `exa audit verify` accounts for every alias. A move made behind the trail's back is what `exa audit
+verify` reports, however the per-alias index is tampered with.
 
-Real processes: `mlflow server` on a SQLite store in the test's folder, a redis-server, `exa` as a child
-process (MLflow's HTTP limits are process-wide environment variables, so not in the test's own process).
+Real processes: `mlflow server` on a SQLite store in the test's folder, reached through ``MlflowGate`` (a TCP
+proxy that fails it on cue), a redis-server, `exa` as a child process (MLflow's HTTP limits are process-wide
+environment variables, so not in the test's own process).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from examlops.core import keys
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.integration.conftest import free_port
+from tests.integration.mlflow_gate import MlflowGate, Mode
 from tests.integration.servers import examlops_env, upgraded
 
 pytestmark = [
@@ -121,31 +127,39 @@ def alias_events(env: dict[str, str]) -> list[tuple[str, object, object]]:
     return [(e["type"], e["data"]["from"], e["data"]["to"]) for e in json.loads(tail.stdout) if "alias" in e["type"]]
 
 
-def test_promotion_against_a_stopped_then_a_dead_mlflow_fails_fast_and_changes_nothing(
-    outage: tuple[MlflowServer, dict[str, str], str],
+PROMOTE = ("promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
+
+
+@pytest.mark.parametrize("failure", ["down", "blackhole"])
+@pytest.mark.parametrize("when", ["from_the_start", "at_the_write"])
+def test_promotion_during_an_outage_fails_clearly_and_leaves_alias_and_trail_consistent(
+    outage: tuple[MlflowServer, dict[str, str], str], when: str, failure: Mode
 ) -> None:
     server, env, store = outage
-    server.signal(signal.SIGSTOP)  # it accepts connections and never answers
+    if when == "from_the_start":
+        gate = MlflowGate(server.port, failure)
+    else:
+        gate = MlflowGate(server.port, fail_at_write=failure)
+    before = alias_events(env)
     try:
-        stopped = exa(env, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
+        failed = exa({**env, "EXAMLOPS_MLFLOW__TRACKING_URI": gate.url}, *PROMOTE)
     finally:
-        server.signal(signal.SIGCONT)
-    assert stopped.returncode == 3, stopped.stdout + stopped.stderr
-    assert "cannot be reached" in stopped.stderr
-
-    dead = {**env, "EXAMLOPS_MLFLOW__TRACKING_URI": f"http://127.0.0.1:{free_port()}"}
-    refused = exa(dead, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
-    assert refused.returncode == 3, refused.stdout + refused.stderr
-    assert "cannot be reached" in refused.stderr
-
-    assert _production(store) == "1"
-    assert alias_events(env) == []  # nothing moved, so nothing was intended
+        gate.close()
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "the MLflow registry cannot be reached" in failed.stderr
+    assert _production(store) == "1"  # the alias did not move
+    new = alias_events(env)[len(before) :]
+    if when == "from_the_start":
+        assert new == []  # the registry could not be read: nothing was intended, nothing moved
+    else:
+        assert gate.writes_held == 1  # the move was attempted, and never reached the registry
+        assert new == [("alias.move_intended", "1", "2"), ("alias.move_failed", "1", "2")]
     verified = exa(env, "audit", "verify", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert json.loads(verified.stdout)["aliases_unaccounted"] == []
 
 
-def test_a_move_is_intent_then_outcome_and_a_move_behind_the_trail_is_reported(
+def test_a_move_is_intent_then_outcome_and_a_move_behind_the_trail_is_reported_by_audit_verify(
     outage: tuple[MlflowServer, dict[str, str], str],
 ) -> None:
     _, env, store = outage
@@ -165,8 +179,31 @@ def test_a_move_is_intent_then_outcome_and_a_move_behind_the_trail_is_reported(
     assert verify.returncode == 1
     (line,) = json.loads(verify.stdout)["aliases_unaccounted"]
     assert "last audited move put it at 2" in line and "registry has 1" in line
+    _tampered_index_still_reports_the_move(env)
 
     again = exa(env, "promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "2",
                 "--url", f"http://127.0.0.1:{free_port()}")  # fmt: skip
     assert "did not account for this alias" in again.stderr
     assert exa(env, "audit", "verify").returncode == 0  # the new move is what the trail last says
+
+
+def _tampered_index_still_reports_the_move(env: dict[str, str]) -> None:
+    """`exa audit verify` reads the last moves from the signed chain: the unsigned index, edited to agree with the
+    registry or emptied, hides nothing."""
+    import redis
+
+    client = redis.Redis.from_url(env["EXAMLOPS_REDIS__URL"], decode_responses=True)
+    field = f"{MODEL}/Production"
+    original = client.hget(keys.AUDITED_ALIASES, field)
+    assert isinstance(original, str)
+    try:
+        client.hset(keys.AUDITED_ALIASES, field, json.dumps({**json.loads(original), "new_version": "1", "to": "1"}))
+        for tampered in ("edited", "deleted"):
+            verify = exa(env, "audit", "verify", "--json")
+            assert verify.returncode == 1, (tampered, verify.stdout)
+            (line,) = json.loads(verify.stdout)["aliases_unaccounted"]
+            assert "last audited move put it at 2" in line and "registry has 1" in line
+            client.delete(keys.AUDITED_ALIASES)
+    finally:
+        client.hset(keys.AUDITED_ALIASES, field, original)  # what `exa promote`'s own check reads
+        client.close()

@@ -11,7 +11,7 @@ files edited or gone. Redis and SQL errors are ``StoreUnavailable``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -87,8 +87,10 @@ def verify(
     page: int = 1000,
     *,
     archive: ArchiveFiles | None = None,
+    seen: Callable[[AuditEvent], None] | None = None,
 ) -> VerifyReport:
-    """Walk the chain from seq 1 (``archive`` first) and check it against the signed checkpoints.
+    """Walk the chain from seq 1 (``archive`` first) and check it against the signed checkpoints; ``seen`` gets
+    each event that verified, in order, up to the first broken link (``walk.ChainWalk``).
 
     Checkpoints, head and archive watermark are read before the events, so appends going on meanwhile
     never look like damage; archive runs of ``archive``'s folder wait (or are refused) until the walk is
@@ -101,7 +103,7 @@ def verify(
     if forged:
         problems.append(BrokenLink(forged[0], "forged_checkpoint", f"the checkpoint at seq {forged[0]} is not signed"))
     store = _source(client)
-    walk = ChainWalk(expected_at)
+    walk = ChainWalk(expected_at, seen)
     archive_intact = False
     with archive.reading() if archive is not None else contextlib.nullcontext():
         head_seq, head_hash = store.head()

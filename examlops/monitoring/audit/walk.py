@@ -4,11 +4,13 @@ Fed the archived events, then ``end_archive()``, then the stream's entries. A
 stream entry that is also archived (the archive run crashed between writing a
 segment and trimming the stream) must be the same event: it is checked
 against its own hash, its neighbours and the last archived hash, then skipped.
+``seen``, when given, is called with each event once it has verified, in chain order, up to the first
+problem: what a reader may trust of the trail (`exa audit verify`'s alias check folds it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +40,9 @@ class BrokenLink:
 class ChainWalk:
     """Stops checking at the first problem, then only looks for the missing seq."""
 
-    def __init__(self, expected_at: Mapping[int, str]) -> None:
+    def __init__(self, expected_at: Mapping[int, str], seen: Callable[[AuditEvent], None] | None = None) -> None:
         self.expected_at = expected_at
+        self.seen = seen
         self.count = 0
         self.last = 0
         self.prev = GENESIS
@@ -94,6 +97,8 @@ class ChainWalk:
         if len(self._hashes_near_head) > NEAR_HEAD:
             self._hashes_near_head.pop(next(iter(self._hashes_near_head)))
         self.last, self.prev = event.seq, event.hash
+        if self.seen is not None:
+            self.seen(event)
         return True
 
     def _overlap(self, event: AuditEvent, location: str) -> bool:
