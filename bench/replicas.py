@@ -1,5 +1,5 @@
-"""Throughput at c=64 with 1 and 2 serving replicas on this machine: the uvicorn engine, the Ray engine and
-`mlflow models serve`, in one run.
+"""Throughput at c=64 with 1 and 2 serving replicas on this machine: the uvicorn engine, the Ray engine,
+`mlflow models serve` and a plain Ray Serve app with `@serve.batch`, in one run.
 
 A replica is, for each server:
 
@@ -7,14 +7,16 @@ A replica is, for each server:
   the load split over both (c=32 each), as two instances behind a balancer would share it;
 - the Ray engine: `exa serve start --engine ray` with `EXAMLOPS_RAY__NUM_REPLICAS` = 1 or 2 model replicas
   (one ingress either way) on a local Ray cluster of 2 CPUs;
-- `mlflow models serve -w 1` or `-w 2` (uvicorn workers), the tensor signature of the same version.
+- `mlflow models serve -w 1` or `-w 2` (uvicorn workers), the tensor signature of the same version;
+- the plain Ray Serve app (`bench/plain_ray_app.py`: one deployment, `@serve.batch` 32 / 50 ms, the same
+  artifact and request body) with `num_replicas` 1 or 2 on a local Ray cluster of 2 CPUs.
 
 One model (JPCP v1), one request = one row of 384 floats + node count. Each configuration is started alone,
 warmed with 200 requests, then sent ``--requests`` at c=64 by the minimal asyncio load generator, which
 shares the machine's two cores with the servers (nothing is pinned: replicas need both cores). After the load,
 the PSS of each server's process tree; memory per replica is the tree's growth from 1 to 2 replicas.
 
-    .venv/bin/python bench/replicas.py [--requests 3000] [--skip ray] [--home /tmp/bench-replicas]
+    .venv/bin/python bench/replicas.py [--requests 3000] [--skip ray] [--skip plain-ray] [--home /tmp/bench-replicas]
 
 Figures only: nothing here asserts anything.
 """
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -97,6 +101,19 @@ def start_mlflow(home: Path, env: dict[str, str], replicas: int) -> Target:
     return Target([proc], [f"{url}/invocations"], bodies_for("mlflow"), None)
 
 
+def start_plain_ray(home: Path, env: dict[str, str], replicas: int) -> Target:
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "plain_ray_app.py"), "--model-uri", "models:/JPCP/1"]
+    argv += ["--port", str(port), "--replicas", str(replicas), "--num-cpus", "2"]
+    argv += ["--temp-dir", str(home / f"plain-ray-{replicas}")]  # short: Ray's socket paths must fit
+    # Token auth on, as the Ray engine keeps it, with a token of this run's (not one saved in ~/.ray).
+    ray_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = start(argv, {**env, **ray_env}, home / f"plain-ray-{replicas}.log")
+    url = f"http://127.0.0.1:{port}/predict"
+    wait_until(answers(url), "the plain Ray Serve app", proc=proc, timeout=300)
+    return Target([proc], [url], bodies_for("examlops"), None)
+
+
 async def load(target: Target, total: int) -> LoadResult:
     """``total`` requests at c=64, split evenly over the target's URLs; one result for them all."""
     share = CONCURRENCY // len(target.urls)
@@ -137,7 +154,7 @@ def measure(name: str, replicas: int, starter: Callable[[], Target], total: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000, help="requests per measured run at c=64")
-    parser.add_argument("--skip", action="append", default=[], choices=("uvicorn", "ray", "mlflow"))
+    parser.add_argument("--skip", action="append", default=[], choices=("uvicorn", "ray", "mlflow", "plain-ray"))
     parser.add_argument("--home", type=Path, default=Path("/tmp/bench-replicas"), help="state folder of the bench")
     args = parser.parse_args()
 
@@ -152,6 +169,7 @@ def main() -> None:
     env["EXAMLOPS_MLFLOW__TRACKING_URI"] = settings.mlflow_tracking_uri
     env["EXAMLOPS_DATABASE_URL"] = settings.sql_url
     runs: list[Measured] = []
+    load_before = os.getloadavg()
     for replicas in (1, 2):
         if "uvicorn" not in args.skip:
             starter = lambda r=replicas: start_examlops(home, env, r, "uvicorn", token)  # noqa: E731
@@ -162,8 +180,14 @@ def main() -> None:
         if "mlflow" not in args.skip:
             starter = lambda r=replicas: start_mlflow(home, env, r)  # noqa: E731
             runs.append(measure("mlflow models serve", replicas, starter, args.requests))
+        if "plain-ray" not in args.skip:
+            starter = lambda r=replicas: start_plain_ray(home, env, r)  # noqa: E731
+            runs.append(measure("plain Ray Serve", replicas, starter, args.requests))
 
+    load_after = os.getloadavg()
     print()
+    before, after = (" / ".join(f"{x:.2f}" for x in one) for one in (load_before, load_after))
+    print(f"load average (1/5/15 min): {before} before the runs, {after} after")
     print(f"c={CONCURRENCY}, {args.requests} requests, JPCP v1, one row a request; servers and load share 2 cores")
     header = f"{'server':<20} | {'replicas':>8} | {'ready s':>7} | {'req/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
     header += f"{'errors':>6} | {'PSS MB':>7}"

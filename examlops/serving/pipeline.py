@@ -22,7 +22,6 @@ keep loading behind (``upkeep``), and ``ready`` turns true once every default al
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import random
 import time
@@ -38,14 +37,13 @@ from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
 from examlops.serving.admission import Estimator
 from examlops.serving.batcher import MicroBatcher
+from examlops.serving.control_events import ControlEvents
 from examlops.serving.dispatch import Dispatcher, Reply, check_deadline
 from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
 from examlops.serving.upkeep import load_missing_defaults, poll_reload
-
-log = logging.getLogger(__name__)
 
 
 def _late(req: InferenceRequest) -> Refused:
@@ -71,8 +69,7 @@ class Pipeline:
         on_event: ControlEventSink | None = None,
     ) -> None:
         self.settings = settings
-        self._on_event = on_event
-        self._refused: dict[tuple[str, str], str | None] = {}
+        self._events = ControlEvents(on_event)
         self.catalog = catalog
         self._runtime = runtime
         self._clock = clock
@@ -160,7 +157,7 @@ class Pipeline:
         spec = self.catalog.get(model)
         split = validate_split(weights, self._hotset.available_aliases(spec.name))
         self._router.set_rules(spec.name, split)
-        self._emit("traffic.changed", spec.name, {"weights": split, "actor": actor})
+        self._events.emit("traffic.changed", spec.name, {"weights": split, "actor": actor})
         return split
 
     async def reload(self, model: str | None = None, *, actor: str = "system:reload-poll") -> list[ReloadChange]:
@@ -168,43 +165,8 @@ class Pipeline:
         identity that asked; the poll by default) is named in every event."""
         changes = await self._hotset.reload(model)
         self._ready = self._ready or not self._hotset.missing_defaults()
-        events = [(type, subject, {**data, "actor": actor}) for type, subject, data in self._reload_events(changes)]
-        if events and self._on_event is not None:
-            await asyncio.to_thread(self._emit_all, events)
+        await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
-
-    def _reload_events(self, changes: list[ReloadChange]) -> list[tuple[str, str, dict[str, Any]]]:
-        """Control events of a reload: every swap, and a refusal once per refused version (polls retry it)."""
-        events: list[tuple[str, str, dict[str, Any]]] = []
-        for change in changes:
-            slot = (change.model, change.alias)
-            data: dict[str, Any] = {
-                "alias": change.alias,
-                "old_version": change.old_version,
-                "new_version": change.new_version,
-                "outcome": change.outcome,
-            }
-            if change.outcome == "refused":
-                if self._refused.get(slot) != change.new_version:
-                    self._refused[slot] = change.new_version
-                    events.append(("reload.refused", change.model, {**data, "reason": change.reason}))
-            elif change.outcome in ("swapped", "loaded", "removed"):
-                self._refused.pop(slot, None)
-                events.append(("model.reloaded", change.model, data))
-        return events
-
-    def _emit_all(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
-        for event in events:
-            self._emit(*event)
-
-    def _emit(self, type: str, subject: str, data: dict[str, Any]) -> None:
-        """Hand one control action to the sink (blocking: from a thread); a failing sink never fails the action."""
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(type, subject, data)
-        except Exception as exc:  # the audit trail's store is down: say so once per event, no traceback
-            log.error("could not record the control event %s of %s: %s", type, subject, exc)
 
     async def route(self, model: str, alias: str | None = None) -> str:
         """The alias that answers every row of one call to ``model``: drawn once from the traffic split when

@@ -4,7 +4,7 @@ Processes, not threads, because a prediction that times out in a thread keeps ru
 keeps its thread, while a process can be killed (``bench/pool_timeout.py`` measures both).
 Each worker (``pool_workers.Worker``: its process and pipe) answers through ``loop.add_reader``,
 matched to futures by request id, so the event loop never blocks on a worker; which worker takes
-what, and what replaces a lost one, is decided here.
+what, and which one stands in for a lost one, is the roster's (``pool_roster``).
 
 Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 
@@ -44,7 +44,6 @@ Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -64,6 +63,7 @@ from examlops.core.errors import (
     VersionNotFound,
     WorkerLost,
 )
+from examlops.serving.pool_roster import Roster
 from examlops.serving.pool_workers import PoolStats, Worker, reap, watch
 from examlops.serving.ports import ModelLoader, Rows
 
@@ -85,10 +85,7 @@ class ProcessPredictPool:
         self._loader, self._size, self._timeout_s = loader, workers, timeout_s
         self._preload = tuple(preload)
         self._context: ChildContext = CONTEXT
-        self._active: list[Worker] = []
-        self._spare: Worker | None = None
-        self._idle: collections.deque[Worker] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[Worker]] = collections.deque()
+        self._roster = Roster()
         self._keys: dict[str, str] = {}
         self._loading: dict[str, str] = {}
         self._widths: dict[str, int | None] = {}
@@ -106,13 +103,13 @@ class ProcessPredictPool:
             if self._preload:
                 self._context = warm_context(self._preload)
                 await asyncio.to_thread(warm_up, self._context)  # the server's imports, off the loop
-            while len(self._active) < self._size:
-                self._active.append(self._spawn())
-            self._spare = self._spawn()
+            while len(self._roster.active) < self._size:
+                self._roster.active.append(self._spawn())
+            self._roster.spare = self._spawn()
         except OSError as exc:
             await self.close()
             raise PipelineUnavailable(f"cannot start a predict worker: {exc}") from exc
-        pings = [future for worker in self._workers() for future in worker.pending.values()]
+        pings = [future for worker in self._roster.workers() for future in worker.pending.values()]
         failed = [r for r in await asyncio.gather(*pings, return_exceptions=True) if isinstance(r, BaseException)]
         if failed:
             await self.close()
@@ -127,7 +124,7 @@ class ProcessPredictPool:
         try:
             # One worker at a time: a worker that loads cannot predict, so the others keep serving (a hot
             # reload under load would stall every prediction), and a bad version costs one worker's try.
-            for worker in self._workers():
+            for worker in self._roster.workers():
                 if worker.retired:
                     continue
                 try:
@@ -153,7 +150,7 @@ class ProcessPredictPool:
         self._keys.pop(key, None)
         self._widths.pop(key, None)
         if self._loop is not None and self._stopped is None:
-            for worker in self._workers():
+            for worker in self._roster.workers():
                 watch(self._send(worker, "unload", key, None), f"unload {key!r}")
 
     async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]:
@@ -165,7 +162,7 @@ class ProcessPredictPool:
             raise InvalidInput(f"rows must be a non-empty 2-D array, not one of shape {array.shape}")
         self._in_flight += 1
         try:
-            worker = await self._acquire()
+            worker = await self._roster.acquire()
             result: npt.NDArray[np.float64] = await self._send(worker, "predict", key, array, limit=True)
             return result
         finally:
@@ -179,8 +176,7 @@ class ProcessPredictPool:
         await asyncio.gather(*self._reaping)
 
     def stats(self) -> PoolStats:
-        busy = sum(1 for worker in self._active if worker.pending)
-        return PoolStats(len(self._active), busy, self._replaced, self._in_flight)
+        return PoolStats(len(self._roster.active), self._roster.busy(), self._replaced, self._in_flight)
 
     def _check_open(self) -> None:
         if self._stopped is not None:
@@ -188,34 +184,9 @@ class ProcessPredictPool:
         if self._loop is None:
             raise NotReady("the predict pool is not started")
 
-    def _workers(self) -> list[Worker]:
-        return [*self._active, *([self._spare] if self._spare else [])]
-
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "start() sets the loop before any worker exists"
         return self._loop
-
-    async def _acquire(self) -> Worker:
-        if self._idle:
-            return self._idle.popleft()
-        waiter: asyncio.Future[Worker] = self._running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release(waiter.result())  # handed over just as the caller gave up
-            raise
-
-    def _release(self, worker: Worker) -> None:
-        if worker.pending or worker.retired or worker not in self._active or worker in self._idle:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(worker)
-                return
-        self._idle.append(worker)
 
     def _spawn(self) -> Worker:
         worker = Worker.spawn(self._loader, self._context)
@@ -231,8 +202,7 @@ class ProcessPredictPool:
         loop = self._running_loop()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
-        if worker in self._idle:
-            self._idle.remove(worker)
+        self._roster.taken(worker)
         try:
             worker.send(future, request_id, op, key, argument)
         except (OSError, ValueError):  # a broken pipe, or a worker retired already
@@ -252,7 +222,7 @@ class ProcessPredictPool:
             return
         if starting:
             self._start_failures = 0
-        self._release(worker)
+        self._roster.release(worker)
 
     def _on_timeout(self, worker: Worker, request_id: int, key: str) -> None:
         limit = f"{self._timeout_s:g} s"
@@ -277,29 +247,16 @@ class ProcessPredictPool:
             self._break(f"{MAX_START_FAILURES} predict workers in a row died while starting")
             return
         try:
-            if worker in self._active:
-                self._active.remove(worker)
-                promoted, self._spare = self._spare or self._spawn(), None
-                self._active.append(promoted)
-                self._release(promoted)
-            elif worker is self._spare:
-                self._spare = None
-            if self._spare is None:
-                self._spare = self._spawn()
+            self._roster.replace(worker, self._spawn)
         except OSError as exc:
             self._break(f"cannot start a predict worker: {exc}")
 
     def _break(self, reason: str, *, graceful: bool = False) -> None:
         """Take no more calls: stop every worker and fail every waiter."""
         self._stopped = self._stopped or reason
-        workers, self._active, self._spare = self._workers(), [], None
-        self._idle.clear()
-        for worker in workers:
+        for worker in self._roster.clear():
             self._retire(worker, reason, PipelineUnavailable, kill=not graceful)
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(PipelineUnavailable(reason))
+        self._roster.fail_waiters(lambda: PipelineUnavailable(reason))
 
     def _guarded(self, callback: Callable[..., None], *args: Any) -> None:
         """Run a loop callback; if the pool's own code fails, break the pool so that no caller hangs."""
