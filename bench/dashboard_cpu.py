@@ -97,29 +97,30 @@ async def poll(client: httpx.AsyncClient, pollers: list[tuple[str, float]], unti
 
 
 async def loaded(base: str, token: str, bodies: list[bytes], args: argparse.Namespace, seed: int, on: bool,
-                 meter: CpuMeter) -> tuple[float, int, int]:  # fmt: skip
-    """(serving CPU s, answered predictions, viewer requests) of the round's load with or without a viewer."""
+                 meter: CpuMeter) -> tuple[float, tuple[int, int], int]:  # fmt: skip
+    """(serving CPU s, (predictions sent, answered), viewer requests) of the round's load with or without a
+    viewer. Both segments of a round send the same arrivals and bodies (one seed)."""
     headers = {"Authorization": f"Bearer {token}"}
 
-    async def load() -> int:
+    async def load() -> tuple[int, int]:
         sent = await open_loop(
             f"{base}/v1/models/JPCP/predict", args.rate, args.predictions / args.rate,
             lambda rng: ("predict", 10_000.0, bodies[rng.randrange(len(bodies))]), headers=headers, seed=seed,
         )  # fmt: skip
-        return sum(1 for s in sent if s.status == 200)
+        return len(sent), sum(1 for s in sent if s.status == 200)
 
     if not on:
         before = meter.read()["serving"]
-        answered = await load()
-        return meter.read()["serving"] - before, answered, 0
+        counts = await load()
+        return meter.read()["serving"] - before, counts, 0
     async with opened(base, token, args.page) as (client, pollers):
         done = asyncio.Event()
         before = meter.read()["serving"]
         viewer = asyncio.create_task(poll(client, pollers, done))
-        answered = await load()
+        counts = await load()
         done.set()
         made = await viewer
-        return meter.read()["serving"] - before, answered, made
+        return meter.read()["serving"] - before, counts, made
 
 
 async def alone(base: str, token: str, page: str, burst: int, meter: CpuMeter) -> dict[str, tuple[float, float]]:
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-dashboard-cpu"))
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress while it runs
 
     home = args.home.resolve()
     settings, catalog = demo_state(home)
@@ -167,18 +169,18 @@ def main() -> None:
         meter = CpuMeter({"serving": process.pid})
         print(f"load: {args.predictions} predictions at {args.rate:g}/s per segment; viewer on /{args.page} "
               f"at the default refresh ({REFRESH_S} s); load average {os.getloadavg()}")  # fmt: skip
-        print("round  first  no viewer CPU s  one viewer CPU s  ratio   answered off/on  viewer requests")
+        print("round  first  no viewer CPU s  one viewer CPU s  ratio   sent  answered off/on  viewer requests")
         costs, rates = [], []
         for r in range(1, args.rounds + 1):
             order = (False, True) if r % 2 else (True, False)
-            cpu: dict[bool, tuple[float, int, int]] = {}
+            cpu: dict[bool, tuple[float, tuple[int, int], int]] = {}
             for on in order:
                 cpu[on] = asyncio.run(loaded(base, token, bodies, args, args.seed * 1000 + r, on, meter))
             off_s, on_s = cpu[False][0], cpu[True][0]
             costs.append(on_s / off_s - 1.0)
             rates.append(off_s / (args.predictions / args.rate))
             print(f"{r:>5}  {'one' if order[0] else 'none':>5}  {off_s:>15.3f}  {on_s:>16.3f}  {on_s / off_s:.4f}  "
-                  f"{cpu[False][1]:>7}/{cpu[True][1]:<7}  {cpu[True][2]:>15}")  # fmt: skip
+                  f"{cpu[False][1][0]:>5}  {cpu[False][1][1]:>7}/{cpu[True][1][1]:<7}  {cpu[True][2]:>15}")  # fmt: skip
         ordered = sorted(costs)
         print(f"viewer's cost over {len(costs)} rounds: median {statistics.median(costs):+.2%}, quartiles "
               f"{quantile(ordered, 0.25):+.2%} .. {quantile(ordered, 0.75):+.2%}, range {ordered[0]:+.2%} .. "
