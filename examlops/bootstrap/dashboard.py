@@ -1,5 +1,6 @@
 """The dashboard's sources in the serving process: the same services `exa audit`, `exa drift status`,
-`exa bridge status`, `exa loop status`, `exa promote --from Canary` and `exa rollback` use.
+`exa bridge status`, `exa loop status`, `exa promote --from Canary` and `exa rollback` use, and Prefect's
+flow runs that name a model.
 
 ``dashboard_sources(settings, engine, events)`` takes serving's SQL engine and its audit hook; it opens one
 Redis client (connecting on first use) and builds the MLflow registry on the first promotion or rollback
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.engine import Engine
 
 from examlops.bootstrap.control import AuditAccess, AuditHook, audit_moves
+from examlops.core.errors import DependencyUnavailable
 from examlops.core.settings import Settings
 from examlops.dashboard.ports import (
     AuditCheck,
@@ -24,6 +27,7 @@ from examlops.dashboard.ports import (
     DashboardSources,
     DriftPoint,
     FailureWindow,
+    FlowRun,
     Moved,
 )
 
@@ -68,14 +72,55 @@ class _Audit:
 class _Drift:
     engine: Engine
 
-    def history(self, limit: int) -> list[DriftPoint]:
+    def history(self, model: str, limit: int) -> list[DriftPoint]:
         from examlops.monitoring.drift_store import SqlDriftStore
 
         return [
             DriftPoint(r.model, r.kind, r.version, r.created_at.timestamp(), r.score, r.threshold, r.drifted,
                        r.report_html)
-            for r in SqlDriftStore(self.engine).history(limit)
+            for r in SqlDriftStore(self.engine).history(limit, model=model)
         ]  # fmt: skip
+
+
+MODEL_FLOWS = ("retrain", "canary-analysis", "promote", "drift-report")
+"""The control plane's flows (``examlops/flows``): the first three take ``model``, the drift report ``models``."""
+
+
+@dataclass
+class _FlowRuns:
+    """Prefect's REST API (``POST /flow_runs/filter``): it cannot filter on parameters, so this reads the newest
+    runs of the model flows and keeps those whose ``model`` parameter (or ``models`` list) names the model."""
+
+    api_url: str
+    timeout_s: float = 5.0
+    scan: int = 200  # Prefect's largest page
+
+    def runs(self, model: str, limit: int) -> list[FlowRun]:
+        import httpx
+
+        body = {"flows": {"name": {"any_": list(MODEL_FLOWS)}}, "sort": "START_TIME_DESC", "limit": self.scan}
+        try:
+            reply = httpx.post(f"{self.api_url}/flow_runs/filter", json=body, timeout=self.timeout_s)
+            reply.raise_for_status()
+            found = reply.json()
+            flows = httpx.post(f"{self.api_url}/flows/filter", json={"flows": {"name": {"any_": list(MODEL_FLOWS)}}},
+                               timeout=self.timeout_s)  # fmt: skip
+            flows.raise_for_status()
+            names = {f["id"]: f["name"] for f in flows.json()}
+        except (httpx.HTTPError, ValueError) as exc:
+            raise DependencyUnavailable(f"Prefect at {self.api_url} did not list flow runs: {exc}") from exc
+        ui = self.api_url.removesuffix("/").removesuffix("/api")
+        out = []
+        for run in found:
+            params = run.get("parameters") or {}
+            if params.get("model") != model and model not in (params.get("models") or ()):
+                continue
+            started = run.get("start_time") or run.get("expected_start_time")
+            out.append(FlowRun(str(run["id"]), str(run.get("name", "")), names.get(run.get("flow_id"), "?"),
+                               str(run.get("state_name") or run.get("state_type") or "?"),
+                               datetime.fromisoformat(started).timestamp() if started else None,
+                               f"{ui}/runs/flow-run/{run['id']}"))  # fmt: skip
+        return out[:limit]
 
 
 @dataclass
@@ -168,5 +213,6 @@ def dashboard_sources(settings: Settings, engine: Engine, events: AuditHook) -> 
         failures=_Failures(connect(settings.redis_url), settings.failure.window),
         loops=_Loops(engine, settings.loop.lease_s),
         promoter=_Promoter(settings, events),
+        runs=_FlowRuns(settings.prefect_api_url.removesuffix("/")),
         links=ui_links(settings),
     )

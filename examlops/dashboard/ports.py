@@ -2,10 +2,11 @@
 
 The serving process passes what it owns (the pipeline, its metrics registry, the trace store, the job
 service) to ``dashboard_router``; the composition root (``examlops.bootstrap.dashboard``) builds the rest
-(``DashboardSources``: the audit trail, drift rows, loop records, failure windows, the promotion service) and
-attaches them to the app (``attach_sources``). A source left None is shown as "not available here", never as
-an error. Every source call may block (SQL, Redis, MLflow): the routes call them off the event loop. Failure
-mode: a source raises an ``ExamlopsError`` (``StoreUnavailable`` mostly); the page shows it in place.
+(``DashboardSources``: the audit trail, drift rows, loop records, failure windows, the promotion service,
+Prefect's flow runs) and attaches them to the app (``attach_sources``). A source left None is shown as "not
+available here", never as an error. Every source call may block (SQL, Redis, MLflow, Prefect): the routes call
+them off the event loop. Failure mode: a source raises an ``ExamlopsError`` (``StoreUnavailable`` mostly); the
+page shows it in place.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class DriftPoint:
 
 
 class DriftHistory(Protocol):
-    def history(self, limit: int) -> list[DriftPoint]:
-        """The newest ``limit`` rows of every model and kind, oldest first."""
+    def history(self, model: str, limit: int) -> list[DriftPoint]:
+        """The newest ``limit`` rows of ``model`` (every kind), oldest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,23 @@ class Promoter(Protocol):
     def rollback(self, model: str, actor: str) -> Moved: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FlowRun:
+    """One Prefect flow run that names a model in its parameters; ``url`` is its page in the Prefect UI."""
+
+    id: str
+    name: str
+    flow: str
+    state: str
+    started_at: float | None
+    url: str
+
+
+class FlowRuns(Protocol):
+    def runs(self, model: str, limit: int) -> list[FlowRun]:
+        """The newest ``limit`` flow runs whose parameters name ``model``, newest first."""
+
+
 class Authenticator(Protocol):
     """``examlops.identity.IdentityResolver``: a token to a ``Caller``, ``Unauthenticated`` else."""
 
@@ -126,5 +144,6 @@ class DashboardSources:
     failures: FailureWindows | None = None
     loops: LoopRecords | None = None
     promoter: Promoter | None = None
+    runs: FlowRuns | None = None
     links: dict[str, str] = field(default_factory=dict)
     """``mlflow`` and ``prefect``: base URLs of their UIs."""

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from examlops.core.errors import ExamlopsError, Forbidden
 from examlops.core.settings import Settings
-from examlops.dashboard.ports import AuditEntry, DashboardSources, DriftPoint, FailureWindow, Pipeline
-from examlops.dashboard.rates import RateSampler
+from examlops.dashboard.ports import AuditEntry, DashboardSources, DriftPoint, FailureWindow, FlowRun, Pipeline
+from examlops.dashboard.rates import RateHistory
 from examlops.identity import Caller, Permission
 from examlops.tracing import TraceQuery, TraceRecord, TraceStore
 
@@ -61,11 +61,10 @@ def when(ts: float | None) -> str:
 
 
 def models_view(
-    caller: Caller, settings: Settings, pipeline: Pipeline, sources: DashboardSources, rates: RateSampler
+    caller: Caller, settings: Settings, pipeline: Pipeline, sources: DashboardSources, rates: RateHistory
 ) -> dict[str, Any]:
     problems: list[str] = []
     names = visible_models(caller, pipeline)
-    rates.sample()
     failures, loop_records = sources.failures, sources.loops
     windows: dict[str, FailureWindow] = {}
     if failures is not None:
@@ -105,25 +104,44 @@ def models_view(
 
 
 def drift_view(caller: Caller, pipeline: Pipeline, sources: DashboardSources, limit: int = 500) -> dict[str, Any]:
+    """Per visible model its newest ``limit`` drift rows (each model its own, so a busy one hides no other)."""
     problems: list[str] = []
-    names = set(visible_models(caller, pipeline))
-    points: list[DriftPoint] = []
-    if sources.drift is not None:
-        points = attempt(problems, "drift status", partial(sources.drift.history, limit), points)
-    points = [p for p in points if p.model in names]
+    names = visible_models(caller, pipeline)
+    drift = sources.drift
     series: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for p in points:
-        kind = series.setdefault(p.model, {}).setdefault(p.kind, {"at": [], "score": []})
-        kind["at"].append(p.at)
-        kind["score"].append(p.score)
-    reports = [{**asdict(p), "when": when(p.at)} for p in reversed(points)]
+    points: list[DriftPoint] = []
+    for name in names:
+        none: list[DriftPoint] = []
+        rows = (
+            attempt(problems, f"drift status of {name}", partial(drift.history, name, limit), none) if drift else none
+        )
+        for p in rows:
+            kind = series.setdefault(p.model, {}).setdefault(p.kind, {"at": [], "score": []})
+            kind["at"].append(p.at)
+            kind["score"].append(p.score)
+        points.extend(rows)
+    points.sort(key=lambda p: p.at, reverse=True)
+    reports = [{**asdict(p), "when": when(p.at)} for p in points[:100]]
     return {
         "models": sorted(names),
         "series": series,
-        "reports": reports[:100],
-        "available": sources.drift is not None,
+        "reports": reports,
+        "available": drift is not None,
         "problems": problems,
     }
+
+
+def runs_view(caller: Caller, pipeline: Pipeline, sources: DashboardSources, model: str) -> dict[str, Any]:
+    """The newest flow runs whose parameters name ``model`` (a model the caller may not see has none)."""
+    problems: list[str] = []
+    runs: list[FlowRun] = []
+    visible = model in visible_models(caller, pipeline)
+    if visible and sources.runs is not None:
+        flow_runs = sources.runs
+        runs = attempt(problems, "Prefect flow runs", partial(flow_runs.runs, model, 50), runs)
+    rows = [{**asdict(r), "started": when(r.started_at)} for r in runs]
+    return {"model": model, "visible": visible, "available": sources.runs is not None, "runs": rows,
+            "problems": problems}  # fmt: skip
 
 
 def control_view(caller: Caller, pipeline: Pipeline, sources: DashboardSources, audit_check: Any) -> dict[str, Any]:

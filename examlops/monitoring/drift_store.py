@@ -121,9 +121,12 @@ class SqlDriftStore:
             raise StoreUnavailable(f"the drift status table cannot be read: {exc}") from exc
         return [_status(r) for r in rows]
 
-    def history(self, limit: int = 500) -> list[StatusRow]:
-        """The newest ``limit`` rows of every model and kind, oldest first (the dashboard's drift charts)."""
+    def history(self, limit: int = 500, model: str | None = None) -> list[StatusRow]:
+        """The newest ``limit`` rows of every model (or of ``model``) and kind, oldest first (the dashboard's
+        drift charts, one model each)."""
         query = select(DriftStatus).order_by(col(DriftStatus.id).desc()).limit(limit)
+        if model is not None:
+            query = query.where(DriftStatus.model == model)
         try:
             with Session(self._engine) as session:
                 rows = session.exec(query).all()

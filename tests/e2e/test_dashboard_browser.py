@@ -39,7 +39,7 @@ pytestmark = [
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOTS = os.environ.get("EXAMLOPS_SCREENSHOTS")  # read at import: an autouse fixture clears EXAMLOPS_*
-PAGES = ("models", "drift", "control", "traces")
+PAGES = ("models", "drift", "control", "traces", "models/JPCP/runs")
 
 
 @dataclass
@@ -223,7 +223,7 @@ def test_dashboard_in_chromium(
         wait_for(browser, charts_drawn)
         browser.execute_script("return new Promise(r => setTimeout(r, 6000))")  # one in-place refresh
         assert problems(browser) == [], name
-        screenshot(browser, shots / f"{name}.png")
+        screenshot(browser, shots / f"{name.replace('/', '-')}.png")
     browser.get(f"{base}/dashboard/models")
     wait_for(browser, charts_drawn)
     screenshot(browser, shots / "models-tablet.png", width=800)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from examlops.core.errors import StoreUnavailable
-from examlops.dashboard.ports import AuditCheck, AuditEntry, DriftPoint, FailureWindow, Moved
+from examlops.dashboard.ports import AuditCheck, AuditEntry, DriftPoint, FailureWindow, FlowRun, Moved
 from examlops.serving.hotset import EntryInfo
 from tests.unit.api.test_ingress import FakePipeline
 
@@ -53,8 +53,8 @@ class InMemoryAudit:
 class FixedDrift:
     points: list[DriftPoint] = field(default_factory=list)
 
-    def history(self, limit: int) -> list[DriftPoint]:
-        return self.points[-limit:]
+    def history(self, model: str, limit: int) -> list[DriftPoint]:
+        return [p for p in self.points if p.model == model][-limit:]
 
 
 @dataclass
@@ -92,3 +92,13 @@ class RecordingPromoter:
         self.asked.append(("rollback", model, actor))
         self.audit.add("alias.moved", model, actor)
         return Moved(model, "2", "1", ("http://serving",))
+
+
+@dataclass
+class FixedRuns:
+    """Prefect's flow runs, each with the model its parameters name."""
+
+    named: list[tuple[str, FlowRun]] = field(default_factory=list)
+
+    def runs(self, model: str, limit: int) -> list[FlowRun]:
+        return [run for name, run in self.named if name == model][:limit]

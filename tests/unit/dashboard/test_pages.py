@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from examlops.api.app import create_app
 from examlops.core.settings import Settings
 from examlops.dashboard import DashboardSources, attach_sources
-from examlops.dashboard.ports import DriftPoint, FailureWindow
+from examlops.dashboard.ports import DriftPoint, FailureWindow, FlowRun
 from examlops.identity import IdentityResolver, IdentityService, Role
 from examlops.registry.catalog import load_catalog
 from examlops.tracing import TraceQuery, TraceRecord
@@ -22,12 +22,15 @@ from tests.unit.dashboard.fakes import (
     FixedDrift,
     FixedFailures,
     FixedLoops,
+    FixedRuns,
     HotPipeline,
     InMemoryAudit,
     RecordingPromoter,
 )
 from tests.unit.identity.fakes import InMemoryIdentityStore
 from tests.unit.tracing.test_tracing import InMemoryTraceStore
+
+RUN = FlowRun("r1", "brave-otter", "retrain", "Completed", 1.7e9, "http://127.0.0.1:18003/runs/flow-run/r1")
 
 
 @dataclass
@@ -61,6 +64,7 @@ async def site(settings: Settings) -> AsyncIterator[Site]:
             failures=failures,
             loops=FixedLoops({"JPCP": {"phase": "canary", "share": 10, "note": "watching"}}),
             promoter=promoter,
+            runs=FixedRuns([("JPCP", RUN)]),
             links={"mlflow": "http://127.0.0.1:18002", "prefect": "http://127.0.0.1:18003"},
         ),
     )
@@ -187,6 +191,28 @@ async def test_drift_page_lists_reports_and_charts_read_their_p_values(site: Sit
     series = (await site.client.get("/dashboard/drift/series.json")).json()
     assert series == {"JPCP": {"prediction": {"at": [1.7e9], "score": [0.01]}}}
     assert (await site.client.get("/dashboard/drift/report", params={"path": "/etc/passwd"})).status_code == 404
+
+
+async def test_drift_is_read_per_model_so_a_busy_model_hides_no_other(site: Site) -> None:
+    busy = [DriftPoint("JPCP", "prediction", "1", 1.7e9 + i, 0.5, 0.05, False, f"/r/{i}.html") for i in range(600)]
+    quiet = DriftPoint("AC", "input", "2", 1.6e9, 0.01, 0.05, True, "/r/ac.html")
+    transport = site.client._transport
+    assert isinstance(transport, httpx.ASGITransport)
+    attach_sources(transport.app, DashboardSources(drift=FixedDrift([quiet, *busy])))  # type: ignore[arg-type]
+    await site.login("ops", Role.OPERATOR)
+    series = (await site.client.get("/dashboard/drift/series.json")).json()
+    assert (
+        series["AC"] == {"input": {"at": [1.6e9], "score": [0.01]}} and len(series["JPCP"]["prediction"]["at"]) == 500
+    )
+
+
+async def test_the_prefect_link_lists_the_models_own_flow_runs(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    models = (await site.client.get("/dashboard/models")).text
+    assert 'href="/dashboard/models/JPCP/runs"' in models
+    runs = (await site.client.get("/dashboard/models/JPCP/runs")).text
+    assert "brave-otter" in runs and "http://127.0.0.1:18003/runs/flow-run/r1" in runs
+    assert "brave-otter" not in (await site.client.get("/dashboard/models/AC/runs")).text
 
 
 async def test_logout_ends_the_session(site: Site) -> None:

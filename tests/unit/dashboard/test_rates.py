@@ -1,10 +1,13 @@
-"""Requests per second and latency quantiles from serving's own metrics, with a clock the test moves."""
+"""Requests per second and latency quantiles kept by serving on a timer, with a clock the test moves."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from examlops.dashboard.rates import RateSampler, chart_data, quantile
+from examlops.dashboard.rates import RateHistory, chart_data, quantile
 from examlops.serving.metrics import LATENCY_BUCKETS
 
 
@@ -24,11 +27,11 @@ def metrics(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
     return requests, latency
 
 
-def test_rate_and_quantiles_are_those_of_the_requests_between_two_snapshots() -> None:
+def test_rate_and_quantiles_are_those_of_the_requests_between_two_readings() -> None:
     registry, clock = CollectorRegistry(), Clock()
     requests, latency = metrics(registry)
-    sampler = RateSampler(registry, clock=clock)
-    sampler.sample()
+    history = RateHistory(registry, clock=clock)
+    history.sample()
     for _ in range(98):
         requests.labels("JPCP", "Production", "ok").inc()
         latency.labels("JPCP", "Production").observe(0.004)
@@ -36,13 +39,13 @@ def test_rate_and_quantiles_are_those_of_the_requests_between_two_snapshots() ->
         requests.labels("JPCP", "Production", "failed").inc()
         latency.labels("JPCP", "Production").observe(0.2)
     clock.now += 10
-    sampler.sample()
-    [series] = sampler.series("JPCP")
+    history.sample()
+    [series] = history.series("JPCP")
     assert series.alias == "Production" and series.rps == [10.0]
     assert series.p50_ms[0] is not None and 2.5 < series.p50_ms[0] <= 5.0
     assert series.p99_ms[0] is not None and 100.0 < series.p99_ms[0] <= 250.0
-    assert sampler.summary("JPCP")["Production"]["rps"] == 10.0
-    assert chart_data(sampler.series("JPCP"))["Production"]["at"] == [1010.0]
+    assert history.summary("JPCP")["Production"]["rps"] == 10.0
+    assert chart_data(history.series("JPCP"))["Production"]["at"] == [1010.0]
 
 
 def test_an_interval_without_requests_has_a_zero_rate_and_no_quantile() -> None:
@@ -50,32 +53,69 @@ def test_an_interval_without_requests_has_a_zero_rate_and_no_quantile() -> None:
     requests, latency = metrics(registry)
     requests.labels("AC", "Canary", "ok").inc()
     latency.labels("AC", "Canary").observe(0.01)
-    sampler = RateSampler(registry, clock=clock)
-    sampler.sample()
+    history = RateHistory(registry, clock=clock)
+    history.sample()
     clock.now += 5
-    sampler.sample()
-    [series] = sampler.series("AC")
+    history.sample()
+    [series] = history.series("AC")
     assert series.rps == [0.0] and series.p50_ms == [None] and series.p99_ms == [None]
 
 
-def test_snapshots_closer_than_the_interval_are_not_taken_and_old_ones_are_dropped() -> None:
+def test_each_ring_keeps_its_newest_points_only() -> None:
     registry, clock = CollectorRegistry(), Clock()
-    metrics(registry)
-    sampler = RateSampler(registry, min_interval_s=2.0, keep_s=60.0, clock=clock)
-    sampler.sample()
-    clock.now += 1
-    sampler.sample()
-    assert len(sampler._snapshots) == 1
-    for _ in range(40):
-        clock.now += 3
-        sampler.sample()
-    assert all(s.at >= clock.now - 60.0 for s in sampler._snapshots)
+    requests, _ = metrics(registry)
+    history = RateHistory(registry, keep=12, clock=clock)
+    history.sample()
+    for step in range(40):
+        requests.labels("JPCP", "Production", "ok").inc(step)
+        requests.labels("JPCP", "Canary", "ok").inc()
+        clock.now += 5
+        history.sample()
+    production, canary = {s.alias: s for s in history.series("JPCP")}["Production"], history.series("JPCP")[0]
+    assert len(production.at) == 12 and production.at[-1] == clock.now and production.at[0] == clock.now - 55
+    assert production.rps[-1] == 39 / 5 and canary.alias == "Canary" and len(canary.rps) == 12
+
+
+def test_the_summary_merges_the_last_minute_of_points() -> None:
+    registry, clock = CollectorRegistry(), Clock()
+    requests, latency = metrics(registry)
+    history = RateHistory(registry, clock=clock)
+    history.sample()
+    for step in range(24):  # two minutes: 5 requests a reading for the first, 1 for the second
+        for _ in range(5 if step < 12 else 1):
+            requests.labels("JPCP", "Production", "ok").inc()
+            latency.labels("JPCP", "Production").observe(0.004 if step < 12 else 0.2)
+        clock.now += 5
+        history.sample()
+    minute = history.summary("JPCP", over_s=60.0)["Production"]
+    assert minute["rps"] == 12 / 60
+    assert minute["p50_ms"] is not None and minute["p50_ms"] > 100.0
+
+
+def test_the_history_is_kept_while_nobody_reads_it() -> None:
+    """The timer samples on its own: a reader arriving later sees the points taken before it came."""
+    registry, clock = CollectorRegistry(), Clock()
+    requests, _ = metrics(registry)
+    history = RateHistory(registry, interval_s=5.0, clock=clock)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        requests.labels("JPCP", "Production", "ok").inc(10)
+        clock.now += seconds
+        if len(sleeps) == 6:
+            raise asyncio.CancelledError
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(history.run(sleep))
+    [series] = history.series("JPCP")
+    assert sleeps == [5.0] * 6 and series.rps == [2.0] * 5
 
 
 def test_a_registry_without_the_metrics_gives_empty_series() -> None:
-    sampler = RateSampler(CollectorRegistry(), clock=Clock())
-    sampler.sample()
-    assert sampler.series("JPCP") == [] and sampler.summary("JPCP") == {}
+    history = RateHistory(CollectorRegistry(), clock=Clock())
+    history.sample()
+    assert history.series("JPCP") == [] and history.summary("JPCP") == {}
 
 
 def test_quantile_interpolates_within_its_bucket_and_is_none_when_empty() -> None:
