@@ -7,6 +7,7 @@ Unset URLs mean examlops starts and owns a local server under the state folder. 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -67,6 +68,12 @@ class RaySettings(Section):
     """Calls one model replica accepts at once; more wait in the ingress's handle."""
     replica_cpus: float = Field(0.5, gt=0)
     """CPUs reserved per model replica (Ray's ``num_cpus``); the ingress reserves a quarter CPU."""
+    deploy_timeout_s: float = Field(120.0, gt=0)
+    """How long a model deployment may take to have every replica running its versions; past it the load
+    fails with Ray's status message (e.g. replicas that the cluster has no CPUs to place)."""
+    proxy_location: Literal["HeadOnly", "EveryNode"] = "HeadOnly"
+    """Where Serve runs its HTTP proxy: the head node only, or every node (then each node answers on the
+    serving port and a balancer can spread over them)."""
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RaySettings:

@@ -50,6 +50,12 @@ def _late(req: InferenceRequest) -> Refused:
     return Refused("the budget ran out while the call was queued; it was not run", reason="late")
 
 
+def predict_capacity(runtime: PredictRuntime, settings: Settings) -> int:
+    """Predict calls the runtime runs at once: its ``capacity`` when it has one (Ray's replicas), else the pool's."""
+    capacity = getattr(runtime, "capacity", None)
+    return capacity if isinstance(capacity, int) and capacity > 0 else settings.predict.workers
+
+
 class Pipeline:
     """The serving core the HTTP app and the bus bridge call (contract above)."""
 
@@ -85,21 +91,20 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
+        workers = predict_capacity(runtime, settings)
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
             max_wait_s=settings.batch.max_wait_ms / 1000,
-            eager_below=settings.predict.workers,
+            eager_below=workers,
             # A batch per worker: the rest wait here, where deadlines order them and expired calls are dropped.
-            max_in_flight=settings.predict.workers,
+            max_in_flight=workers,
             horizon_s=settings.admission.horizon_s,
             expired=_late,
             lead=self._lead_s,
             name="feature-transformer",
         )
-        self.estimator = Estimator(
-            settings.admission, self._batcher, workers=settings.predict.workers, max_size=settings.batch.max_size
-        )
+        self.estimator = Estimator(settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size)
         self._dispatcher = Dispatcher(
             catalog,
             self._router,
@@ -108,7 +113,7 @@ class Pipeline:
             route_retries=settings.traffic.route_retries,
             wall=wall,
             on_predict=self.estimator.costs.observe,
-            slots=settings.predict.workers,
+            slots=workers,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)

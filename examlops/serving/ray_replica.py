@@ -1,12 +1,14 @@
 """One replica of a model's Ray Serve deployment: the versions it holds, and batched predictions.
 
 The Ray engine runs one deployment per catalog model (``ray_runtime``). Every replica holds the versions
-named in the deployment's ``user_config`` (``{"versions": {key: artifact location}}``): Ray calls
-``reconfigure`` on each replica when the config changes and on a new replica's start, without restarting
-it and while it keeps answering. ``reconfigure`` loads the versions it lacks FIRST, then drops the ones the
-config no longer names, so a swap never leaves a replica without the version its traffic is routed to.
-It never raises: a version that fails to load is recorded with its reason (``state``), so that one bad
-artifact cannot fail the deployment, and the ingress refuses it.
+named in the deployment's ``user_config`` (``{"versions": {key: token}}``, the token of the version's
+artifact in the ingress's store, ``ray_artifacts``; never a path, which another node would not have): Ray
+calls ``reconfigure`` on each replica when the config changes and on a new replica's start, without
+restarting it and while it keeps answering. ``reconfigure`` loads the versions it lacks FIRST (fetched
+through Ray and unpacked locally), then drops the ones the config no longer names, so a swap never leaves
+a replica without the version its traffic is routed to. A version that fails to load makes
+``reconfigure`` raise after the others are applied: Ray then reports the deployment failed (its status
+message names the version and reason), the ingress refuses the version and redeploys without it.
 
 ``predict((key, rows))`` is batched with ``@serve.batch``: calls queue until their rows reach the
 settings' batch size or the batch wait passes (the ingress's micro-batches of several requests each
@@ -32,8 +34,9 @@ from typing import Any, Literal
 import numpy as np
 from ray import serve
 
-from examlops.registry.loader import expected_features, load_sklearn_model
+from examlops.registry.loader import expected_features
 from examlops.serving.ports import Predictor, Rows
+from examlops.serving.ray_artifacts import ShippedLoader
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ def predict_calls(models: Mapping[str, Predictor], calls: Sequence[Call]) -> lis
 class ModelReplica:
     """One replica's versions and its batched predict (contract above).
 
-    ``loader`` turns an artifact location into a model (``load_sklearn_model``; tests pass their own).
+    ``loader`` turns ``(key, token)`` into a model (``ShippedLoader``; tests pass their own).
     """
 
     def __init__(
@@ -94,12 +97,12 @@ class ModelReplica:
         max_rows: int = DEFAULT_MAX_ROWS,
         max_wait_s: float = DEFAULT_WAIT_S,
         timeout_s: float = 30.0,
-        loader: Callable[[str], Predictor] = load_sklearn_model,
+        loader: Callable[[str, str], Predictor] | None = None,
     ) -> None:
         self._model = model
         self._timeout_s = timeout_s
         self._stuck: str | None = None
-        self._loader = loader
+        self._loader = loader if loader is not None else ShippedLoader()
         self._models: dict[str, Predictor] = {}
         self._locations: dict[str, str] = {}
         self._failed: dict[str, tuple[str, str]] = {}  # key -> (location, reason)
@@ -110,21 +113,23 @@ class ModelReplica:
 
     async def reconfigure(self, config: Mapping[str, Any]) -> None:
         versions: dict[str, str] = dict(config.get("versions", {}))
-        for key, location in versions.items():
-            if self._locations.get(key) == location or self._failed.get(key, ("",))[0] == location:
+        for key, token in versions.items():
+            if self._locations.get(key) == token:
                 continue
             try:
-                self._models[key] = await asyncio.to_thread(self._loader, location)
-                self._locations[key] = location
+                self._models[key] = await asyncio.to_thread(self._loader, key, token)
+                self._locations[key] = token
                 self._failed.pop(key, None)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("could not load %s from %s: %s", key, location, reason)
-                self._failed[key] = (location, reason)
+                log.warning("could not load %s (%s): %s", key, token, reason)
+                self._failed[key] = (token, reason)
         for key in [k for k in self._models if k not in versions]:
             del self._models[key], self._locations[key]
         for key in [k for k in self._failed if k not in versions]:
             del self._failed[key]
+        if failed := [f"{key}: {reason}" for key, (_, reason) in sorted(self._failed.items())]:
+            raise RuntimeError(f"could not load {'; '.join(failed)}")
 
     async def state(self, key: str) -> tuple[bool, int | None, str | None]:
         """``(loaded, input columns the model declares, why it failed)`` of one version on this replica."""

@@ -33,12 +33,12 @@ class Raising:
 
 
 class Loader:
-    """Loads ``Scaled(factor)`` from a location named ``"x<factor>"``; any other location fails."""
+    """Loads ``Scaled(factor)`` from a token ``"x<factor>"``; any other token fails."""
 
     def __init__(self) -> None:
         self.loaded: list[str] = []
 
-    def __call__(self, location: str) -> Scaled:
+    def __call__(self, key: str, location: str) -> Scaled:
         self.loaded.append(location)
         if not location.startswith("x"):
             raise FileNotFoundError(location)
@@ -72,21 +72,23 @@ def test_a_non_finite_prediction_is_a_failure() -> None:
     assert kind == "failed" and "not finite" in reason
 
 
-async def test_reconfigure_loads_new_versions_before_dropping_old_ones_and_records_failures() -> None:
+async def test_reconfigure_loads_new_versions_before_dropping_old_ones_and_raises_for_failures() -> None:
     loader = Loader()
     replica = ModelReplica("M", loader=loader)
     await replica.reconfigure({"versions": {"M/1": "x1"}})
     assert await replica.state("M/1") == (True, 3, None)
 
-    await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
+    with pytest.raises(RuntimeError, match=r"M/3: FileNotFoundError"):  # so Ray reports the deployment failed
+        await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
     assert await replica.state("M/2") == (True, 3, None)
     loaded, _, reason = await replica.state("M/3")
     assert not loaded and reason is not None and "FileNotFoundError" in reason
     loaded, _, reason = await replica.state("M/1")
     assert not loaded and reason is not None and "not in the deployment" in reason
 
-    await replica.reconfigure({"versions": {"M/2": "x2", "M/3": "broken"}})
-    assert loader.loaded == ["x1", "x2", "broken"]  # neither a held nor a refused version is loaded again
+    await replica.reconfigure({"versions": {"M/2": "x2"}})
+    assert loader.loaded == ["x1", "x2", "broken"]  # a held version is not loaded again
+    assert (await replica.state("M/3"))[2] == "M/3 is not in the deployment's versions"
 
 
 class Sleepy:
@@ -98,7 +100,7 @@ class Sleepy:
 
 
 async def test_a_batch_past_the_limit_times_out_and_fails_the_health_check_so_ray_replaces_the_replica() -> None:
-    replica = ModelReplica("M", max_wait_s=0.0, timeout_s=0.05, loader=lambda location: Sleepy())
+    replica = ModelReplica("M", max_wait_s=0.0, timeout_s=0.05, loader=lambda key, token: Sleepy())
     await replica.reconfigure({"versions": {"M/1": "x"}})
     await replica.check_health()
     [(kind, reason), second] = await replica.predict_batch([("M/1", rows(1)), ("M/1", rows(2))])
@@ -108,7 +110,7 @@ async def test_a_batch_past_the_limit_times_out_and_fails_the_health_check_so_ra
 
 
 async def test_a_batch_cancelled_by_its_caller_still_fails_the_health_check_once_its_thread_overruns() -> None:
-    replica = ModelReplica("M", timeout_s=0.05, loader=lambda location: Sleepy())
+    replica = ModelReplica("M", timeout_s=0.05, loader=lambda key, token: Sleepy())
     await replica.reconfigure({"versions": {"M/1": "x"}})
     batch = asyncio.ensure_future(replica.predict_batch([("M/1", rows(1))]))
     await asyncio.sleep(0.01)

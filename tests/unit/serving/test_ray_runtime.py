@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,10 @@ pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip insta
 
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
 from examlops.core.settings import Settings
-from examlops.serving.ray_runtime import RayPredictRuntime, deployment_options
+from examlops.serving.pipeline import predict_capacity
+from examlops.serving.ray_artifacts import pack, unpack
+from examlops.serving.ray_deploy import deployment_options, wait_running
+from examlops.serving.ray_runtime import RayPredictRuntime
 
 
 class Response:
@@ -77,42 +81,149 @@ class FakeDeployments:
         return answer
 
 
+class FakeArtifacts:
+    """The artifact store: a version's token is ``t:<folder's last part>``; records what is held."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+
+    def ship(self, key: str, folder: str) -> str:
+        self.held[key] = token = f"t:{folder.rsplit('/', 1)[-1]}"
+        return token
+
+    def drop(self, key: str) -> None:
+        self.held.pop(key, None)
+
+
 @pytest.fixture
 def fake() -> FakeDeployments:
     return FakeDeployments()
 
 
-def runtime(fake: FakeDeployments, **predict: Any) -> RayPredictRuntime:
+def runtime(fake: FakeDeployments, artifacts: FakeArtifacts | None = None, **predict: Any) -> RayPredictRuntime:
     settings = Settings(predict=predict) if predict else Settings()
-    return RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle)
+    store = artifacts if artifacts is not None else FakeArtifacts()
+    return RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle, artifacts=store)
 
 
 async def test_a_load_redeploys_the_model_with_the_version_and_an_unload_without_it(fake: FakeDeployments) -> None:
-    rt = runtime(fake)
+    store = FakeArtifacts()
+    rt = runtime(fake, store)
     assert await rt.load("JPCP/1", "/a/1") == 385
     assert await rt.load("JPCP/2", "/a/2") == 385
     await rt.unload("JPCP/1")
     assert fake.redeploys == [
-        ("JPCP", {"JPCP/1": "/a/1"}),
-        ("JPCP", {"JPCP/1": "/a/1", "JPCP/2": "/a/2"}),
-        ("JPCP", {"JPCP/2": "/a/2"}),
+        ("JPCP", {"JPCP/1": "t:1"}),
+        ("JPCP", {"JPCP/1": "t:1", "JPCP/2": "t:2"}),
+        ("JPCP", {"JPCP/2": "t:2"}),
     ]
+    assert store.held == {"JPCP/2": "t:2"}
+
+
+async def test_the_replicas_config_names_artifact_tokens_never_a_local_path(fake: FakeDeployments) -> None:
+    rt = runtime(fake)
+    await rt.load("JPCP/1", "/var/examlops/cache/JPCP/1")
+    for _, versions in fake.redeploys:
+        assert all("/var/" not in token and not token.startswith("/") for token in versions.values())
 
 
 async def test_loads_that_wait_for_a_redeploy_are_applied_together(fake: FakeDeployments) -> None:
     rt = runtime(fake)
     await asyncio.gather(*(rt.load(f"AC/{v}", f"/a/{v}") for v in (1, 2, 3)))
-    assert fake.deployed["AC"] == {"AC/1": "/a/1", "AC/2": "/a/2", "AC/3": "/a/3"}
+    assert fake.deployed["AC"] == {"AC/1": "t:1", "AC/2": "t:2", "AC/3": "t:3"}
     assert len(fake.redeploys) < 3
 
 
 async def test_a_version_the_replicas_cannot_load_is_refused_and_taken_out_again(fake: FakeDeployments) -> None:
-    rt = runtime(fake)
+    store = FakeArtifacts()
+    rt = runtime(fake, store)
     await rt.load("JPCP/1", "/a/1")
     fake.broken.add("JPCP/2")
     with pytest.raises(ModelLoadError, match="bad artifact"):
         await rt.load("JPCP/2", "/a/2")
-    assert fake.deployed["JPCP"] == {"JPCP/1": "/a/1"}
+    assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
+    assert store.held == {"JPCP/1": "t:1"}
+
+
+async def test_a_deploy_that_fails_is_refused_and_taken_out_again(fake: FakeDeployments) -> None:
+    rt = runtime(fake)
+    await rt.load("JPCP/1", "/a/1")
+    deploy = fake.deploy
+
+    def failing(settings: Settings, model: str, versions: dict[str, str]) -> None:
+        deploy(settings, model, versions)
+        if "JPCP/2" in versions:
+            raise ModelLoadError("Ray could not deploy examlops-model-JPCP: could not load JPCP/2")
+
+    rt._deploy = failing
+    with pytest.raises(ModelLoadError, match="could not load JPCP/2"):
+        await rt.load("JPCP/2", "/a/2")
+    assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
+
+
+class FakeStatus:
+    """``serve.status()`` of one application whose statuses follow ``steps`` (the last one stays)."""
+
+    def __init__(self, *steps: str, message: str = "") -> None:
+        self.steps, self.message, self.calls = list(steps), message, 0
+
+    def __call__(self) -> Any:
+        step = self.steps[min(self.calls, len(self.steps) - 1)]
+        self.calls += 1
+        deployment = type("D", (), {"status": "UNHEALTHY", "message": self.message})()
+        app = type("A", (), {"status": step, "message": "", "deployments": {"replica": deployment}})()
+        return type("S", (), {"applications": {"examlops-model-M": app}})()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_a_deploy_returns_once_the_application_runs() -> None:
+    status, clock = FakeStatus("DEPLOYING", "DEPLOYING", "RUNNING"), Clock()
+    wait_running("examlops-model-M", 10, status=status, clock=clock, sleep=clock.sleep)
+    assert status.calls == 3
+
+
+def test_a_deploy_that_cannot_place_its_replicas_fails_at_the_deadline_with_rays_message() -> None:
+    status = FakeStatus("DEPLOYING", message="Deployment 'replica' has 1 replicas that cannot be scheduled")
+    clock = Clock()
+    with pytest.raises(ModelLoadError, match=r"within 5 s: .*cannot be scheduled"):
+        wait_running("examlops-model-M", 5, status=status, clock=clock, sleep=clock.sleep)
+    assert 5 <= clock.now < 6
+
+
+def test_a_deploy_that_failed_is_refused_with_rays_message_at_once() -> None:
+    status, clock = FakeStatus("DEPLOY_FAILED", message="could not load M/2: ValueError"), Clock()
+    with pytest.raises(ModelLoadError, match="could not load M/2"):
+        wait_running("examlops-model-M", 60, status=status, clock=clock, sleep=clock.sleep)
+    assert clock.now == 0
+
+
+async def test_a_replica_that_does_not_say_the_models_width_in_time_fails_the_load(fake: FakeDeployments) -> None:
+    rt = RayPredictRuntime(
+        Settings(ray={"deploy_timeout_s": 0.05}), deploy=fake.deploy, handle=fake.handle, artifacts=FakeArtifacts()
+    )
+
+    async def silent(key: str) -> Any:
+        await asyncio.sleep(3600)
+
+    fake._state = silent  # type: ignore[method-assign]
+    with pytest.raises(ModelLoadError, match=r"within 0\.05 s"):
+        await rt.load("JPCP/1", "/a/1")
+
+
+def test_capacity_is_the_replicas_or_the_most_autoscaling_may_start(fake: FakeDeployments) -> None:
+    fixed = RayPredictRuntime(Settings(ray={"num_replicas": 2}), deploy=fake.deploy, handle=fake.handle)
+    scaled = RayPredictRuntime(Settings(ray={"max_replicas": 4}), deploy=fake.deploy, handle=fake.handle)
+    assert (fixed.capacity, scaled.capacity) == (2, 4)
 
 
 async def test_outcomes_become_our_errors(fake: FakeDeployments) -> None:
@@ -155,3 +266,21 @@ def test_replicas_come_from_settings_fixed_or_autoscaled() -> None:
     scaled = deployment_options(Settings(ray={"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 3}))
     assert "num_replicas" not in scaled
     assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 3.0}
+
+
+def test_the_pipeline_sizes_its_batches_in_flight_by_the_replicas_not_the_pool(fake: FakeDeployments) -> None:
+    settings = Settings(predict={"workers": 1}, ray={"num_replicas": 2})
+    assert predict_capacity(RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle), settings) == 2
+
+
+def test_a_shipped_folder_unpacks_to_the_same_files_under_a_token_of_its_content(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    (folder / "code").mkdir(parents=True)
+    (folder / "MLmodel").write_text("flavors: {}\n")
+    (folder / "code" / "x.py").write_bytes(b"X = 1\n")
+    blob, token = pack(str(folder))
+    assert pack(str(folder))[1] == token
+    out = unpack(blob, tmp_path / "replica" / token)
+    assert (out / "MLmodel").read_text() == "flavors: {}\n" and (out / "code" / "x.py").read_bytes() == b"X = 1\n"
+    (folder / "MLmodel").write_text("flavors: {sklearn: {}}\n")
+    assert pack(str(folder))[1] != token

@@ -1,0 +1,110 @@
+"""Deploying one model's Ray Serve application and waiting, with a deadline, until every replica runs it.
+
+Model ``M`` is the application ``examlops-model-M`` (no HTTP route) of one deployment of
+``ray_replica.ModelReplica``, with its replicas and autoscaling from ``settings.ray`` and its
+``user_config`` naming the versions every replica holds (``{key: artifact token}``).
+
+``deploy_model`` hands the application to Serve without blocking, then polls ``serve.status()`` until the
+application is ``RUNNING`` (Ray marks it so once every replica took the new ``user_config``; a replica
+whose ``reconfigure`` raised never counts). It raises ``ModelLoadError`` with Ray's status messages when
+the application's deploy failed or is unhealthy, or when ``settings.ray.deploy_timeout_s`` passes first
+(e.g. replicas that the cluster has no CPUs to place, which Ray would otherwise wait for forever).
+
+Imports ray: only the Ray engine loads this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from ray import serve
+from ray.serve import Deployment, RunTarget
+
+from examlops.core.errors import ModelLoadError
+from examlops.core.settings import Settings
+from examlops.serving.ray_replica import ModelReplica
+
+DEPLOYMENT = "replica"
+HEALTH_CHECK_PERIOD_S = 2.0
+"""A replica whose prediction timed out fails its health check; Ray looks this often."""
+INTERNAL_VERSION = "examlops-model-replica"
+"""Fixed, so that a redeploy that changes only ``user_config`` reconfigures replicas instead of replacing
+them (Ray gives an unversioned deployment a new random version on every ``serve.run``)."""
+POLL_S = 0.2
+
+
+def app_name(model: str) -> str:
+    return f"examlops-model-{model}"  # bootstrap.ray_serving.MODEL_APP_PREFIX deletes these
+
+
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """Serve options of every model deployment: replicas or autoscaling, limits and CPUs from ``settings.ray``."""
+    ray = settings.ray
+    options: dict[str, Any] = {
+        "name": DEPLOYMENT,
+        "max_ongoing_requests": ray.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": ray.replica_cpus},
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+    }
+    if ray.max_replicas is None:
+        options["num_replicas"] = ray.num_replicas
+    else:
+        options["autoscaling_config"] = {
+            "min_replicas": ray.min_replicas,
+            "max_replicas": ray.max_replicas,
+            "target_ongoing_requests": ray.target_ongoing_requests,
+        }
+    return options
+
+
+def model_application(settings: Settings, model: str, versions: dict[str, str]) -> serve.Application:
+    """The application of one model's replicas holding ``versions`` (key -> artifact token)."""
+    options = {**deployment_options(settings), "user_config": {"versions": versions}}
+    # The overloads of ``serve.deployment`` read a class as a decorator's argument list: say what it returns.
+    deployment = cast(Deployment, serve.deployment(ModelReplica)).options(**options)
+    # ``version`` is no longer a public option; the internal flag keeps it fixed (see INTERNAL_VERSION).
+    deployment = deployment.options(version=INTERNAL_VERSION, _internal=True)
+    batch = settings.batch
+    return deployment.bind(model, batch.max_size, batch.max_wait_ms / 1000, settings.predict.timeout_s)
+
+
+def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> None:
+    """Create or update the application of ``model``; return once it runs everywhere (contract above)."""
+    target = RunTarget(target=model_application(settings, model, versions), name=app_name(model), route_prefix=None)
+    serve.run_many([target], wait_for_applications_running=False)
+    wait_running(app_name(model), settings.ray.deploy_timeout_s)
+
+
+def wait_running(
+    app: str,
+    timeout_s: float,
+    *,
+    status: Callable[[], Any] = serve.status,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Poll ``status()`` until ``app`` is RUNNING; ``ModelLoadError`` when it failed or the deadline passed."""
+    deadline = clock() + timeout_s
+    while True:
+        state = status().applications.get(app)
+        current = "absent" if state is None else str(state.status)
+        if current.endswith("RUNNING"):
+            return
+        if current.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
+            raise ModelLoadError(f"Ray could not deploy {app}: {describe(state)}")
+        if clock() >= deadline:
+            raise ModelLoadError(f"{app} was not running on every replica within {timeout_s:g} s: {describe(state)}")
+        sleep(POLL_S)
+
+
+def describe(state: Any) -> str:
+    """The application's status and its deployments' messages, as Ray reports them."""
+    if state is None:
+        return "Serve does not know the application"
+    parts = [f"{state.status}" + (f" ({state.message})" if state.message else "")]
+    for name, deployment in getattr(state, "deployments", {}).items():
+        if deployment.message:
+            parts.append(f"{name} {deployment.status}: {deployment.message}")
+    return "; ".join(parts)[:1000]
