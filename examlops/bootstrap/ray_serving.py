@@ -2,13 +2,18 @@
 
 ``RayServingProcess(settings).run()`` joins the Ray cluster at ``settings.ray.address`` or starts a local
 one (its session, sockets and logs under ``settings.ray.temp_dir``, by default ``<state folder>/ray``;
-no dashboard), starts Serve's HTTP proxy on the serving host and port, and runs the application
-``examlops``: one ingress replica whose ASGI app is ``serving_app`` (the uvicorn engine's app, routes,
+no dashboard), starts Serve's HTTP proxy on the serving host and port (on the head node, or on every node
+with ``ray.proxy_location=EveryNode``), and runs the application ``examlops``: one ingress replica,
+pinned to this process's node (the artifact store it fills lives there too), whose ASGI app is
+``serving_app`` (the uvicorn engine's app, routes,
 error bodies, metrics, limits) with the predict runtime ``RayPredictRuntime`` in place of the process
 pool; the ingress creates one application per catalog model as its hot set loads (readiness, as on
 uvicorn, is ``/readyz``: every default alias loaded). It serves until SIGTERM/SIGINT or ``close()``: then
 Serve shuts down (replicas finish the calls they hold), a local cluster stops, and ``run`` returns; on a
-cluster it joined, it deletes its own applications only and leaves Serve running.
+cluster it joined, it deletes its own applications only and leaves Serve running. One examlops driver
+per cluster: joining a cluster where an examlops application already runs is refused
+(``AlreadyRunning``, naming it), since both would serve at ``/`` and either one's stop would delete the
+other's applications.
 
 The ingress stays at one replica: its pipeline owns the traffic-rule cache, the admission estimate and
 the hot set that ``/admin/reload`` (and so ``exa promote``) moves, which a second ingress replica would
@@ -31,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
-from examlops.core.errors import DependencyUnavailable
+from examlops.core.errors import AlreadyRunning, DependencyUnavailable
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -118,9 +123,16 @@ class RayServingProcess:
         from ray import serve
 
         owned = self._connect(ray)
+        if not owned:
+            try:
+                self._refuse_a_second_driver()
+            except BaseException:
+                ray.shutdown()
+                raise
         try:
-            serve.start(http_options={"host": self.host, "port": self.port}, proxy_location="HeadOnly")
-            serve.run(self._ingress(), name=INGRESS_APP, route_prefix="/")
+            proxy = self.settings.ray.proxy_location
+            serve.start(http_options={"host": self.host, "port": self.port}, proxy_location=proxy)
+            serve.run(self._ingress(ray), name=INGRESS_APP, route_prefix="/")
             log.warning("serving on Ray Serve at http://%s:%d", self.host, self.port)
             self._wait()
         finally:
@@ -131,6 +143,17 @@ class RayServingProcess:
                     ray.shutdown()
             else:
                 self._delete_applications()
+
+    def _refuse_a_second_driver(self) -> None:
+        """``AlreadyRunning`` when the joined cluster already runs an examlops application."""
+        from ray import serve
+
+        ours = sorted(n for n in serve.status().applications if n == INGRESS_APP or n.startswith(MODEL_APP_PREFIX))
+        if ours:
+            raise AlreadyRunning(
+                f"the Ray cluster at {self.settings.ray.address} already runs the examlops application(s) "
+                f"{', '.join(ours)}: run one examlops driver per cluster (stop the other first)"
+            )
 
     def _delete_applications(self) -> None:
         """On a cluster this process joined: remove its applications only; Serve and the cluster stay."""
@@ -173,9 +196,13 @@ class RayServingProcess:
             raise RayUnavailable(f"cannot start or reach the Ray cluster: {type(exc).__name__}: {exc}") from exc
         return address is None
 
-    def _ingress(self) -> Application:
+    def _ingress(self, ray: Any) -> Application:
         from ray import serve
         from ray.serve import Deployment
+
+        # Pinned to this process's node by the node's own resource (``node:<address>``).
+        node = ray.get_runtime_context().get_node_id()
+        address = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
 
         # ``serve.deployment``'s annotation only knows its decorator form: say what it returns.
         ingress = cast(
@@ -185,7 +212,7 @@ class RayServingProcess:
                 name="ingress",
                 num_replicas=1,
                 max_ongoing_requests=max(1000, self.settings.serving.max_connections),
-                ray_actor_options={"num_cpus": 0.25},
+                ray_actor_options={"num_cpus": 0.25, "resources": {f"node:{address}": 0.001}},
                 health_check_period_s=5,
                 graceful_shutdown_timeout_s=self.settings.serving.drain_grace_s,
             ),

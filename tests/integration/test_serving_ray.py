@@ -10,11 +10,15 @@ request, and `exa promote`'s service reaches the instance. Skipped where the ``r
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
@@ -64,6 +68,7 @@ pytestmark = [
 ]
 
 REPLICAS = 2
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +178,62 @@ def test_promotion_reaches_the_ray_served_pipeline_and_rollback_moves_it_back(se
     assert (back.old_version, back.new_version) == ("2", "1")
     answer = httpx.post(f"{server.url}/infer-pipeline/infer", json=body, timeout=30, headers=server.auth)
     assert answer.json()["version"] == "1"
+
+
+def _model_folder(folder: Path) -> Path:
+    """An MLflow-style sklearn folder of a linear model whose prediction is its first column times two."""
+    from sklearn.linear_model import LinearRegression
+
+    x = np.random.default_rng(0).normal(size=(8, 3))
+    model = LinearRegression().fit(x, x[:, 0] * 2)
+    folder.mkdir()
+    (folder / "model.pkl").write_bytes(pickle.dumps(model))
+    (folder / "MLmodel").write_text(
+        "flavors:\n  sklearn:\n    pickled_model: model.pkl\n    serialization_format: pickle\n"
+    )
+    return folder
+
+
+def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp_path: Path) -> None:
+    """Two Ray nodes: the head (this driver, the artifact store) has no CPU, so the replica runs on the other.
+
+    The nodes share this machine's disk, so the test stands on ``user_config``: it names a token only, and
+    the replica loads from the bytes it fetched through Ray.
+    """
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    from examlops.serving.ray_deploy import app_name
+    from examlops.serving.ray_runtime import RayPredictRuntime
+
+    folder = _model_folder(tmp_path / "M-1")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    cluster.add_node(num_cpus=1)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    ray.init(address=cluster.address, namespace="examlops", runtime_env={"env_vars": env}, log_to_driver=False)
+    try:
+        serve.start()
+        settings = Settings(home=tmp_path, ray={"num_replicas": 1, "replica_cpus": 0.5, "deploy_timeout_s": 90})
+        runtime = RayPredictRuntime(settings)
+
+        async def load_and_predict() -> list[float]:
+            await runtime.load("M/1", str(folder))
+            return list(await runtime.predict("M/1", np.array([[1.0, 0.0, 0.0], [3.0, 0.0, 0.0]])))
+
+        assert np.allclose(asyncio.run(load_and_predict()), [2.0, 6.0])
+        details = serve.status().applications[app_name("M")]
+        assert str(details.status).endswith("RUNNING")
+        from ray.serve.context import _get_global_client
+
+        config = _get_global_client().get_serve_details()
+        user_config = config["applications"][app_name("M")]["deployments"]["replica"]["deployment_config"]
+        tokens = user_config["user_config"]["versions"]
+        replicas = config["applications"][app_name("M")]["deployments"]["replica"]["replicas"]
+        nodes = {r["node_id"] for r in replicas}
+        assert nodes and ray.get_runtime_context().get_node_id() not in nodes  # not the head's
+        assert list(tokens) == ["M/1"] and str(tmp_path) not in str(tokens) and "/" not in tokens["M/1"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
