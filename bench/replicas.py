@@ -17,6 +17,7 @@ shares the machine's two cores with the servers (nothing is pinned: replicas nee
 the PSS of each server's process tree; memory per replica is the tree's growth from 1 to 2 replicas.
 
     .venv/bin/python bench/replicas.py [--requests 3000] [--skip ray] [--skip plain-ray] [--home /tmp/bench-replicas]
+    .venv/bin/python bench/replicas.py --only ray      # the Ray engine's points alone
 
 Figures only: nothing here asserts anything.
 """
@@ -46,6 +47,7 @@ from procs import answers, free_port, start, stop, wait_until
 
 BIN = Path(sys.executable).parent
 CONCURRENCY = 64
+SERVERS = ("uvicorn", "ray", "mlflow", "plain-ray")
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,11 @@ def start_examlops(home: Path, env: dict[str, str], replicas: int, engine: str, 
     for i in range(instances):
         port = free_port()
         argv = [str(BIN / "exa"), "serve", "start", "--port", str(port), "--engine", engine]
-        extra = {"EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_RAY__NUM_REPLICAS": str(replicas)}
-        extra |= {"EXAMLOPS_RAY__NUM_CPUS": "2", "EXAMLOPS_HOME": str(home / f"{engine}-{replicas}-{i}")}
+        # One predict worker per uvicorn instance; on Ray the model replicas size the ingress's in-flight
+        # batches (the runtime's capacity), so predict.workers is left alone there.
+        extra = {"EXAMLOPS_PREDICT__WORKERS": "1"} if engine == "uvicorn" else {}
+        extra |= {"EXAMLOPS_RAY__NUM_REPLICAS": str(replicas), "EXAMLOPS_RAY__NUM_CPUS": "2"}
+        extra |= {"EXAMLOPS_HOME": str(home / f"{engine}-{replicas}-{i}")}
         Path(extra["EXAMLOPS_HOME"]).mkdir(parents=True, exist_ok=True)
         shared = {"EXAMLOPS_DATABASE_URL": f"sqlite:///{home / 'examlops.db'}", "EXAMLOPS_TOKEN": token}
         procs.append(start(argv, {**env, **extra, **shared}, home / f"{engine}-{replicas}-{i}.log"))
@@ -114,9 +119,9 @@ def start_plain_ray(home: Path, env: dict[str, str], replicas: int) -> Target:
     return Target([proc], [url], bodies_for("examlops"), None)
 
 
-async def load(target: Target, total: int) -> LoadResult:
-    """``total`` requests at c=64, split evenly over the target's URLs; one result for them all."""
-    share = CONCURRENCY // len(target.urls)
+async def load(target: Target, total: int, concurrency: int = CONCURRENCY) -> LoadResult:
+    """``total`` requests at ``concurrency``, split evenly over the target's URLs; one result for them all."""
+    share = max(1, concurrency // len(target.urls))
 
     def body(i: int) -> bytes:
         return target.bodies[i % 64]
@@ -136,13 +141,13 @@ async def load(target: Target, total: int) -> LoadResult:
     return LoadResult(len(latencies), sum(one.errors for one in results), seconds, latencies, statuses)
 
 
-def measure(name: str, replicas: int, starter: Callable[[], Target], total: int) -> Measured:
+def measure(name: str, replicas: int, starter: Callable[[], Target], total: int, concurrency: int) -> Measured:
     began = time.monotonic()
     target = starter()
     ready_s = time.monotonic() - began
     try:
         asyncio.run(load(target, 200))
-        result = asyncio.run(load(target, total))
+        result = asyncio.run(load(target, total, concurrency))
         pss = sum(tree_memory(proc.pid).pss_mb for proc in target.procs)
     finally:
         for proc in target.procs:
@@ -154,9 +159,14 @@ def measure(name: str, replicas: int, starter: Callable[[], Target], total: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000, help="requests per measured run at c=64")
-    parser.add_argument("--skip", action="append", default=[], choices=("uvicorn", "ray", "mlflow", "plain-ray"))
+    parser.add_argument("--skip", action="append", default=[], choices=SERVERS)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="requests in flight (c)")
+    parser.add_argument("--replicas", type=int, action="append", choices=(1, 2), help="only these replica counts")
+    parser.add_argument("--only", choices=SERVERS, help="measure this server alone (the others skipped)")
     parser.add_argument("--home", type=Path, default=Path("/tmp/bench-replicas"), help="state folder of the bench")
     args = parser.parse_args()
+    if args.only:
+        args.skip = [server for server in SERVERS if server != args.only]
 
     home = args.home.resolve()
     if home.exists():
@@ -170,25 +180,25 @@ def main() -> None:
     env["EXAMLOPS_DATABASE_URL"] = settings.sql_url
     runs: list[Measured] = []
     load_before = os.getloadavg()
-    for replicas in (1, 2):
+    for replicas in args.replicas or (1, 2):
         if "uvicorn" not in args.skip:
             starter = lambda r=replicas: start_examlops(home, env, r, "uvicorn", token)  # noqa: E731
-            runs.append(measure("exa uvicorn", replicas, starter, args.requests))
+            runs.append(measure("exa uvicorn", replicas, starter, args.requests, args.concurrency))
         if "ray" not in args.skip:
             starter = lambda r=replicas: start_examlops(home, env, r, "ray", token)  # noqa: E731
-            runs.append(measure("exa ray", replicas, starter, args.requests))
+            runs.append(measure("exa ray", replicas, starter, args.requests, args.concurrency))
         if "mlflow" not in args.skip:
             starter = lambda r=replicas: start_mlflow(home, env, r)  # noqa: E731
-            runs.append(measure("mlflow models serve", replicas, starter, args.requests))
+            runs.append(measure("mlflow models serve", replicas, starter, args.requests, args.concurrency))
         if "plain-ray" not in args.skip:
             starter = lambda r=replicas: start_plain_ray(home, env, r)  # noqa: E731
-            runs.append(measure("plain Ray Serve", replicas, starter, args.requests))
+            runs.append(measure("plain Ray Serve", replicas, starter, args.requests, args.concurrency))
 
     load_after = os.getloadavg()
     print()
     before, after = (" / ".join(f"{x:.2f}" for x in one) for one in (load_before, load_after))
     print(f"load average (1/5/15 min): {before} before the runs, {after} after")
-    print(f"c={CONCURRENCY}, {args.requests} requests, JPCP v1, one row a request; servers and load share 2 cores")
+    print(f"c={args.concurrency}, {args.requests} requests, JPCP v1, one row a request; servers and load share 2 cores")
     header = f"{'server':<20} | {'replicas':>8} | {'ready s':>7} | {'req/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | "
     header += f"{'errors':>6} | {'PSS MB':>7}"
     print(header)

@@ -237,3 +237,30 @@ def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_after_a_504_ray_replaces_the_stuck_replica_and_the_same_model_answers_again(server: ServingProcess) -> None:
+    """A timed-out prediction leaves its replica failing its health check: Ray restarts it with the same
+    versions, and the model's deployment answers again (here through a fast version of the same model)."""
+    import mlflow
+    import mlflow.sklearn
+
+    from tests.integration import sleepy
+
+    assert infer(server, model="SLOW").status_code == 504
+    settings = Settings(home=server.home)
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    experiment = mlflow.MlflowClient(settings.mlflow_tracking_uri).get_experiment_by_name("examlops-tests")
+    assert experiment is not None
+    with mlflow.start_run(experiment_id=experiment.experiment_id):
+        info = mlflow.sklearn.log_model(
+            sleepy.SleepyRegressor(0.0).fit(np.zeros((2, 385)), np.zeros(2)),
+            name="model",
+            serialization_format="cloudpickle",
+            pip_requirements=["scikit-learn"],
+            registered_model_name="SLOW",
+        )
+    version = str(info.registered_model_version)
+    replies = [infer(server, model="SLOW", version=version) for _ in range(2 * REPLICAS)]
+    assert [r.status_code for r in replies] == [200] * (2 * REPLICAS), replies[-1].text
+    assert {r.json()["version"] for r in replies} == {version}
