@@ -21,6 +21,7 @@ import hashlib
 import io
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, cast
 
@@ -115,6 +116,7 @@ class StoreArtifacts:
 
     def __init__(self) -> None:
         self._store: Any = None
+        self._lock = threading.Lock()  # handles made at once in several threads lose the named actor
 
     def ship(self, key: str, folder: str) -> str:
         blob, token = pack(folder)
@@ -125,6 +127,7 @@ class StoreArtifacts:
         ray.get(self._handle().drop.remote(key))
 
     def _handle(self) -> Any:
-        if self._store is None:
-            self._store = artifact_store()
-        return self._store
+        with self._lock:
+            if self._store is None:
+                self._store = artifact_store()
+            return self._store

@@ -7,8 +7,9 @@ Model ``M`` is the application ``examlops-model-M`` (no HTTP route) of one deplo
 ``deploy_model`` hands the application to Serve without blocking, then polls ``serve.status()`` until the
 application is ``RUNNING`` (Ray marks it so once every replica took the new ``user_config``; a replica
 whose ``reconfigure`` raised never counts). It raises ``ModelLoadError`` with Ray's status messages when
-the application's deploy failed or is unhealthy, or when ``settings.ray.deploy_timeout_s`` passes first
-(e.g. replicas that the cluster has no CPUs to place, which Ray would otherwise wait for forever).
+the application's deploy failed (``DEPLOY_FAILED``), or when ``settings.ray.deploy_timeout_s`` passes
+first (e.g. replicas that the cluster has no CPUs to place, which Ray would otherwise wait for forever).
+``UNHEALTHY`` is waited out: Ray reports it while it replaces a replica that failed its health check.
 
 Imports ray: only the Ray engine loads this module.
 """
@@ -92,7 +93,7 @@ def wait_running(
         current = "absent" if state is None else str(state.status)
         if current.endswith("RUNNING"):
             return
-        if current.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
+        if current.endswith("DEPLOY_FAILED"):  # UNHEALTHY passes: a replica being replaced, say after a 504
             raise ModelLoadError(f"Ray could not deploy {app}: {describe(state)}")
         if clock() >= deadline:
             raise ModelLoadError(f"{app} was not running on every replica within {timeout_s:g} s: {describe(state)}")

@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
 
+from examlops.core.errors import ModelLoadError
 from examlops.core.settings import Settings
 from examlops.promotion.service import promote, rollback
 from examlops.registry.catalog import load_catalog
@@ -221,7 +222,18 @@ def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp
             await runtime.load("M/1", str(folder))
             return list(await runtime.predict("M/1", np.array([[1.0, 0.0, 0.0], [3.0, 0.0, 0.0]])))
 
-        assert np.allclose(asyncio.run(load_and_predict()), [2.0, 6.0])
+        async def load_broken_then_predict() -> list[float]:
+            (tmp_path / "empty").mkdir()
+            with pytest.raises(ModelLoadError, match="M/2"):  # the replica's reconfigure raised; Ray said so
+                await runtime.load("M/2", str(tmp_path / "empty"))
+            return list(await runtime.predict("M/1", np.array([[1.0, 0.0, 0.0]])))
+
+        async def scenario() -> tuple[list[float], list[float]]:
+            return await load_and_predict(), await load_broken_then_predict()
+
+        good, after_broken = asyncio.run(scenario())
+        assert np.allclose(good, [2.0, 6.0])
+        assert np.allclose(after_broken, [2.0])  # rolled back: M/1 still answers
         details = serve.status().applications[app_name("M")]
         assert str(details.status).endswith("RUNNING")
         from ray.serve.context import _get_global_client

@@ -186,10 +186,10 @@ class Clock:
         self.now += s
 
 
-def test_a_deploy_returns_once_the_application_runs() -> None:
-    status, clock = FakeStatus("DEPLOYING", "DEPLOYING", "RUNNING"), Clock()
+def test_a_deploy_returns_once_the_application_runs_even_past_a_replica_being_replaced() -> None:
+    status, clock = FakeStatus("DEPLOYING", "UNHEALTHY", "DEPLOYING", "RUNNING"), Clock()
     wait_running("examlops-model-M", 10, status=status, clock=clock, sleep=clock.sleep)
-    assert status.calls == 3
+    assert status.calls == 4
 
 
 def test_a_deploy_that_cannot_place_its_replicas_fails_at_the_deadline_with_rays_message() -> None:
