@@ -107,5 +107,13 @@ def describe(state: Any) -> str:
     parts = [f"{state.status}" + (f" ({state.message})" if state.message else "")]
     for name, deployment in getattr(state, "deployments", {}).items():
         if deployment.message:
-            parts.append(f"{name} {deployment.status}: {deployment.message}")
-    return "; ".join(parts)[:1000]
+            parts.append(f"{name} {deployment.status}: {_gist(str(deployment.message))}")
+    return "; ".join(parts)[:1500]
+
+
+def _gist(message: str) -> str:
+    """A Ray message's first line and, for one that ends in a traceback, its last line (the replica's error)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return message.strip()
+    return f"{lines[0][:600]} ... {lines[-1][:600]}"

@@ -201,8 +201,10 @@ def test_a_deploy_that_cannot_place_its_replicas_fails_at_the_deadline_with_rays
 
 
 def test_a_deploy_that_failed_is_refused_with_rays_message_at_once() -> None:
-    status, clock = FakeStatus("DEPLOY_FAILED", message="could not load M/2: ValueError"), Clock()
-    with pytest.raises(ModelLoadError, match="could not load M/2"):
+    traceback = "failed to start 3 times\nTraceback (most recent call last):\n" + "  File x\n" * 200
+    status = FakeStatus("DEPLOY_FAILED", message=traceback + "RuntimeError: could not load M/2: ValueError")
+    clock = Clock()
+    with pytest.raises(ModelLoadError, match=r"failed to start 3 times \.\.\. RuntimeError: could not load M/2"):
         wait_running("examlops-model-M", 60, status=status, clock=clock, sleep=clock.sleep)
     assert clock.now == 0
 
