@@ -56,3 +56,20 @@ def test_serve_start_refuses_an_unknown_engine() -> None:
     result = CliRunner().invoke(exa, ["serve", "start", "--engine", "tornado"])
     assert result.exit_code == 2
     assert "unknown engine" in result.output
+
+
+def test_joining_a_cluster_that_runs_examlops_already_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
+    from ray import serve
+
+    from examlops.bootstrap.ray_serving import RayServingProcess
+    from examlops.core.errors import AlreadyRunning
+
+    running = type("Status", (), {"applications": {"examlops": None, "examlops-model-JPCP": None, "other": None}})
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # what the process would set, undone after the test
+    monkeypatch.setattr(serve, "status", lambda: running)
+    proc = RayServingProcess(Settings(ray={"address": "ray-head:6379"}))
+    with pytest.raises(AlreadyRunning, match=r"ray-head:6379 already runs .*examlops, examlops-model-JPCP"):
+        proc._refuse_a_second_driver()
+    monkeypatch.setattr(serve, "status", lambda: type("Status", (), {"applications": {"other": None}}))
+    proc._refuse_a_second_driver()  # another team's application is not ours to refuse
