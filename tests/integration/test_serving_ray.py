@@ -273,6 +273,6 @@ def test_after_a_504_ray_replaces_the_stuck_replica_and_the_same_model_answers_a
             registered_model_name="SLOW",
         )
     version = str(info.registered_model_version)
-    replies = [infer(server, model="SLOW", version=version) for _ in range(2 * REPLICAS)]
+    replies = [infer(server, model="SLOW", version=int(version)) for _ in range(2 * REPLICAS)]
     assert [r.status_code for r in replies] == [200] * (2 * REPLICAS), replies[-1].text
     assert {r.json()["version"] for r in replies} == {version}
