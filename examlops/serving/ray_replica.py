@@ -11,7 +11,8 @@ a replica without the version its traffic is routed to. A version that fails to 
 message names the version and reason), the ingress refuses the version and redeploys without it.
 
 ``predict((key, rows))`` is batched with ``@serve.batch``: calls queue until their rows reach the
-settings' batch size or the batch wait passes (the ingress's micro-batches of several requests each
+batch size or the batch wait passes (the Ray engine binds a wait of 0, as the ingress already batched:
+a batch is then the calls queued when the replica looks; the ingress's micro-batches of several requests each
 count by their rows), and the batch runs one ``predict`` per version in a worker thread so that the
 replica keeps answering health checks meanwhile. Each call gets an ``Outcome``: ``("ok", values)``,
 ``("missing", reason)`` for a version this replica does not hold, ``("failed", reason)`` when the
