@@ -28,4 +28,16 @@ if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
     echo "note: not root (or no apt-get): chromium is not installed; the dashboard's browser test will be skipped" >&2
   fi
 fi
+# The SQL tests run on SQLite and on a real Postgres that a fixture starts in a temp folder
+# (tests/integration/conftest.py); it needs the server's programs, from Debian's postgresql package.
+if ! { command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing postgresql for the SQL tests on Postgres"
+    if ! { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }; then
+      echo "warning: postgresql could not be installed; the SQL tests on Postgres will be skipped" >&2
+    fi
+  else
+    echo "note: not root (or no apt-get): postgresql is not installed; the SQL tests on Postgres will be skipped" >&2
+  fi
+fi
 echo "examlops installed in $venv"

@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from examlops.core import errors
@@ -44,7 +45,8 @@ def exit_code_of(error: errors.ExamlopsError) -> int:
 
 
 def fail(message: str, code: int = UNWELL) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print ``message`` as one error line (as text: brackets in it are not markup) and exit with ``code``."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
