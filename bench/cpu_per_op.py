@@ -6,8 +6,9 @@ less. Each section alternates the two variants over ``--rounds`` rounds and prin
 
 - ``hop``: the bridge's hop client (``bus.hop_http.http_client``: ``HopClient``, no cookies) against a
   plain ``httpx.AsyncClient`` with the same settings, transport (``bootstrap.clients.hop_transport``) and
-  headers, posting a JPCP body with a bus job's headers at ``--concurrency`` to a fixed-reply HTTP server
-  in a child process (so the server's CPU is not counted);
+  headers (a bearer token, as ``bootstrap.clients.hop_headers`` gives), posting a JPCP body with a bus job's
+  headers at ``--concurrency`` to a fixed-reply HTTP server in a child process (its reply's headers as
+  uvicorn's; the server's CPU is not counted);
 - ``pack``: packing a bus job's two Redis commands (the client's submit, the bridge's reply script) by the
   connections of ``adapters.redis.connect_async`` (hiredis) and of redis-py's own asyncio client;
 - ``record``: building a ``TraceRecord`` by keyword (the request path) and from a row (the trace writer
@@ -53,8 +54,9 @@ REPLY = b'{"model":"JPCP","alias":"Production","version":"1","run_id":"r","predi
 SERVER = r"""
 import asyncio, sys
 body = sys.argv[2].encode()
-head = (b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: application/json\r\n"
-        b"x-examlops-trace: 0123456789abcdef0123456789abcdef\r\ncontent-length: %d\r\n\r\n" % len(body))
+head = (b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 10:00:00 GMT\r\nserver: uvicorn\r\n"
+        b"content-type: application/json\r\nx-examlops-trace: 0123456789abcdef0123456789abcdef\r\n"
+        b"content-length: %d\r\n\r\n" % len(body))
 class Fixed(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport, self.buffer = transport, b""
@@ -99,11 +101,14 @@ def hop_section(rounds: int, requests: int, concurrency: int) -> None:
         body = json.dumps({"embedding": embedding, "node_count": 12, "model": "JPCP"}).encode()
         headers = trace_headers("0123456789abcdef0123456789abcdef", "admin")
 
+        token = {"Authorization": "Bearer exa_benchkey_" + "s" * 43}
+
         def plain() -> httpx.AsyncClient:
-            return httpx.AsyncClient(timeout=timeout, transport=hop_transport(settings), trust_env=False)
+            transport = hop_transport(settings)
+            return httpx.AsyncClient(timeout=timeout, transport=transport, headers=token, trust_env=False)
 
         def hop() -> httpx.AsyncClient:
-            return http_client(settings.http, hop_transport(settings))
+            return http_client(settings.http, hop_transport(settings), token)
 
         def measure(make: Callable[[], httpx.AsyncClient]) -> Callable[[], float]:
             async def posts(client: httpx.AsyncClient, count: int) -> None:
