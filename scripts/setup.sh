@@ -28,4 +28,15 @@ if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
     echo "note: not root (or no apt-get): chromium is not installed; the dashboard's browser test will be skipped" >&2
   fi
 fi
+# The fault suite's clock-step scenario (tests/faults/test_clock_faults.py) preloads Debian's libfaketime.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing libfaketime for the fault suite's clock step"
+    if ! { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfaketime >/dev/null; }; then
+      echo "warning: libfaketime could not be installed; the clock-step scenario will be skipped" >&2
+    fi
+  else
+    echo "note: not root (or no apt-get): libfaketime is not installed; the clock-step scenario will be skipped" >&2
+  fi
+fi
 echo "examlops installed in $venv"
