@@ -3,9 +3,10 @@
 Every job fails (the serving stand-in answers 500 ``inference_failed``), so the failure windows the four
 bridges' recorders share fill at once and each recorder tries to claim the model's retrain. Two bridges run
 under libfaketime (``LD_PRELOAD``, their wall clock read from a file each call; ``FAKETIME_DONT_FAKE_MONOTONIC``
-keeps their monotonic clock real): mid-load one steps an hour forward (past the cooldown) and one an hour
-back. Prefect is unreachable, so every request made stays in the retrain outbox, where the test counts them
-and watches when each appears (on its own real clock).
+keeps their monotonic clock real): mid-load one steps ``STEP_S`` forward (past the cooldown) and one as far
+back (long runs: back and forth, four times, with a cooldown of 15 s). Prefect is unreachable, so every
+request made stays in the retrain outbox, where the test counts them and watches when each appears (on its
+own real clock).
 
 Must hold: at most one retrain request per cooldown across the four bridges despite the step (the cooldown
 is a Redis key with a TTL, on Redis's clock, taken in one script); every job answered once and recorded
