@@ -58,14 +58,15 @@ class _Audit:
             out.append(AuditEntry(event.seq, data["time"], event.type, event.subject, actor, event.data))
         return out
 
-    def verify(self) -> AuditCheck:
-        from examlops.monitoring.audit.verify import verify
+    def last_check(self) -> AuditCheck | None:
+        """What `exa audit verify` or the retention flow stored (one GET): serving never walks the chain."""
+        from examlops.monitoring.audit.verified import last_verify
 
-        report = verify(self.access.store, self.access.secret, self.access.checkpoints, archive=self.access.archive)
-        broken = report.broken
-        return AuditCheck(
-            report.events, report.checkpoints, None if broken is None else f"seq {broken.seq}: {broken.message}"
-        )
+        found = last_verify(self.access.store.redis, self.access.secret)
+        if found is None:
+            return None
+        broken = None if found.ok else "; ".join(found.problems) or "failed"
+        return AuditCheck(found.events, found.checkpoints, broken, found.at, found.by)
 
 
 @dataclass

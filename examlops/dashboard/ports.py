@@ -45,17 +45,21 @@ class AuditEntry:
 
 @dataclass(frozen=True, slots=True)
 class AuditCheck:
-    """The result of `exa audit verify`: ``broken`` is None when the chain is intact."""
+    """The last stored result of `exa audit verify` (or the retention flow's verify): ``broken`` is None when
+    the chain was intact, else what was wrong; ``at`` when it ran (UNIX time), ``by`` who ran it."""
 
     events: int
     checkpoints: int
     broken: str | None
+    at: float = 0.0
+    by: str = ""
 
 
 class AuditView(Protocol):
     def tail(self, n: int) -> list[AuditEntry]: ...
 
-    def verify(self) -> AuditCheck: ...
+    def last_check(self) -> AuditCheck | None:
+        """The last stored verify result (one small read, never a walk of the chain); None: none stored yet."""
 
 
 @dataclass(frozen=True, slots=True)

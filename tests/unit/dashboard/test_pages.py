@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from examlops.api.app import create_app
 from examlops.core.settings import Settings
 from examlops.dashboard import DashboardSources, attach_sources
-from examlops.dashboard.ports import DriftPoint, FailureWindow, FlowRun
+from examlops.dashboard.ports import AuditCheck, DriftPoint, FailureWindow, FlowRun
 from examlops.identity import IdentityResolver, IdentityService, Role
 from examlops.registry.catalog import load_catalog
 from examlops.tracing import TraceQuery, TraceRecord
@@ -175,7 +175,20 @@ async def test_a_promotion_goes_through_the_promoter_as_the_identity_and_is_audi
     assert site.promoter.asked == [("promote", "JPCP", "ops")]
     control = (await site.client.get("/dashboard/control")).text
     assert re.search(r"alias\.moved</td><td>JPCP</td><td class=\"actor\">ops<", control)
-    assert "intact: 1 events" in control
+
+
+async def test_the_control_page_shows_the_stored_verify_result_and_when_it_was_taken(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    before = (await site.client.get("/dashboard/control")).text
+    assert "no verify result stored yet" in before
+    site.audit.stored = AuditCheck(31_000, 12, None, 1.7e9, "retention flow")
+    for page in ("control", "control/fragment", "control", "control/fragment"):
+        html = (await site.client.get(f"/dashboard/{page}")).text
+        assert "intact: 31000 events, 12 signed checkpoints" in html
+        assert 'by retention flow at <span id="verified-at">2023-11-14 22:13:20 UTC</span>' in html
+    site.audit.stored = AuditCheck(40, 2, "seq 7 (edited): hash mismatch", 1.7e9, "exa audit verify")
+    assert "broken: seq 7 (edited): hash mismatch" in (await site.client.get("/dashboard/control")).text
+    assert site.audit.walks == 0  # serving never walks the chain
 
 
 async def test_a_bad_split_is_refused_with_the_services_message(site: Site) -> None:
