@@ -1,10 +1,11 @@
 """The dashboard's routes that are not reading pages: its static assets, login and logout, and the operators'
 actions (a confirmation page that changes nothing, then a POST carrying the session's CSRF token).
 
-Contracts: a login, logout or action whose ``Origin`` names another site is refused (403); an action without
-the session's CSRF token or without its permission is refused (403) before anything happens; an action goes
-through ``actions.perform``, the services and audit events the CLI uses. Static assets are served from memory
-with a day's cache lifetime (their names carry no version).
+Contracts: with authentication off (no identities) the dashboard is read-only: the confirmation page and
+every action are refused (403, ``READ_ONLY``). A login, logout or action whose ``Origin`` names another site
+is refused (403); an action without the session's CSRF token or without its permission is refused (403)
+before anything happens; an action goes through ``actions.perform``, the services and audit events the CLI
+uses. Static assets are served from memory with a day's cache lifetime (their names carry no version).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from examlops.dashboard.sessions import COOKIE, csrf_matches
 from examlops.dashboard.site import PREFIX, Redirect, Site, sources_of, status_of
 from examlops.dashboard.web import read_form, same_origin
 
+READ_ONLY = "authentication is off: read-only"
+"""Without identities no action can name who made it, so none is taken."""
 STATIC = {
     "htmx.min.js": "text/javascript",
     "uPlot.iife.min.js": "text/javascript",
@@ -82,6 +85,8 @@ def add_access_routes(router: APIRouter, site: Site, pipeline: Pipeline) -> None
             caller, session, _ = await site.session_of(request)
         except Redirect as redirect:
             return RedirectResponse(redirect.to, status_code=303)
+        if request.app.state.identities is None:
+            return site.refused(request, caller, session, 403, READ_ONLY)
         form = dict(request.query_params)
         try:
             asked = actions.parse(form, pipeline)
@@ -97,6 +102,8 @@ def add_access_routes(router: APIRouter, site: Site, pipeline: Pipeline) -> None
             caller, session, _ = await site.session_of(request)
         except Redirect:
             return Response("log in first", status_code=401)
+        if request.app.state.identities is None:
+            return site.refused(request, caller, session, 403, READ_ONLY)
         if not same_origin(request):
             return Response("an action must come from the dashboard's own page", status_code=403)
         form = await read_form(request)

@@ -256,12 +256,24 @@ async def test_pages_load_only_their_own_assets(site: Site) -> None:
     assert (await site.client.get("/dashboard/static/../routes.py")).status_code == 404
 
 
-async def test_with_authentication_off_pages_open_a_session_as_the_system_caller(settings: Settings) -> None:
-    app = create_app(settings, HotPipeline(load_catalog(settings.catalog_path)), CollectorRegistry(), identities=None)
+async def test_with_authentication_off_the_dashboard_is_read_only(settings: Settings) -> None:
+    pipeline = HotPipeline(load_catalog(settings.catalog_path))
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None)
+    audit = InMemoryAudit()
+    attach_sources(app, DashboardSources(audit=audit, promoter=RecordingPromoter(audit)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
         reply = await client.get("/dashboard/models")
-        assert reply.status_code == 200 and "authentication off" in reply.text
+        assert reply.status_code == 200 and "authentication is off: read-only" in reply.text
         assert "system:auth-off" in reply.text and "set-cookie" in reply.headers
+        assert 'id="promote-JPCP"' not in reply.text and 'id="set-split-JPCP"' not in reply.text
+        assert 'action="/dashboard/confirm"' not in reply.text
+        confirm = await client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})
+        assert confirm.status_code == 403 and "authentication is off: read-only" in confirm.text
+        for form in ({"action": "reload", "model": "JPCP"}, {"action": "promote", "model": "JPCP"},
+                     {"action": "split", "model": "JPCP", "production": "50", "canary": "50"}):  # fmt: skip
+            done = await client.post("/dashboard/actions", data={**form, "csrf": "any"})
+            assert done.status_code == 403 and "authentication is off: read-only" in done.text
+    assert pipeline.reloads == [] and pipeline.traffic_set == [] and audit.events == []
 
 
 class QueriedTraces(InMemoryTraceStore):
