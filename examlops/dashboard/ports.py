@@ -105,6 +105,9 @@ class Moved:
     old_version: str | None
     new_version: str
     instances: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    """What the promotion service reported without stopping: what the trail could not account for in the
+    alias before the move (``unaccounted``), an audit write that failed (``warnings``)."""
 
 
 class Promoter(Protocol):

@@ -131,19 +131,24 @@ def dashboard_router(
     async def control_fragment(request: Request) -> Response:
         return await site.shown(request, "_control.html", threaded(control_of))
 
-    async def traces_of(request: Request) -> Response:
+    async def jobs_of(caller: Caller, _: DashboardSources) -> dict[str, Any]:
+        listed = await jobs.jobs(caller, limit=50) if jobs is not None else []
+        return {"jobs": views.job_rows(listed), "jobs_available": jobs is not None}
+
+    @router.get("/traces")
+    async def traces_page(request: Request) -> Response:
         filters = dict(request.query_params)
 
         async def build(caller: Caller, sources: DashboardSources) -> dict[str, Any]:
-            listed = await jobs.jobs(caller, limit=50) if jobs is not None else []
             view = await asyncio.to_thread(views.traces_view, caller, traces, filters)
-            return {**view, "jobs": views.job_rows(listed), "jobs_available": jobs is not None,
-                    "query": urlencode(view["filters"])}  # fmt: skip
+            return {**view, **await jobs_of(caller, sources), "query": urlencode(view["filters"])}
 
-        template = "traces.html" if request.url.path.endswith("/traces") else "_jobs.html"
-        return await site.shown(request, template, build)
+        return await site.shown(request, "traces.html", build)
 
-    router.get("/traces")(traces_of)
-    router.get("/traces/jobs")(traces_of)
+    @router.get("/traces/jobs")
+    async def jobs_fragment(request: Request) -> Response:
+        """The jobs' refresh: their progress only, no trace search."""
+        return await site.shown(request, "_jobs.html", jobs_of)
+
     add_access_routes(router, site, pipeline)
     return router

@@ -5,7 +5,8 @@
 but no action is offered and ``access.py`` refuses every one: read-only; a revoked or expired token closes
 the session and sends the request to the login form), and ``shown`` renders a page for the caller from a
 ``Build``. A failing source never gets here: the views turn it into a problem
-string. The sources are read from ``app.state`` on every request (``attach_sources``).
+string. A page's background refreshes (htmx's, the charts' JSON) do not renew a session's idle deadline.
+The sources are read from ``app.state`` on every request (``attach_sources``).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class Site:
         """The caller and session of a request, and a new session id to set when one was opened; ``Redirect``
         to the login form without a live session."""
         identities: Authenticator | None = request.app.state.identities
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        background = request.headers.get("HX-Request") == "true" or request.url.path.endswith(".json")
+        session = self.sessions.get(request.cookies.get(COOKIE), renew=not background)
         if identities is None:
             if session is not None:
                 return SYSTEM_CALLER, session, None

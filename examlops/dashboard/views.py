@@ -29,6 +29,7 @@ from examlops.dashboard.ports import (
 )
 from examlops.dashboard.rates import RateHistory
 from examlops.identity import Caller, Permission
+from examlops.serving.metrics import PINNED_ALIAS
 from examlops.tracing import TraceQuery, TraceRecord, TraceStore
 
 T = TypeVar("T")
@@ -83,7 +84,10 @@ def models_view(
     entries = [asdict(e) for e in pipeline.hot_set()]
     models = []
     for name in names:
-        aliases = [{**e, "loaded": when(e.get("loaded_at"))} for e in entries if e["model"] == name]
+        summary = rates.summary(name)
+        # a pinned version has no alias in the hot set; serving counts its requests under the alias "pinned"
+        aliases = [{**e, "loaded": when(e.get("loaded_at")), "rates": summary.get(e["alias"] or PINNED_ALIAS, {})}
+                   for e in entries if e["model"] == name]  # fmt: skip
         no_split: dict[str, int] = {}
         traffic = attempt(problems, f"traffic of {name}", partial(pipeline.traffic, name), no_split)
         window = windows.get(name)
@@ -93,7 +97,7 @@ def models_view(
                 "name": name,
                 "aliases": aliases,
                 "traffic": traffic,
-                "rates": rates.summary(name),
+                "rates": summary,
                 "window": asdict(window) if window else None,
                 "tripped": bool(window and window.size and window.rate >= settings.failure.threshold),
                 "loop": loop,

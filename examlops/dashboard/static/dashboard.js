@@ -87,6 +87,15 @@
       .catch(function () { /* the next tick tries again */ });
   }
 
+  // A confirmation form is sent once: its button is disabled as it submits (the server refuses a second
+  // POST of the same one-time token anyway).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.hasAttribute && form.hasAttribute("data-once")) {
+      form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    }
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-series]").forEach(function (grid) {
       refresh(grid);

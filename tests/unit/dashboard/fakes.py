@@ -90,11 +90,12 @@ class RecordingPromoter:
 
     audit: InMemoryAudit
     asked: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
 
     def promote_canary(self, model: str, actor: str) -> Moved:
         self.asked.append(("promote", model, actor))
         self.audit.add("alias.moved", model, actor)
-        return Moved(model, "1", "2", ("http://serving",))
+        return Moved(model, "1", "2", ("http://serving",), self.warnings)
 
     def rollback(self, model: str, actor: str) -> Moved:
         self.asked.append(("rollback", model, actor))

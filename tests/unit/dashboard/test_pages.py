@@ -79,6 +79,12 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
+def confirmed(html: str) -> dict[str, str]:
+    """The hidden fields of a confirmation page's form: what its "Yes, do it" button posts."""
+    found = re.findall(r'type="hidden" name="([^"]+)" value="([^"]*)"', html)  # the logout form's csrf is the same
+    return {name: unescape(value) for name, value in found}
+
+
 async def test_every_page_needs_a_login_and_the_form_sets_a_strict_httponly_cookie(site: Site) -> None:
     for page in ("models", "drift", "control", "traces", "models/fragment"):
         reply = await site.client.get(f"/dashboard/{page}")
@@ -137,11 +143,10 @@ async def test_an_operator_sets_a_split_after_confirming_and_it_names_the_identi
     )
     assert confirm.status_code == 200 and "Production 80 % / Canary 20 %" in confirm.text
     assert site.pipeline.traffic_set == []  # nothing happens before the confirmation
-    done = await site.client.post(
-        "/dashboard/actions",
-        data={"csrf": csrf_of(confirm.text), "action": "split", "model": "jpcp", "production": "80", "canary": "20"},
-    )
-    assert done.status_code == 200, done.text
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text))
+    assert done.status_code == 303 and done.headers["location"].startswith("/dashboard/result/"), done.text
+    result = await site.client.get(done.headers["location"])
+    assert result.status_code == 200 and "traffic split is now Production 80 %, Canary 20 %" in result.text
     assert site.pipeline.traffic_set == [("JPCP", "ops")]
     assert site.pipeline.splits["JPCP"] == {"Production": 80, "Canary": 20}
 
@@ -168,13 +173,36 @@ async def test_an_action_without_the_operator_permission_is_refused(site: Site) 
 async def test_a_promotion_goes_through_the_promoter_as_the_identity_and_is_audited(site: Site) -> None:
     await site.login("ops", Role.OPERATOR)
     confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
-    done = await site.client.post(
-        "/dashboard/actions", data={"csrf": csrf_of(confirm.text), "action": "promote", "model": "JPCP"}
-    )
-    assert done.status_code == 200 and "version 1 -> 2" in unescape(done.text)
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
+    assert done.status_code == 200 and "version 1 -> 2" in unescape(done.text) and 'id="warnings"' not in done.text
     assert site.promoter.asked == [("promote", "JPCP", "ops")]
     control = (await site.client.get("/dashboard/control")).text
     assert re.search(r"alias\.moved</td><td>JPCP</td><td class=\"actor\">ops<", control)
+
+
+async def test_a_confirmation_sent_twice_acts_once_and_binds_to_its_own_action(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})
+    form = confirmed(confirm.text)
+    assert "data-once" in confirm.text  # dashboard.js disables the button as the form submits
+    first = await site.client.post("/dashboard/actions", data=form)
+    again = await site.client.post("/dashboard/actions", data=form)
+    assert first.status_code == 303 and again.status_code == 409 and "already used" in again.text
+    assert (await site.client.get(first.headers["location"])).status_code == 200  # a reload of the result
+    assert site.pipeline.reloads == [("JPCP", "ops")]
+    other = confirmed((await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})).text)
+    swapped = await site.client.post("/dashboard/actions", data={**other, "action": "promote"})
+    assert swapped.status_code == 409 and site.promoter.asked == []
+    assert (await site.client.get("/dashboard/result/unknown")).status_code == 404
+
+
+async def test_a_promotion_shows_what_the_service_warned_of(site: Site) -> None:
+    site.promoter.warnings = ("the audit trail did not account for this alias before the move: v3 set by hand",)
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
+    assert done.status_code == 200 and "version 1 -&gt; 2" in done.text
+    assert "warning: the audit trail did not account for this alias before the move: v3 set by hand" in done.text
 
 
 async def test_the_control_page_shows_the_stored_verify_result_and_when_it_was_taken(site: Site) -> None:
@@ -302,3 +330,8 @@ async def test_trace_search_passes_each_filter_and_shows_what_the_store_found(se
         )
     assert reply.status_code == 200 and "inference_failed" in reply.text and "robot" in reply.text
     assert traces.queries == [TraceQuery(identity="robot", model="JPCP", outcome="failed", limit=50)]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        await client.post("/dashboard/login", data={"token": issued.token})
+        jobs = await client.get("/dashboard/traces/jobs", headers={"HX-Request": "true"})
+    assert jobs.status_code == 200 and "Offline jobs are not available" in jobs.text
+    assert len(traces.queries) == 1  # the jobs' refresh searches no traces
