@@ -39,13 +39,16 @@ def archive_audit(settings: Settings) -> dict[str, Any]:
 
 @task(name="audit-verify", cache_policy=NO_CACHE)
 def verify_audit(settings: Settings) -> dict[str, Any]:
-    """One full verify of the trail, stored as the last verify result; that result as JSON."""
+    """One full verify of the trail, stored as the last verify result; that result as JSON (skipped while
+    another run's verify holds the lease)."""
     from dataclasses import asdict
 
-    from examlops.monitoring.audit.verified import record_verify
+    from examlops.monitoring.audit.verified import one_verify, record_verify
     from examlops.monitoring.audit.verify import verify
 
-    with audit_access(settings) as audit:
+    with audit_access(settings) as audit, one_verify(audit.store.redis) as mine:
+        if not mine:  # another verify is under way: one walk of the chain at a time
+            return {"ok": None, "skipped": "another audit verify is running", "problems": []}
         report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
         return asdict(record_verify(audit.store.redis, audit.secret, report, "retention flow"))
 
@@ -82,7 +85,7 @@ def retention_flow(snapshot_max_age_s: float | None = None) -> dict[str, Any]:
             "audit: %d events archived, %d trimmed from Redis; the archive ends at event %d",
             result["audit"]["archived"], result["audit"]["trimmed"], result["audit"]["archive_last_seq"],
         )  # fmt: skip
-    if result["verify"] is not None and not result["verify"]["ok"]:
+    if result["verify"] is not None and result["verify"]["ok"] is False:
         logger.warning("audit trail verify failed: %s", "; ".join(result["verify"]["problems"]))
     if result["snapshots"] is not None:
         logger.info("snapshots older than %.0f s trimmed: %s", max_age_s, result["snapshots"] or "no streams")

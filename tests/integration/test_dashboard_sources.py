@@ -75,3 +75,18 @@ def test_the_control_page_reads_the_verify_result_stored_by_exa_audit_verify(
     forged = audit.last_check()
     assert forged is not None and forged.broken is not None and "not signed" in forged.broken
     engine.dispose()
+
+
+def test_a_scheduled_verify_skips_while_another_holds_the_lease(
+    client: redis.Redis, redis_server: str, settings: Settings
+) -> None:
+    from examlops.flows.retention import verify_audit
+    from examlops.monitoring.audit.verified import last_verify, one_verify
+
+    live = settings.model_copy(update={"redis": RedisSettings(url=redis_server)})
+    with one_verify(client) as first, one_verify(client) as second:
+        assert first and not second
+        assert verify_audit.fn(live)["skipped"] == "another audit verify is running"
+        assert last_verify(client, live.secret.get_secret_value().encode()) is None
+    done = verify_audit.fn(live)  # the lease is free again
+    assert done["ok"] and done["by"] == "retention flow"

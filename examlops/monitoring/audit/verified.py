@@ -5,7 +5,9 @@
 was intact, how many events and checkpoints it covered and what it found wrong. Each verify replaces the last.
 ``last_verify(client, secret)`` reads it back: None when no verify stored one; a value whose HMAC does not
 match the site's secret comes back as a failed check saying so, never as "intact". Redis errors are
-``StoreUnavailable``. Why: a full verify costs about 5.3 µs per event (``bench/RESULTS.md``), too much for
+``StoreUnavailable``. ``one_verify(client)`` is a lease (``AUDIT_VERIFYING``, expiring after ``lease_s``)
+that lets one scheduled verify run at a time: a retention run that finds another verify under way skips its
+own. Why: a full verify costs about 5.3 µs per event (``bench/RESULTS.md``), too much for
 serving to run while a page is open.
 """
 
@@ -14,15 +16,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
 
 from examlops.adapters.redis import translated
-from examlops.core.keys import AUDIT_VERIFIED
+from examlops.core.keys import AUDIT_VERIFIED, AUDIT_VERIFYING
 from examlops.monitoring.audit.verify import VerifyReport
 
 
@@ -86,3 +90,21 @@ def last_verify(client: redis.Redis, secret: bytes) -> VerifyRecord | None:
         return VerifyRecord(record.at, record.by, False, record.events, record.last_seq, record.checkpoints,
                             ("the stored verify result is not signed with this site's secret",))  # fmt: skip
     return record
+
+
+RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+@contextmanager
+def one_verify(client: redis.Redis, lease_s: float = 600.0) -> Iterator[bool]:
+    """True while this caller holds the verify lease, False when another verify holds it (then run none). The
+    lease expires after ``lease_s`` should its holder die; it is released on exit only by its holder."""
+    owner = secrets.token_hex(8)
+    with translated("taking the audit verify lease"):
+        held = bool(client.set(AUDIT_VERIFYING, owner, nx=True, px=int(lease_s * 1000)))
+    try:
+        yield held
+    finally:
+        if held:
+            with translated("releasing the audit verify lease"):
+                client.eval(RELEASE, 1, AUDIT_VERIFYING, owner)
