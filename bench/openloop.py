@@ -181,6 +181,7 @@ def main() -> None:
     parser.add_argument("--body", type=Path, required=True, help="file holding every request's body")
     parser.add_argument("--header", action="append", default=[], help="'Name: value', repeatable")
     parser.add_argument("--wait", type=float, default=90.0, help="seconds a request waits for its answer")
+    parser.add_argument("--max-connections", type=int, default=1024, help="beyond them a request is not sent")
     parser.add_argument("--stop-when-refused", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -193,7 +194,8 @@ def main() -> None:
     records = asyncio.run(
         open_loop(
             args.url, args.rate, args.seconds, lambda _rng: ("post", args.wait * 1000, body),
-            headers=headers, grace_s=0.0, stop_when_refused=args.stop_when_refused, started=announce,
+            headers=headers, max_connections=args.max_connections, grace_s=0.0,
+            stop_when_refused=args.stop_when_refused, started=announce,
         )
     )  # fmt: skip
     args.out.write_bytes(orjson.dumps([asdict(r) for r in records]))

@@ -48,12 +48,17 @@ RATES = (int(os.environ.get("E2E_DRAIN_RPS", "100")), int(os.environ.get("E2E_DR
 LOAD_S = 40.0
 DOWN_AFTER_S = 3.0
 POLL_S = 0.01
+MAX_CONNECTIONS = 400
+"""The load's connections at most, under serving's cap (``serving.max_connections``, 1,000): on a machine too
+busy to keep up, an arrival past them is not sent (counted as such), rather than refused by serving as too many
+connections before the drain began, which is serving's overload and not its drain."""
 STREAM_INSTANCES = 200
 STREAM_LANES = 2
 OPENLOOP = Path(__file__).resolve().parents[2] / "bench" / "openloop.py"
 REFUSED = (
     *("ConnectionRefusedError", "IncompleteReadError", "ConnectionResetError", "BrokenPipeError"),  # the load's
     *("ConnectError", "RemoteProtocolError", "ReadError", "WriteError"),  # the streams' (httpx)
+    "no connection free",  # never sent: every one of the load's connections was busy
 )
 """What a request on the wire after the drain began may meet once serving closes its listener and its idle
 keep-alive connections: refused, or a keep-alive connection closed (or reset) under a request the server had
@@ -204,7 +209,8 @@ async def _load(exa: Exa, url: str, token: str, rps: int, folder: Path) -> Run:
     load = await asyncio.create_subprocess_exec(
         sys.executable, str(OPENLOOP), "--url", f"{url}/infer-pipeline/infer", "--rate", str(rps),
         "--seconds", str(LOAD_S), "--body", str(body), "--header", f"Authorization: Bearer {token}",
-        "--stop-when-refused", "--out", str(out), stdout=asyncio.subprocess.PIPE,
+        "--max-connections", str(MAX_CONNECTIONS), "--stop-when-refused", "--out", str(out),
+        stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert load.stdout is not None
     assert (await asyncio.wait_for(load.stdout.readline(), 60)).strip() == b"started"
