@@ -52,11 +52,13 @@ def fail(message: str, code: int = UNWELL) -> NoReturn:
 
 @contextmanager
 def errors_as_exit() -> Iterator[None]:
-    """Turn our errors into a one-line message and the exit code of the table above."""
+    """Turn our errors into a one-line message (with the exception's notes) and the exit code of the table above."""
     try:
         yield
     except errors.ExamlopsError as exc:
-        fail(str(exc), exit_code_of(exc))
+        # Notes added on the way up (a promotion's "its move_failed audit event was not written either") are
+        # part of what the operator must read.
+        fail("; ".join([str(exc), *getattr(exc, "__notes__", ())]), exit_code_of(exc))
 
 
 def load_settings() -> Settings:

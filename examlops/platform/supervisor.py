@@ -29,7 +29,9 @@
 - Whatever happened, every process it started is stopped in reverse start order (dependents first),
   each with ``ManagedProcess.stop``: its main process is signalled and given its grace to finish its
   own way (serving drains its requests in flight, then stops its predict workers), and only then is
-  the rest of its process group ended; ``up.json`` is removed before ``run`` returns or raises.
+  the rest of its process group ended; ``up.json`` is removed before ``run`` returns or raises. A state
+  file that cannot be written or one stop that raises stops nothing else; a service whose stop raised
+  is kept in ``up.json`` for `exa down` to end.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _record(spec: ServiceSpec) -> ServiceRecord:
         log=str(spec.process.log_path) if spec.process else None,
         health_url=spec.health_url,
         essential=spec.essential,
+        stop_grace=spec.process.stop_grace if spec.process else None,
     )
 
 
@@ -268,18 +271,39 @@ class Supervisor:
                 keeper.tick()
 
     def _shutdown(self) -> None:
+        """Stop every started service, dependents first. Best effort throughout: a state file that cannot be
+        written, or one service's stop that raises, never keeps the others running. A service whose stop
+        raised stays in ``up.json`` (with its pid and group) for `exa down` to end; with none, the file goes."""
         self.signals.stopping = True
+        survivors: list[str] = []
         try:
             self.state.state = "stopping"
-            self._save()
+            self._try_save()
             for spec in reversed(self._started):
                 assert spec.process is not None
                 t0 = time.monotonic()
-                with self.console.status(f"stopping {spec.name}"):
-                    code = spec.process.stop()
+                try:
+                    with self.console.status(f"stopping {spec.name}"):
+                        code = spec.process.stop()
+                except Exception as exc:  # the others are stopped all the same
+                    survivors.append(spec.name)
+                    self.console.print(f"[red]✗[/] could not stop {spec.name}: {exc}", highlight=False)
+                    continue
                 self._records[spec.name].state = "stopped"
-                self.console.print(f"stopped {spec.name} (exit {code}, {time.monotonic() - t0:.1f} s)")
+                left = "; ended what was left of its process group" if spec.process.ended_leftovers else ""
+                self.console.print(f"stopped {spec.name} (exit {code}, {time.monotonic() - t0:.1f} s{left})")
         finally:
-            with contextlib.suppress(OSError):
-                (self.run_dir / STATE_FILE).unlink()
+            if survivors:
+                self.state.services = [r for r in self.state.services if r.name in survivors]
+                self._try_save()
+                self.console.print(f"left running: {', '.join(survivors)} (`exa down` ends them)", highlight=False)
+            else:
+                with contextlib.suppress(OSError):
+                    (self.run_dir / STATE_FILE).unlink()
             self._release()
+
+    def _try_save(self) -> None:
+        try:
+            self._save()
+        except OSError as exc:
+            self.console.print(f"[yellow]![/] could not write {STATE_FILE}: {exc}", highlight=False)

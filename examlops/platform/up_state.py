@@ -42,6 +42,8 @@ class ServiceRecord:
     last_exit: int | None = None
     """The exit code of its last unexpected exit (negative: killed by that signal)."""
     essential: bool = True
+    stop_grace: float | None = None
+    """Seconds its main process gets to stop after its stop signal (`exa down` waits as long for a leftover)."""
 
 
 @dataclass(slots=True)
