@@ -37,7 +37,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Callable, Collection
@@ -46,14 +45,14 @@ from typing import IO
 
 from rich.console import Console
 
-from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceStartFailed
+from examlops.core.errors import ExamlopsError, ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.db import upgrade
 from examlops.platform.keeper import Keeper
-from examlops.platform.process import ensure_port_free, group_alive
+from examlops.platform.process import ensure_port_free
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 from examlops.platform.stop_signals import StopRequested, StopSignals
-from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
+from examlops.platform.up_state import STATE_FILE, ServiceRecord, UpState, claim, url_table
 
 Progress = Callable[[str], None]
 SetupHook = Callable[[Settings, Progress], None]
@@ -136,28 +135,7 @@ class Supervisor:
         raise AssertionError("unreachable: _watch only leaves by raising")
 
     def _claim(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        lock = (self.run_dir / LOCK_FILE).open("w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            other = UpState.read(self.run_dir)
-            pid = f" (pid {other.supervisor_pid})" if other else ""
-            raise AlreadyRunning(
-                f"exa up is already running{pid} for {self.settings.state_dir}; see `exa status`, or `exa down`"
-            ) from None
-        self._lock = lock
-        stale = UpState.read(self.run_dir)
-        if stale is not None:
-            alive = [r.name for r in stale.services if r.pgid is not None and group_alive(r.pgid)]
-            if alive:
-                self._release()
-                raise AlreadyRunning(
-                    f"a previous exa up (pid {stale.supervisor_pid}) ended without stopping {', '.join(alive)}; "
-                    "run `exa down` to stop them"
-                )
-            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        self._lock = claim(self.run_dir, self.settings.state_dir)
         self._save()
 
     def _release(self) -> None:
