@@ -16,16 +16,27 @@ else
   "$venv/bin/python" -m pip install --quiet -r requirements.lock
   "$venv/bin/python" -m pip install --quiet --no-deps -e .
 fi
-# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) drives Debian's Chromium and its driver.
-# Installed only when missing; without root (or apt) the test skips and says why.
-if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+# Debian packages some tests drive, installed only when missing; without root (or apt-get) those tests
+# skip and say why (CI requires Postgres: .ci/run).
+apt_install() {  # apt_install "<what needs them>" <package>...
+  local purpose=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing chromium and chromium-driver for the dashboard's browser test"
-    if ! { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
-      echo "warning: chromium could not be installed; the dashboard's browser test will be skipped" >&2
+    echo "installing $* for $purpose"
+    if ! { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }; then
+      echo "warning: $* could not be installed; $purpose will be skipped" >&2
     fi
   else
-    echo "note: not root (or no apt-get): chromium is not installed; the dashboard's browser test will be skipped" >&2
+    echo "note: not root (or no apt-get): $* not installed; $purpose will be skipped" >&2
   fi
-fi
+}
+# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) drives Debian's Chromium and its driver.
+[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] ||
+  apt_install "the dashboard's browser test" chromium chromium-driver
+# The SQL tests run on SQLite and on a real Postgres that a fixture starts in a temp folder
+# (tests/integration/conftest.py): it needs the server's programs.
+command -v pg_ctl >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 ||
+  apt_install "the SQL tests on Postgres" postgresql
+# The fault suite's clock-step scenario (tests/faults/test_clock_faults.py) preloads libfaketime.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] ||
+  apt_install "the fault suite's clock-step scenario" libfaketime
 echo "examlops installed in $venv"

@@ -58,14 +58,15 @@ class _Audit:
             out.append(AuditEntry(event.seq, data["time"], event.type, event.subject, actor, event.data))
         return out
 
-    def verify(self) -> AuditCheck:
-        from examlops.monitoring.audit.verify import verify
+    def last_check(self) -> AuditCheck | None:
+        """What `exa audit verify` or the retention flow stored (one GET): serving never walks the chain."""
+        from examlops.monitoring.audit.verified import last_verify
 
-        report = verify(self.access.store, self.access.secret, self.access.checkpoints, archive=self.access.archive)
-        broken = report.broken
-        return AuditCheck(
-            report.events, report.checkpoints, None if broken is None else f"seq {broken.seq}: {broken.message}"
-        )
+        found = last_verify(self.access.store.redis, self.access.secret)
+        if found is None:
+            return None
+        broken = None if found.ok else "; ".join(found.problems) or "failed"
+        return AuditCheck(found.events, found.checkpoints, broken, found.at, found.by)
 
 
 @dataclass
@@ -89,7 +90,8 @@ MODEL_FLOWS = ("retrain", "canary-analysis", "promote", "drift-report")
 @dataclass
 class _FlowRuns:
     """Prefect's REST API (``POST /flow_runs/filter``): it cannot filter on parameters, so this reads the newest
-    runs of the model flows and keeps those whose ``model`` parameter (or ``models`` list) names the model."""
+    runs of the model flows and keeps those whose ``model`` parameter (or ``models`` list) names the model, and
+    the drift reports without a ``models`` list (they report every catalog model)."""
 
     api_url: str
     timeout_s: float = 5.0
@@ -113,7 +115,9 @@ class _FlowRuns:
         out = []
         for run in found:
             params = run.get("parameters") or {}
-            if params.get("model") != model and model not in (params.get("models") or ()):
+            listed = params.get("models")
+            every = names.get(run.get("flow_id")) == "drift-report" and not listed  # no models: it reports all
+            if not every and params.get("model") != model and model not in (listed or ()):
                 continue
             started = run.get("start_time") or run.get("expected_start_time")
             out.append(FlowRun(str(run["id"]), str(run.get("name", "")), names.get(run.get("flow_id"), "?"),
@@ -193,7 +197,10 @@ class _Promoter:
 
     @staticmethod
     def _moved(result: Any) -> Moved:
-        return Moved(result.model, result.old_version, result.new_version, tuple(result.instances))
+        """The service's result, with its warnings (``PromotionResult.unaccounted`` first)."""
+        before = (f"the audit trail did not account for this alias before the move: {result.unaccounted}",)
+        warnings = (before if result.unaccounted else ()) + tuple(result.warnings)
+        return Moved(result.model, result.old_version, result.new_version, tuple(result.instances), warnings)
 
 
 def ui_links(settings: Settings) -> dict[str, str]:

@@ -64,6 +64,7 @@ def holdout_scorer(settings: Settings) -> HoldoutScorer:
     def score(model: ModelRef | Estimator, embeddings: FloatArray, node_count: FloatArray) -> FloatArray:
         import numpy as np
 
+        from examlops.bootstrap.serving import mlflow_limits
         from examlops.core.messages import ModelRef
         from examlops.inference import Inference, Wiring
         from examlops.inference.adapters.local import LocalTarget
@@ -75,6 +76,7 @@ def holdout_scorer(settings: Settings) -> HoldoutScorer:
                 f"models:/{model.name}/{model.version}",
                 tracking_uri=settings.mlflow_tracking_uri,
                 cache_dir=settings.state_dir / "cache" / "models",
+                limits=mlflow_limits(settings),
             )
         else:
             fitted = model

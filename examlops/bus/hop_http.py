@@ -2,7 +2,10 @@
 
 ``http_client`` is the one shared ``httpx.AsyncClient`` of a bridge, over the
 transport ``bootstrap`` picks (``EXAMLOPS_BUS__HTTP_CLIENT``: httpx's own,
-or ``aiohttp_transport``); ``hop.ModelHandler`` is the same on both. ``trace_headers`` is the one place the
+or ``aiohttp_transport``); ``hop.ModelHandler`` is the same on both. It keeps no
+cookies: a cookie one reply set would ride along on every later job, whoever
+sent it, and reading every reply for them is a sixth of the hop's CPU
+(``bench/RESULTS.md``). ``trace_headers`` is the one place the
 bridge says things about a call to serving (serving reads them in ``api.tracing.from_bridge`` only).
 ``timed_out`` tells time running out from a connection failing, on both transports. Nothing here connects
 until a request is sent.
@@ -18,6 +21,28 @@ from examlops.tracing.record import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADE
 JSON_HEADERS = {"content-type": "application/json"}
 
 
+class _NoCookies(httpx.Cookies):
+    """A cookie jar that stays empty: ``Set-Cookie`` in a reply is ignored, unread."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
+class HopClient(httpx.AsyncClient):
+    """``httpx.AsyncClient`` without cookies (module docstring): its jar is always empty and never filled."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, cookies: object) -> None:
+        return None
+
+
+_NO_COOKIES = _NoCookies()
+
+
 def http_client(
     http: HttpSettings, transport: httpx.AsyncBaseTransport, headers: dict[str, str] | None = None
 ) -> httpx.AsyncClient:
@@ -26,9 +51,9 @@ def http_client(
 
     No retry: the transport is given one (its pool, keep-alive and retries are the builder's; bootstrap keeps
     idle connections below serving's keep-alive and retries none). ``trust_env=False``: no proxy or netrc
-    from the environment on this hop. Closing the client closes the transport.
+    from the environment on this hop; no cookies (``HopClient``). Closing the client closes the transport.
     """
-    return httpx.AsyncClient(
+    return HopClient(
         timeout=httpx.Timeout(http.read_timeout_s, connect=http.connect_timeout_s),
         transport=transport,
         headers=headers,

@@ -5,7 +5,8 @@ group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first b
 alias's version in MLflow is not what the verified chain last said of it (``promotion.trail.unaccounted``: an
 intent with no outcome, a move the trail does not hold; read from the chain's events as they verify, never
 from the unsigned per-alias index); with MLflow unreachable (within ``mlflow.timeout_s``) that
-second check is skipped and says so. ``archive`` exits 1 when it refuses (a broken chain, another
+second check is skipped and says so. Its result is stored for the dashboard (``monitoring.audit.verified``).
+``archive`` exits 1 when it refuses (a broken chain, another
 archiver); both exit 3 when Redis or SQL is down.
 """
 
@@ -32,6 +33,7 @@ def verify(as_json: JsonOption = False) -> None:
     """Walk the chain (archive, then Redis) and the signed checkpoints; name the first broken link, exit 1."""
     from examlops.bootstrap.control import audit_access
     from examlops.bootstrap.moves import LastMoves
+    from examlops.monitoring.audit.verified import record_verify
     from examlops.monitoring.audit.verify import verify as verify_trail
 
     settings = load_settings()
@@ -39,6 +41,7 @@ def verify(as_json: JsonOption = False) -> None:
     with errors_as_exit(), audit_access(settings) as audit:
         report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
         aliases, unchecked = _aliases(settings, last_moves.moves())
+        record_verify(audit.store.redis, audit.secret, report, "exa audit verify", findings=aliases)
     if as_json:
         print_json({**report.to_json(), "aliases_unaccounted": aliases, "aliases_unchecked": unchecked})
     elif report.broken is None:

@@ -217,7 +217,8 @@ def down(timeout: TimeoutOption = 180.0) -> None:
         if record.pid is not None and pid_alive(record.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
+    # Each gets the grace its supervisor would have given it (serving's drain), 30 s for a record without one.
+    deadline = time.monotonic() + max((r.stop_grace or 30.0 for r in leftovers), default=0.0)
     while any(r.pid is not None and pid_alive(r.pid) for r in leftovers) and time.monotonic() < deadline:
         time.sleep(0.1)
     for record in leftovers:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from examlops.core import errors
@@ -44,17 +45,20 @@ def exit_code_of(error: errors.ExamlopsError) -> int:
 
 
 def fail(message: str, code: int = UNWELL) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print ``message`` as one error line (as text: brackets in it are not markup) and exit with ``code``."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
 @contextmanager
 def errors_as_exit() -> Iterator[None]:
-    """Turn our errors into a one-line message and the exit code of the table above."""
+    """Turn our errors into a one-line message (with the exception's notes) and the exit code of the table above."""
     try:
         yield
     except errors.ExamlopsError as exc:
-        fail(str(exc), exit_code_of(exc))
+        # Notes added on the way up (a promotion's "its move_failed audit event was not written either") are
+        # part of what the operator must read.
+        fail("; ".join([str(exc), *getattr(exc, "__notes__", ())]), exit_code_of(exc))
 
 
 def load_settings() -> Settings:

@@ -6,7 +6,8 @@ Shared by the predict pool's workers and the bridge's recording child.
 - ``warm_context(preload)`` is a "forkserver" context instead, where the platform has one: a clean
   single-threaded server process imports ``preload`` once and forks every child from itself, so a child
   starts with those modules in memory (shared copy-on-write) and none of its parent's threads. Spawn where
-  there is no forkserver (Windows). ``warm_up(context)`` waits until that server has imported them.
+  there is no forkserver (Windows). ``warm_up(context)`` waits until that server has imported them;
+  ``stop_warm_server(context)`` stops it and waits for its exit.
 - ``start_child(target, args, name=..., context=...)`` returns a started daemon process; ``OSError`` when it
   cannot start.
 - ``stop_child(process, timeout_s, ask=...)`` sends SIGTERM when ``ask`` (else only waits: a child that
@@ -66,6 +67,20 @@ def warm_up(context: ChildContext) -> None:
     process.start()
     process.join()
     process.close()
+
+
+def stop_warm_server(context: ChildContext) -> None:
+    """Stop ``context``'s fork server if it runs and wait for its exit (blocks: call it off the loop); a later
+    start starts a new one. The server exits by itself once its parent has, but a moment later (seconds on a
+    busy machine), so a parent that stops its own children stops it too."""
+    if context.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    stop = getattr(server, "_stop", None)  # CPython's own, there for its tests; absent elsewhere
+    if stop is not None:
+        stop()
 
 
 def start_child(

@@ -5,7 +5,9 @@ that asked: ``Pipeline.set_traffic`` (``traffic.changed``; what `PUT /v1/traffic
 do), ``Pipeline.reload`` (``model.reloaded``...; `exa serve reload`), the ``Promoter`` port over
 ``examlops.promotion.service`` (``alias.moved``; `exa promote --from Canary` and `exa rollback`).
 
-``describe`` is what the confirmation page asks; ``perform`` does it. Both refuse first: ``Forbidden`` without
+``describe`` is what the confirmation page asks; ``fingerprint`` what its one-time token is bound to
+(``sessions.issue_once``); ``perform`` does it and answers an ``Outcome`` (what happened, and what the service
+warned of without stopping: a promotion the trail could not account for). Both refuse first: ``Forbidden`` without
 the action's permission, ``InvalidInput`` for an unknown action or model or a malformed weight,
 ``NotFound``-family errors from the services as they are. The caller checks the session's CSRF token before
 ``perform``.
@@ -29,6 +31,18 @@ class ActionRequest:
     action: str
     model: str
     weights: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    message: str
+    warnings: tuple[str, ...] = ()
+
+
+def fingerprint(request: ActionRequest) -> str:
+    """The action as one string: a one-time token confirms this action and no other."""
+    weights = ",".join(f"{alias}={weight}" for alias, weight in sorted(request.weights.items()))
+    return f"{request.action}|{request.model}|{weights}"
 
 
 def parse(form: dict[str, str], pipeline: Pipeline) -> ActionRequest:
@@ -72,19 +86,21 @@ def describe(request: ActionRequest) -> str:
     return f"Roll back {request.model}: point Production at the version its last promotion replaced"
 
 
-async def perform(caller: Caller, request: ActionRequest, pipeline: Pipeline, sources: DashboardSources) -> str:
+async def perform(caller: Caller, request: ActionRequest, pipeline: Pipeline, sources: DashboardSources) -> Outcome:
     """Do the action as ``caller``; what happened, for a person. Raises what the service raises."""
     authorize(caller, request, pipeline)
     if request.action == "split":
         split = await asyncio.to_thread(pipeline.set_traffic, request.model, request.weights, caller.name)
         shown = ", ".join(f"{alias} {weight} %" for alias, weight in split.items()) or "no split"
-        return f"{request.model}: traffic split is now {shown}"
+        return Outcome(f"{request.model}: traffic split is now {shown}")
     if request.action == "reload":
         changes = await pipeline.reload(request.model, actor=caller.name)
         if not changes:
-            return f"{request.model}: every alias in memory already matches MLflow"
-        return "; ".join(
-            f"{c.model}@{c.alias}: {c.old_version or '-'} -> {c.new_version or '-'} {c.outcome}" for c in changes
+            return Outcome(f"{request.model}: every alias in memory already matches MLflow")
+        return Outcome(
+            "; ".join(
+                f"{c.model}@{c.alias}: {c.old_version or '-'} -> {c.new_version or '-'} {c.outcome}" for c in changes
+            )
         )
     if sources.promoter is None:
         raise InvalidInput("promotion is not available in this process", field="action")
@@ -92,7 +108,8 @@ async def perform(caller: Caller, request: ActionRequest, pipeline: Pipeline, so
         moved = await asyncio.to_thread(sources.promoter.promote_canary, request.model, caller.name)
     else:
         moved = await asyncio.to_thread(sources.promoter.rollback, request.model, caller.name)
-    return (
+    return Outcome(
         f"{moved.model}@Production: version {moved.old_version or '(unset)'} -> {moved.new_version}, "
-        f"confirmed by {len(moved.instances)} serving instance(s)"
+        f"confirmed by {len(moved.instances)} serving instance(s)",
+        moved.warnings,
     )

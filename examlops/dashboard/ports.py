@@ -45,17 +45,21 @@ class AuditEntry:
 
 @dataclass(frozen=True, slots=True)
 class AuditCheck:
-    """The result of `exa audit verify`: ``broken`` is None when the chain is intact."""
+    """The last stored result of `exa audit verify` (or the retention flow's verify): ``broken`` is None when
+    the chain was intact, else what was wrong; ``at`` when it ran (UNIX time), ``by`` who ran it."""
 
     events: int
     checkpoints: int
     broken: str | None
+    at: float = 0.0
+    by: str = ""
 
 
 class AuditView(Protocol):
     def tail(self, n: int) -> list[AuditEntry]: ...
 
-    def verify(self) -> AuditCheck: ...
+    def last_check(self) -> AuditCheck | None:
+        """The last stored verify result (one small read, never a walk of the chain); None: none stored yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,9 @@ class Moved:
     old_version: str | None
     new_version: str
     instances: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    """What the promotion service reported without stopping: what the trail could not account for in the
+    alias before the move (``unaccounted``), an audit write that failed (``warnings``)."""
 
 
 class Promoter(Protocol):

@@ -184,5 +184,16 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def chart_data(series: Iterable[AliasSeries]) -> dict[str, Any]:
-    """The JSON a page's charts read: one x axis per alias (UNIX seconds) with its rps, p50 and p99."""
-    return {s.alias: {"at": s.at, "rps": s.rps, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms} for s in series}
+    """The JSON a page's charts read: one time axis (``at``, UNIX seconds) shared by every alias, and per alias
+    its rps, p50 and p99 on that axis, None where the alias has no point (it started serving later, or its
+    ring dropped older points): an alias that starts late is drawn where it started, not from the axis's start."""
+    listed = list(series)
+    axis = sorted({at for s in listed for at in s.at})
+    aliases: dict[str, dict[str, list[Any]]] = {}
+    for s in listed:
+        index = {at: i for i, at in enumerate(s.at)}
+        aliases[s.alias] = {
+            name: [values[index[at]] if at in index else None for at in axis]
+            for name, values in (("rps", s.rps), ("p50_ms", s.p50_ms), ("p99_ms", s.p99_ms))
+        }
+    return {"at": axis, "aliases": aliases}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
@@ -21,11 +20,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
-from examlops.core.errors import ExamlopsError
 from examlops.core.settings import Settings
 from examlops.dashboard import views
 from examlops.dashboard.access import add_access_routes
-from examlops.dashboard.ports import AuditCheck, DashboardSources, Pipeline
+from examlops.dashboard.ports import DashboardSources, Pipeline
 from examlops.dashboard.rates import RateHistory, chart_data
 from examlops.dashboard.sessions import SessionStore
 from examlops.dashboard.site import PREFIX, Redirect, Site, sources_of, threaded
@@ -34,8 +32,6 @@ from examlops.identity import Caller
 from examlops.jobs.service import JobService
 from examlops.tracing import TraceStore
 
-VERIFY_EVERY_S = 60.0
-"""`exa audit verify` walks the whole chain: the control page reuses one result this long."""
 REPORTS_PER_MODEL = 5000
 """The drift rows per model whose Evidently report a page may hand out."""
 
@@ -62,7 +58,6 @@ def dashboard_router(
 
     router = APIRouter(prefix=PREFIX, include_in_schema=False, lifespan=sampling)
     site = Site(SessionStore())
-    checked: dict[str, Any] = {"at": 0.0, "check": None}
 
     @router.get("")
     async def home() -> RedirectResponse:
@@ -126,18 +121,7 @@ def dashboard_router(
         return FileResponse(path, media_type="text/html", headers=REPORT_HEADERS)
 
     def control_of(caller: Caller, sources: DashboardSources) -> dict[str, Any]:
-        if (
-            sources.audit is not None
-            and caller.has(views.OPERATOR_VIEW)
-            and (checked["check"] is None or time.monotonic() - checked["at"] > VERIFY_EVERY_S)
-        ):
-            try:
-                checked["check"] = sources.audit.verify()
-            except ExamlopsError as exc:
-                checked["check"] = AuditCheck(0, 0, f"cannot verify: {exc}")
-            checked["at"], checked["wall"] = time.monotonic(), time.time()
-        view = views.control_view(caller, pipeline, sources, checked["check"])
-        return {**view, "checked_at": views.when(checked.get("wall"))}
+        return views.control_view(caller, pipeline, sources)
 
     @router.get("/control")
     async def control_page(request: Request) -> Response:
@@ -147,19 +131,24 @@ def dashboard_router(
     async def control_fragment(request: Request) -> Response:
         return await site.shown(request, "_control.html", threaded(control_of))
 
-    async def traces_of(request: Request) -> Response:
+    async def jobs_of(caller: Caller, _: DashboardSources) -> dict[str, Any]:
+        listed = await jobs.jobs(caller, limit=50) if jobs is not None else []
+        return {"jobs": views.job_rows(listed), "jobs_available": jobs is not None}
+
+    @router.get("/traces")
+    async def traces_page(request: Request) -> Response:
         filters = dict(request.query_params)
 
         async def build(caller: Caller, sources: DashboardSources) -> dict[str, Any]:
-            listed = await jobs.jobs(caller, limit=50) if jobs is not None else []
             view = await asyncio.to_thread(views.traces_view, caller, traces, filters)
-            return {**view, "jobs": views.job_rows(listed), "jobs_available": jobs is not None,
-                    "query": urlencode(view["filters"])}  # fmt: skip
+            return {**view, **await jobs_of(caller, sources), "query": urlencode(view["filters"])}
 
-        template = "traces.html" if request.url.path.endswith("/traces") else "_jobs.html"
-        return await site.shown(request, template, build)
+        return await site.shown(request, "traces.html", build)
 
-    router.get("/traces")(traces_of)
-    router.get("/traces/jobs")(traces_of)
+    @router.get("/traces/jobs")
+    async def jobs_fragment(request: Request) -> Response:
+        """The jobs' refresh: their progress only, no trace search."""
+        return await site.shown(request, "_jobs.html", jobs_of)
+
     add_access_routes(router, site, pipeline)
     return router

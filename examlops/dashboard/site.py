@@ -1,10 +1,12 @@
 """The plumbing every dashboard route shares: rendering a page, the session of a request, the login redirect.
 
 ``Site(sessions)`` renders templates with the prefix, refresh and UI links, resolves a request's session to a
-``Caller`` (with authentication off a session is opened on the first visit and acts as ``SYSTEM_CALLER``; a
-revoked or expired token closes the session and sends the request to the login form), and ``shown`` renders
-a page for the caller from a ``Build``. A failing source never gets here: the views turn it into a problem
-string. The sources are read from ``app.state`` on every request (``attach_sources``).
+``Caller`` (with authentication off a session is opened on the first visit and reads as ``SYSTEM_CALLER``,
+but no action is offered and ``access.py`` refuses every one: read-only; a revoked or expired token closes
+the session and sends the request to the login form), and ``shown`` renders a page for the caller from a
+``Build``. A failing source never gets here: the views turn it into a problem
+string. A page's background refreshes (htmx's, the charts' JSON) do not renew a session's idle deadline.
+The sources are read from ``app.state`` on every request (``attach_sources``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class Site:
         """The caller and session of a request, and a new session id to set when one was opened; ``Redirect``
         to the login form without a live session."""
         identities: Authenticator | None = request.app.state.identities
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        background = request.headers.get("HX-Request") == "true" or request.url.path.endswith(".json")
+        session = self.sessions.get(request.cookies.get(COOKIE), renew=not background)
         if identities is None:
             if session is not None:
                 return SYSTEM_CALLER, session, None
@@ -106,10 +109,13 @@ class Site:
         except Redirect as redirect:
             return to_login(request, redirect.to)
         context = await build(caller, sources_of(request))
-        response = self.page(request, template, caller=caller.name, csrf=session.csrf,
-                             auth=request.app.state.identities is not None, **context)  # fmt: skip
+        auth = request.app.state.identities is not None
+        if not auth and "may" in context:  # without identities the dashboard is read-only: no action offered
+            context["may"] = dict.fromkeys(context["may"], False)
+        response = self.page(request, template, caller=caller.name, csrf=session.csrf, auth=auth,
+                             **context)  # fmt: skip
         return self.with_cookie(response, new, secure=request.url.scheme == "https")
 
     def refused(self, request: Request, caller: Caller, session: Session, status: int, message: str) -> Response:
-        return self.page(request, "result.html", status=status, caller=caller.name, csrf=session.csrf, auth=True,
-                         ok=False, message=message)  # fmt: skip
+        return self.page(request, "result.html", status=status, caller=caller.name, csrf=session.csrf,
+                         auth=request.app.state.identities is not None, ok=False, message=message)  # fmt: skip

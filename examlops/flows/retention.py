@@ -1,10 +1,13 @@
 """The retention flow: keeps Redis memory bounded by moving out what no longer has to live there.
 
-Scheduled from ``prefect.yaml`` (deployment ``retention/retention``). Two tasks:
+Scheduled from ``prefect.yaml`` (deployment ``retention/retention``). Three tasks:
 
 - ``audit-archive``: ``monitoring.audit.archive.Archiver.run``, the events a
   signed checkpoint covers moved to ``<state>/audit/archive/`` and trimmed from
   the stream (what `exa audit archive` does);
+- ``audit-verify``: the whole chain verified after the archive run and the
+  result stored for the dashboard (``monitoring.audit.verified``), so its
+  Control page shows a check at most one schedule old without walking the chain;
 - ``snapshot-trim``: every model's drift snapshots older than
   ``recording.snapshot_max_age_s`` (or the run's ``snapshot_max_age_s``)
   trimmed, whether the drift flow read them or not.
@@ -34,6 +37,22 @@ def archive_audit(settings: Settings) -> dict[str, Any]:
         return audit.archiver.run().to_json()
 
 
+@task(name="audit-verify", cache_policy=NO_CACHE)
+def verify_audit(settings: Settings) -> dict[str, Any]:
+    """One full verify of the trail, stored as the last verify result; that result as JSON (skipped while
+    another run's verify holds the lease)."""
+    from dataclasses import asdict
+
+    from examlops.monitoring.audit.verified import one_verify, record_verify
+    from examlops.monitoring.audit.verify import verify
+
+    with audit_access(settings) as audit, one_verify(audit.store.redis) as mine:
+        if not mine:  # another verify is under way: one walk of the chain at a time
+            return {"ok": None, "skipped": "another audit verify is running", "problems": []}
+        report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
+        return asdict(record_verify(audit.store.redis, audit.secret, report, "retention flow"))
+
+
 @task(name="snapshot-trim", cache_policy=NO_CACHE)
 def trim_snapshots(plane: ControlPlane, max_age_s: float, now: float) -> dict[str, int]:
     """Per model with a snapshot stream, how many snapshots older than ``max_age_s`` were trimmed."""
@@ -49,13 +68,14 @@ def retention_flow(snapshot_max_age_s: float | None = None) -> dict[str, Any]:
     logger = get_run_logger()
     try:
         archived = archive_audit(plane.settings, return_state=True)
+        verified = verify_audit(plane.settings, return_state=True)
         trimmed = trim_snapshots(plane, max_age_s, time.time(), return_state=True)
     finally:
         if "snapshot_stream" in plane.__dict__:  # built by the task: close its client
             plane.snapshot_stream.redis.close()
-    result: dict[str, Any] = {"audit": None, "snapshots": None, "snapshot_max_age_s": max_age_s}
+    result: dict[str, Any] = {"audit": None, "verify": None, "snapshots": None, "snapshot_max_age_s": max_age_s}
     failed = []
-    for name, state in (("audit", archived), ("snapshots", trimmed)):
+    for name, state in (("audit", archived), ("verify", verified), ("snapshots", trimmed)):
         if state.is_completed():
             result[name] = state.result()
         else:
@@ -65,6 +85,8 @@ def retention_flow(snapshot_max_age_s: float | None = None) -> dict[str, Any]:
             "audit: %d events archived, %d trimmed from Redis; the archive ends at event %d",
             result["audit"]["archived"], result["audit"]["trimmed"], result["audit"]["archive_last_seq"],
         )  # fmt: skip
+    if result["verify"] is not None and result["verify"]["ok"] is False:
+        logger.warning("audit trail verify failed: %s", "; ".join(result["verify"]["problems"]))
     if result["snapshots"] is not None:
         logger.info("snapshots older than %.0f s trimmed: %s", max_age_s, result["snapshots"] or "no streams")
     rows = [{"what": "audit events archived", "count": (result["audit"] or {}).get("archived")}]

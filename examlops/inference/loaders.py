@@ -28,7 +28,10 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from examlops.registry.mlflow_client import HttpLimits
 
 
 class BatchPredictor(Protocol):
@@ -97,12 +100,19 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None] | None:
 
 
 def mlflow_model(
-    model_uri: str, *, tracking_uri: str, output_field: str = "prediction", cache_dir: Path | None = None
+    model_uri: str,
+    *,
+    tracking_uri: str,
+    output_field: str = "prediction",
+    cache_dir: Path | None = None,
+    limits: HttpLimits | None = None,
 ) -> Loader:
-    """A loader for an MLflow scikit-learn model; see the module docstring. MLflow errors propagate."""
+    """A loader for an MLflow scikit-learn model; see the module docstring. MLflow errors propagate. ``limits``
+    bound each HTTP request to an MLflow server (the platform passes ``bootstrap.serving.mlflow_limits``);
+    without them MLflow's own defaults apply, which wait minutes for a server that does not answer."""
 
     def load() -> BatchPredictor:
-        from examlops.registry.mlflow_client import import_mlflow
+        from examlops.registry.mlflow_client import bound_http, import_mlflow
         from examlops.registry.mlflow_registry import MlflowRegistry
 
         import_mlflow()
@@ -112,12 +122,14 @@ def mlflow_model(
         cache = cache_dir or Path(tempfile.gettempdir()) / "examlops-inference-models"
         parsed = _parse_models_uri(model_uri)
         if parsed is None:
+            if limits is not None:
+                bound_http(limits)
             location = mlflow.artifacts.download_artifacts(
                 artifact_uri=model_uri, tracking_uri=tracking_uri, dst_path=str(cache)
             )
         else:
             name, alias, version = parsed
-            registry = MlflowRegistry(tracking_uri, cache)
+            registry = MlflowRegistry(tracking_uri, cache, limits=limits)
             ref = registry.resolve(name, alias) if alias is not None else registry.version(name, str(version))
             location = registry.fetch(ref)
         return SklearnBatchPredictor(mlflow.sklearn.load_model(location), output_field)

@@ -17,7 +17,10 @@ Contract:
   requests). Then it ends what is left of the group: SIGTERM, up to
   ``LEFTOVER_GRACE_S``, SIGKILL. That second step matters: ``mlflow server``
   forks uvicorn, and a SIGTERM to its pid alone orphans the workers. It is
-  idempotent and never raises for a process that is already gone.
+  idempotent and never raises for a process that is already gone. When that
+  second step had anything to end (after ``LEFTOVER_SETTLE_S`` for children
+  that exit with their parent) it logs a warning naming them and sets
+  ``ended_leftovers`` (a service that stops its own children never does).
 
 The platform's errors live in ``examlops.core.errors`` with the rest of the
 family; this is their branch of its tree::
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 import socket
@@ -47,8 +51,12 @@ from examlops.core.errors import PortInUse, ServiceStartFailed
 from examlops.core.settings import LogSettings
 from examlops.platform.log_pump import LogPump
 
+log = logging.getLogger(__name__)
+
 LEFTOVER_GRACE_S = 5.0
 """Seconds what is left of a group after its main process exited gets between SIGTERM and SIGKILL."""
+LEFTOVER_SETTLE_S = 2.0
+"""Seconds what is left of a group after its main process exited gets to exit on its own, before the SIGTERM."""
 
 HealthCheck = str | Callable[[], bool]
 """An ``http(s)://`` URL that must answer below 400, a ``redis://`` URL that must PING, or a callable."""
@@ -114,6 +122,21 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_members(pgid: int) -> list[str]:
+    """``pid command line`` of each process in group ``pgid`` (from /proc; empty where there is none)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # after the command's closing parenthesis: state, ppid, pgrp
+                continue
+            argv = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        members.append(f"{stat.parent.name} {argv.strip()[:160]}")
+    return members
+
+
 def kill_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -162,6 +185,8 @@ class ManagedProcess:
         self._pump: LogPump | None = None
         self.started_at = 0.0
         """UNIX time of the last ``start``."""
+        self.ended_leftovers = False
+        """The last ``stop`` found processes of the group left after its main process, and ended them."""
 
     @property
     def pid(self) -> int | None:
@@ -235,12 +260,25 @@ class ManagedProcess:
             return None
         grace = self.stop_grace if grace is None else grace
         popen, pgid = self._popen, self._popen.pid
+        self.ended_leftovers = False
         if popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 popen.send_signal(self.stop_signal)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(grace)
+        if popen.poll() is not None:
+            # Children that exit when their parent does (a multiprocessing fork server or resource tracker,
+            # on their pipe's end of file) get a moment to go on their own.
+            settle = time.monotonic() + LEFTOVER_SETTLE_S
+            while group_alive(pgid) and time.monotonic() < settle:
+                time.sleep(0.05)
         if group_alive(pgid):
+            self.ended_leftovers = True
+            main = "still running" if popen.poll() is None else f"exited {popen.returncode}"
+            log.warning(
+                "%s: ending what is left of its process group %d (main process %s): %s",
+                self.name, pgid, main, "; ".join(group_members(pgid)) or "members unknown",
+            )  # fmt: skip
             # The main process is gone or past its grace: end its group (a killed main's children, or all of it).
             kill_group(pgid, signal.SIGTERM)
             deadline = time.monotonic() + LEFTOVER_GRACE_S

@@ -29,13 +29,14 @@
 - Whatever happened, every process it started is stopped in reverse start order (dependents first),
   each with ``ManagedProcess.stop``: its main process is signalled and given its grace to finish its
   own way (serving drains its requests in flight, then stops its predict workers), and only then is
-  the rest of its process group ended; ``up.json`` is removed before ``run`` returns or raises.
+  the rest of its process group ended; ``up.json`` is removed before ``run`` returns or raises. A state
+  file that cannot be written or one stop that raises stops nothing else; a service whose stop raised
+  is kept in ``up.json`` for `exa down` to end.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Callable, Collection
@@ -44,14 +45,14 @@ from typing import IO
 
 from rich.console import Console
 
-from examlops.core.errors import AlreadyRunning, ExamlopsError, ServiceStartFailed
+from examlops.core.errors import ExamlopsError, ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.db import upgrade
 from examlops.platform.keeper import Keeper
-from examlops.platform.process import ensure_port_free, group_alive
+from examlops.platform.process import ensure_port_free
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 from examlops.platform.stop_signals import StopRequested, StopSignals
-from examlops.platform.up_state import LOCK_FILE, STATE_FILE, ServiceRecord, UpState, url_table
+from examlops.platform.up_state import STATE_FILE, ServiceRecord, UpState, claim, url_table
 
 Progress = Callable[[str], None]
 SetupHook = Callable[[Settings, Progress], None]
@@ -70,6 +71,7 @@ def _record(spec: ServiceSpec) -> ServiceRecord:
         log=str(spec.process.log_path) if spec.process else None,
         health_url=spec.health_url,
         essential=spec.essential,
+        stop_grace=spec.process.stop_grace if spec.process else None,
     )
 
 
@@ -133,28 +135,7 @@ class Supervisor:
         raise AssertionError("unreachable: _watch only leaves by raising")
 
     def _claim(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        lock = (self.run_dir / LOCK_FILE).open("w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            other = UpState.read(self.run_dir)
-            pid = f" (pid {other.supervisor_pid})" if other else ""
-            raise AlreadyRunning(
-                f"exa up is already running{pid} for {self.settings.state_dir}; see `exa status`, or `exa down`"
-            ) from None
-        self._lock = lock
-        stale = UpState.read(self.run_dir)
-        if stale is not None:
-            alive = [r.name for r in stale.services if r.pgid is not None and group_alive(r.pgid)]
-            if alive:
-                self._release()
-                raise AlreadyRunning(
-                    f"a previous exa up (pid {stale.supervisor_pid}) ended without stopping {', '.join(alive)}; "
-                    "run `exa down` to stop them"
-                )
-            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+        self._lock = claim(self.run_dir, self.settings.state_dir)
         self._save()
 
     def _release(self) -> None:
@@ -268,18 +249,39 @@ class Supervisor:
                 keeper.tick()
 
     def _shutdown(self) -> None:
+        """Stop every started service, dependents first. Best effort throughout: a state file that cannot be
+        written, or one service's stop that raises, never keeps the others running. A service whose stop
+        raised stays in ``up.json`` (with its pid and group) for `exa down` to end; with none, the file goes."""
         self.signals.stopping = True
+        survivors: list[str] = []
         try:
             self.state.state = "stopping"
-            self._save()
+            self._try_save()
             for spec in reversed(self._started):
                 assert spec.process is not None
                 t0 = time.monotonic()
-                with self.console.status(f"stopping {spec.name}"):
-                    code = spec.process.stop()
+                try:
+                    with self.console.status(f"stopping {spec.name}"):
+                        code = spec.process.stop()
+                except Exception as exc:  # the others are stopped all the same
+                    survivors.append(spec.name)
+                    self.console.print(f"[red]✗[/] could not stop {spec.name}: {exc}", highlight=False)
+                    continue
                 self._records[spec.name].state = "stopped"
-                self.console.print(f"stopped {spec.name} (exit {code}, {time.monotonic() - t0:.1f} s)")
+                left = "; ended what was left of its process group" if spec.process.ended_leftovers else ""
+                self.console.print(f"stopped {spec.name} (exit {code}, {time.monotonic() - t0:.1f} s{left})")
         finally:
-            with contextlib.suppress(OSError):
-                (self.run_dir / STATE_FILE).unlink()
+            if survivors:
+                self.state.services = [r for r in self.state.services if r.name in survivors]
+                self._try_save()
+                self.console.print(f"left running: {', '.join(survivors)} (`exa down` ends them)", highlight=False)
+            else:
+                with contextlib.suppress(OSError):
+                    (self.run_dir / STATE_FILE).unlink()
             self._release()
+
+    def _try_save(self) -> None:
+        try:
+            self._save()
+        except OSError as exc:
+            self.console.print(f"[yellow]![/] could not write {STATE_FILE}: {exc}", highlight=False)

@@ -1,9 +1,9 @@
 """The record of one running ``exa up``: ``run_dir/up.json`` and the lock on ``run_dir/up.lock``.
 
 Contracts: ``UpState.write`` is atomic (a reader sees the old document or the new one, never half of
-one); ``UpState.read`` gives None when there is no file or it cannot be parsed. ``supervisor_running``
-asks the kernel whether some process holds the flock, so a stale pid never misleads it. ``exa status``
-and ``exa down`` read these; only the ``Supervisor`` writes them.
+one); ``UpState.read`` gives None when there is no file or it cannot be parsed. ``claim`` takes the lock
+(or says who holds it); ``supervisor_running`` asks the kernel whether some process holds the flock, so a
+stale pid never misleads it. ``exa status`` and ``exa down`` read these; only the ``Supervisor`` writes them.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.table import Table
+
+from examlops.core.errors import AlreadyRunning
+from examlops.platform.process import group_alive
 
 STATE_FILE = "up.json"
 LOCK_FILE = "up.lock"
@@ -42,6 +45,8 @@ class ServiceRecord:
     last_exit: int | None = None
     """The exit code of its last unexpected exit (negative: killed by that signal)."""
     essential: bool = True
+    stop_grace: float | None = None
+    """Seconds its main process gets to stop after its stop signal (`exa down` waits as long for a leftover)."""
 
 
 @dataclass(slots=True)
@@ -101,3 +106,31 @@ def supervisor_running(run_dir: Path) -> bool:
             return True
         fcntl.flock(lock, fcntl.LOCK_UN)
         return False
+
+
+def claim(run_dir: Path, state_dir: Path) -> IO[str]:
+    """Take this state folder's ``exa up`` lock and clear a dead supervisor's ``up.json``; the open lock file
+    (closing it releases the lock). ``AlreadyRunning`` while another supervisor holds the lock, or while a
+    dead one's ``up.json`` names process groups still alive (`exa down` ends them)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = (run_dir / LOCK_FILE).open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        other = UpState.read(run_dir)
+        pid = f" (pid {other.supervisor_pid})" if other else ""
+        raise AlreadyRunning(
+            f"exa up is already running{pid} for {state_dir}; see `exa status`, or `exa down`"
+        ) from None
+    stale = UpState.read(run_dir)
+    if stale is not None:
+        alive = [r.name for r in stale.services if r.pgid is not None and group_alive(r.pgid)]
+        if alive:
+            lock.close()
+            raise AlreadyRunning(
+                f"a previous exa up (pid {stale.supervisor_pid}) ended without stopping {', '.join(alive)}; "
+                "run `exa down` to stop them"
+            )
+        (run_dir / STATE_FILE).unlink(missing_ok=True)
+    return lock

@@ -4,17 +4,21 @@ This is the registry half of a promotion; ``examlops.promotion.service`` adds th
 (every instance reloads and confirms).
 
 - ``move_alias(registry, model, alias, version=N | from_alias=A)`` points ``alias`` (any case) at
-  version N, or at the version alias A points at now. Before it moves, it records the version the
-  alias pointed at in the registered-model tag ``examlops.previous.<Alias>`` (``previous_tag``):
-  durable, so it survives restarts, and visible in the MLflow UI. A move to the version the alias
-  already has changes nothing and leaves the tag alone. A new alias records nothing.
-- ``rollback_alias(registry, model, alias)`` moves the alias to that recorded version, itself with
-  ``move_alias``: the rollback records the version it replaced, so a second rollback undoes the first.
+  version N, or at the version alias A points at now. It records the version the alias replaced in the
+  registered-model tag ``examlops.previous.<Alias>`` (``previous_tag``): durable, so it survives
+  restarts, and visible in the MLflow UI. A move to the version the alias already has changes nothing and
+  leaves the tags alone. A new alias records nothing.
+- ``rollback_alias(registry, model, alias)`` moves the alias to the version its last move replaced, itself
+  with ``move_alias``: the rollback records the version it replaced, so a second rollback undoes the first.
 - Each is a read (``plan_move``, ``plan_rollback``: what would move, from which version to which; nothing
   written) and a write (``apply_move``), so that a caller can record the intent in between.
 
-The tag is written before the alias moves: if the move then fails, the tag names the version the
-alias still has, and a rollback is a harmless no-op rather than a jump to an older version.
+The writes, in order: the tag ``examlops.moving.<Alias>`` (``moving_tag``) names the move ``old->new``
+before the alias is touched; then the alias; then the previous tag. No write overwrites what a rollback
+needs before the alias has moved, and a failure at any step leaves a rollback correct: the alias write
+refused (the alias still at ``old``): the moving tag does not match the alias, so the rollback goes to the
+previous tag as before; the alias write applied but its reply lost, or the previous tag not written: the
+alias is at ``new`` and the moving tag says it came from ``old``, which is where the rollback goes.
 Two promotions of one alias at the same time are not serialised here.
 
 Errors: ``InvalidInput`` (neither or both of ``version`` and ``from_alias``), ``ModelNotFound``,
@@ -31,6 +35,7 @@ from examlops.core.errors import AliasNotFound, InvalidInput, VersionNotFound
 from examlops.core.messages import DEFAULT_ALIAS, ModelRef, canonical_alias
 
 PREVIOUS_TAG_PREFIX = "examlops.previous."
+MOVING_TAG_PREFIX = "examlops.moving."
 
 
 class AliasRegistry(Protocol):
@@ -66,6 +71,22 @@ def previous_tag(alias: str) -> str:
     return PREVIOUS_TAG_PREFIX + canonical_alias(alias)
 
 
+def moving_tag(alias: str) -> str:
+    """The registered-model tag that names ``alias``'s last move begun (``old->new``), written before it moves."""
+    return MOVING_TAG_PREFIX + canonical_alias(alias)
+
+
+def rollback_target(tags: dict[str, str], alias: str, current: str) -> str | None:
+    """The version a rollback of ``alias`` (now at ``current``) goes to, from the model's tags; None if none.
+
+    The move begun last, when the alias is where it was meant to go (its outcome may never have been
+    reported); otherwise the version the last completed move replaced."""
+    begun_from, _, begun_to = tags.get(moving_tag(alias), "").partition("->")
+    if begun_from and begun_to == current:
+        return begun_from
+    return tags.get(previous_tag(alias)) or None
+
+
 def plan_move(
     registry: AliasRegistry,
     model: str,
@@ -90,11 +111,15 @@ def plan_move(
 
 
 def apply_move(registry: AliasRegistry, move: AliasMove) -> AliasMove:
-    """Make ``move`` in the registry: the replaced version's tag first, then the alias. Returns the move as the
-    registry reports it (``old_version`` is what the alias had at the moment it moved)."""
-    if move.old_version is not None and move.changed:
-        registry.set_model_tag(move.model, previous_tag(move.alias), move.old_version)
+    """Make ``move`` in the registry: the moving tag, the alias, then the previous tag (module docstring).
+    Returns the move as the registry reports it (``old_version`` is what the alias had at the moment it
+    moved). The registry's errors propagate from whichever write failed."""
+    replacing = move.old_version if move.changed else None
+    if replacing is not None:
+        registry.set_model_tag(move.model, moving_tag(move.alias), f"{replacing}->{move.new_version}")
     replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    if replacing is not None:
+        registry.set_model_tag(move.model, previous_tag(move.alias), replacing)
     return AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
 
 
@@ -113,8 +138,9 @@ def move_alias(
 def plan_rollback(registry: AliasRegistry, model: str, alias: str = DEFAULT_ALIAS) -> AliasMove:
     """The move back to the version the alias's last move replaced (``VersionNotFound`` if none is recorded)."""
     alias = canonical_alias(alias)
-    name = registry.resolve(model, alias).name
-    recorded = registry.model_tags(name).get(previous_tag(alias))
+    current = registry.resolve(model, alias)
+    recorded = rollback_target(registry.model_tags(current.name), alias, current.version)
+    name = current.name
     if not recorded:
         raise VersionNotFound(
             f"{name}@{alias} has no recorded previous version to roll back to "

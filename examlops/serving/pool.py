@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from examlops.core.children import CONTEXT, ChildContext, warm_context, warm_up
+from examlops.core.children import CONTEXT, ChildContext, stop_warm_server, warm_context, warm_up
 from examlops.core.errors import (
     ExamlopsError,
     InferenceTimeout,
@@ -174,6 +174,8 @@ class ProcessPredictPool:
             return
         self._break("the predict pool is closed", graceful=True)
         await asyncio.gather(*self._reaping)
+        if self._context is not CONTEXT:  # the warm fork server goes with its workers: nothing outlives serving
+            await asyncio.to_thread(stop_warm_server, self._context)
 
     def stats(self) -> PoolStats:
         return PoolStats(len(self._roster.active), self._roster.busy(), self._replaced, self._in_flight)

@@ -81,9 +81,11 @@ _FAILED_CODES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TraceRecord:
-    """One call, as the trace store keeps it.
+    """One call, as the trace store keeps it. Nothing changes a record once it is built; it is not frozen
+    because one is built on every call's request path (and again in the trace writer), where a frozen
+    dataclass's ``__init__`` of these 24 fields costs several times a plain one's (bench/RESULTS.md).
 
     ``at`` is the UNIX time the call arrived; ``used_ms`` how long it took until its reply. ``identity``,
     ``budget_remaining_ms`` is what was left of the call's budget (or deadline) when it ended, negative

@@ -270,8 +270,11 @@ def test_dashboard_in_chromium(
     moved = [e for e in platform.exa("audit", "tail", "-n", "50") if e["type"] == "alias.moved"]
     assert moved and moved[-1]["subject"] == "AC" and moved[-1]["data"]["actor"] == "ops"
     assert moved[-1]["data"]["new_version"] == canary
+    verified = platform.exa("audit", "verify")  # stores its result: the Control page shows it, walking nothing
     browser.get(f"{base}/dashboard/control")
     assert "ops" in browser.find_element(By.ID, "audit").text
+    assert verified["ok"] and f"intact: {verified['events']} events" in browser.find_element(By.ID, "verify").text
+    assert "UTC" in browser.find_element(By.ID, "verified-at").text
     screenshot(browser, shots / "control-after-promotion.png")
 
     # An identity without the operator permission sees no action, and an action it asks for is refused.

@@ -1,31 +1,38 @@
 """`exa down` under load: every request serving took before its drain began is answered 200.
 
 The platform runs as `exa up --detach` (demo models seeded; Prefect and the served flows left out), one start
-per rate on one state folder. The load is open-loop: arrivals at a target rate from one asyncio loop over one
-shared ``httpx.AsyncClient``, whatever the answers take; each request's time is when its headers went on the
-wire (httpcore's trace), not when it was scheduled. Beside it a poller asks ``/readyz`` on a connection of its
-own; the last poll answered 200 pins a moment at which the drain had not begun. `exa down` starts after
-``DOWN_AFTER_S``; the load stops once serving has closed its listener or `exa down` is done.
+per rate on one state folder. The load is open-loop Poisson arrivals at the rate asked from
+``bench/openloop.py`` in a process of its own (raw keep-alive connections: the client costs ~0.03 ms of CPU a
+request, where an httpx client's ~2.5 ms bounded the rate it reached, bench/RESULTS.md), which records for
+each request the ``time.monotonic()`` it went on the wire and its answer came. Beside it the test asks
+``/readyz`` on a connection of its own, and two lanes send streams of ``STREAM_INSTANCES`` predictions back
+to back (tens of milliseconds each): where the load's requests are answered within a few milliseconds (at
+100 req/s), they are what is certainly in flight when the drain begins. `exa down` starts ``DOWN_AFTER_S``
+after the first request; the load stops once a new connection is refused (serving closed its listener) or
+after ``LOAD_S``.
 
-Asserted: every request on the wire before that moment was answered 200 (none lost, none 5xx); every later one
-was answered 200, refused as draining (503, retryable) or met a closed listener; no request was cut off in a
-predict worker (``worker_lost``); `exa down` exits 0 and leaves no ``up.json``. The rate reached is printed
-(``-s``), never asserted. ``E2E_DRAIN_RPS`` (default 100) and ``E2E_DRAIN_HIGH_RPS`` (default 800) set the two
-rates asked. On the shared 2-core machine about 100 req/s reach the wire whatever is asked (bench/RESULTS.md):
-at 800 the arrivals outrun serving, the client's 400 connections fill, and the drain begins with them all in
-flight, which is the overload the issue describes.
+The cut-off is the later of when `exa down` was started and when the last ``/readyz`` answered 200 went on the
+wire: the drain had not begun then. Asserted: every request on the wire before the cut-off was answered 200;
+at least one of them was answered after the drain had begun (serving's log says when), so a request really
+was in flight across it; every later one was answered 200, refused as draining (503) or met a closed
+listener; no request was cut off in a predict worker (``worker_lost``); serving stopped its predict workers
+itself (no "drain grace over" in serving.log; up.log says it stopped with exit 0 and that nothing was left of
+its group to end); `exa down` exits 0 and leaves no ``up.json``. The rate reached is printed (``-s``), never
+asserted. ``E2E_DRAIN_RPS`` (default 100) and ``E2E_DRAIN_HIGH_RPS`` (default 800) set the two rates asked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +48,18 @@ RATES = (int(os.environ.get("E2E_DRAIN_RPS", "100")), int(os.environ.get("E2E_DR
 LOAD_S = 40.0
 DOWN_AFTER_S = 3.0
 POLL_S = 0.01
-REFUSED = ("ConnectError", "RemoteProtocolError", "ReadError")
+MAX_CONNECTIONS = 400
+"""The load's connections at most, under serving's cap (``serving.max_connections``, 1,000): on a machine too
+busy to keep up, an arrival past them is not sent (counted as such), rather than refused by serving as too many
+connections before the drain began, which is serving's overload and not its drain."""
+STREAM_INSTANCES = 200
+STREAM_LANES = 2
+OPENLOOP = Path(__file__).resolve().parents[2] / "bench" / "openloop.py"
+REFUSED = (
+    *("ConnectionRefusedError", "IncompleteReadError", "ConnectionResetError", "BrokenPipeError"),  # the load's
+    *("ConnectError", "RemoteProtocolError", "ReadError", "WriteError"),  # the streams' (httpx)
+    "no connection free",  # never sent: every one of the load's connections was busy
+)
 """What a request on the wire after the drain began may meet once serving closes its listener and its idle
 keep-alive connections: refused, or a keep-alive connection closed (or reset) under a request the server had
 not read yet (the HTTP keep-alive close race)."""
@@ -78,12 +96,27 @@ def exa(env: dict[str, str]) -> Iterator[Exa]:
 
 @dataclass
 class Sent:
-    due: float
-    at: float | None = None
-    """When its request headers went on the wire; None when it never got a connection."""
-    status: int | None = None
-    body: str = ""
-    error: str = ""
+    """One request of the load, as ``bench/openloop.py`` wrote it (times from ``time.monotonic()``)."""
+
+    wire_at: float
+    answered_at: float
+    status: int
+    error: str
+    detail: str
+
+    @classmethod
+    def read(cls, raw: dict[str, Any]) -> Sent:
+        def t(v: float | None) -> float:
+            return math.nan if v is None else v
+
+        return cls(t(raw["wire_at"]), t(raw["answered_at"]), raw["status"], raw["error"], raw["detail"])
+
+    def before(self, at: float) -> bool:
+        return self.wire_at < at  # False for one never on the wire (nan)
+
+    @property
+    def outcome(self) -> int | str:
+        return self.status or self.error or "no answer"
 
 
 @dataclass
@@ -91,16 +124,13 @@ class Readiness:
     last_ready: float = float("-inf")
     """When the last poll answered 200 went on the wire: the drain had not begun then."""
     drain_seen: float | None = None
-    """When a poll first met 503 or a refused connection."""
+    """When a poll first met 503 or a refused connection came back: the drain had begun then."""
 
 
-def _on_wire(record: Sent | list[float]) -> Any:
+def _on_wire(record: list[float]) -> Any:
     async def trace(event: str, _info: dict[str, Any]) -> None:
         if event == "http11.send_request_headers.started":
-            if isinstance(record, Sent):
-                record.at = time.monotonic()
-            else:
-                record.append(time.monotonic())
+            record.append(time.monotonic())
 
     return trace
 
@@ -122,78 +152,136 @@ async def _poll(url: str, readiness: Readiness, until: asyncio.Event) -> None:
             await asyncio.sleep(POLL_S)
 
 
-async def _load(exa: Exa, url: str, token: str, rps: int) -> tuple[list[Sent], Readiness, float, int]:
-    """Open-loop arrivals at ``rps``, `exa down` after ``DOWN_AFTER_S``; every request, the readiness seen, when
-    `exa down` was started, and its exit code."""
+async def _streams(url: str, token: str, body: bytes, sent: list[Sent], until: asyncio.Event) -> None:
+    """One lane of back-to-back streams of ``STREAM_INSTANCES`` predictions until ``until`` is set, each noted in
+    ``sent`` (a stream cut short is an error): a request that takes tens of milliseconds, so that one is in
+    flight when the drain begins even where the load's own requests are answered within a few."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, timeout=90, headers=headers) as client:
+        while not until.is_set():
+            wire: list[float] = []
+            record = Sent(math.nan, math.nan, 0, "", "")
+            try:
+                reply = await client.post("/v1/models/JPCP/stream", content=body, extensions={"trace": _on_wire(wire)})
+                record.answered_at, record.status = time.monotonic(), reply.status_code
+                end = json.loads(reply.text.splitlines()[-1]) if reply.status_code == 200 else {}
+                if reply.status_code == 200 and end.get("answered") != STREAM_INSTANCES:
+                    record.status, record.error = 0, "stream cut short"
+                if record.status != 200:
+                    record.detail = reply.text[-300:]
+            except httpx.TransportError as exc:
+                record.error = type(exc).__name__
+            record.wire_at = wire[0] if wire else math.nan
+            sent.append(record)
+            if record.error == "ConnectError":
+                return  # serving closed its listener
+            if record.status != 200:
+                await asyncio.sleep(POLL_S)
+
+
+@dataclass
+class Run:
+    sent: list[Sent]
+    readiness: Readiness
+    down_at: float
+    down_code: int
+    down_output: str
+    load_count: int
+    """``sent`` holds the load's requests first, then the streams."""
+
+    @property
+    def cutoff(self) -> float:
+        return max(self.down_at, self.readiness.last_ready)
+
+
+async def _load(exa: Exa, url: str, token: str, rps: int, folder: Path) -> Run:
+    """The load in its own process, `exa down` ``DOWN_AFTER_S`` after its first request, the poller beside."""
     rng = np.random.default_rng(0)
     payload = {"model": "JPCP", "embedding": [float(v) for v in rng.normal(0, 0.05, 384)], "node_count": 12}
-    sent: list[Sent] = []
+    body, out = folder / f"body-{rps}.json", folder / f"sent-{rps}.json"
+    body.write_text(json.dumps(payload))
     readiness, stop_polling = Readiness(), asyncio.Event()
-    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
-
-    async def one(client: httpx.AsyncClient, record: Sent) -> None:
-        try:
-            reply = await client.post("/infer-pipeline/infer", json=payload, extensions={"trace": _on_wire(record)})
-            record.status, record.body = reply.status_code, reply.text[:300]
-        except httpx.TransportError as exc:
-            record.error = type(exc).__name__
-
     poller = asyncio.create_task(_poll(url, readiness, stop_polling))
-    async with httpx.AsyncClient(
-        base_url=url, timeout=90, limits=limits, headers={"Authorization": f"Bearer {token}"}
-    ) as client:
-        tasks, down, down_at = [], None, float("inf")
-        t0 = time.monotonic()
-        for i in range(int(rps * LOAD_S)):
-            due = t0 + i / rps
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            if down is None and time.monotonic() - t0 >= DOWN_AFTER_S:
-                down_at = time.monotonic()
-                down = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "examlops.cli.main", "down", env=exa.env,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-                )  # fmt: skip
-            if down is not None and (down.returncode is not None or any(s.error == "ConnectError" for s in sent)):
-                break  # serving has drained and closed its listener, or everything is stopped
-            record = Sent(due)
-            sent.append(record)
-            tasks.append(asyncio.create_task(one(client, record)))
-        await asyncio.gather(*tasks)
-        stop_polling.set()
-        await poller
-        assert down is not None
-        code = await asyncio.wait_for(down.wait(), 180)
-    return sent, readiness, down_at, code
+    instances = [{"embedding": [round(float(v), 3) for v in rng.normal(0, 0.05, 384)], "node_count": 12}]
+    stream = json.dumps({"instances": instances * STREAM_INSTANCES, "budget_ms": 60_000}).encode()
+    streamed: list[Sent] = []
+    lanes = [asyncio.create_task(_streams(url, token, stream, streamed, stop_polling)) for _ in range(STREAM_LANES)]
+    load = await asyncio.create_subprocess_exec(
+        sys.executable, str(OPENLOOP), "--url", f"{url}/infer-pipeline/infer", "--rate", str(rps),
+        "--seconds", str(LOAD_S), "--body", str(body), "--header", f"Authorization: Bearer {token}",
+        "--max-connections", str(MAX_CONNECTIONS), "--stop-when-refused", "--out", str(out),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert load.stdout is not None
+    assert (await asyncio.wait_for(load.stdout.readline(), 60)).strip() == b"started"
+    await asyncio.sleep(DOWN_AFTER_S)
+    down_at = time.monotonic()
+    down = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "examlops.cli.main", "down", env=exa.env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(down.communicate(), 180)
+    assert await asyncio.wait_for(load.wait(), LOAD_S + 120) == 0
+    stop_polling.set()
+    await asyncio.gather(poller, *lanes)
+    sent = [Sent.read(raw) for raw in json.loads(out.read_text())] + streamed
+    return Run(
+        sent, readiness, down_at, down.returncode or 0, output.decode("utf-8", "replace"), len(sent) - len(streamed)
+    )
 
 
-def _figures(rps: int, sent: list[Sent], readiness: Readiness, down_at: float) -> str:
-    """The rate reached before `exa down` (requests on the wire a second) and how late the arrivals ran."""
-    early = sorted(s.at for s in sent if s.at is not None and s.at < down_at)
+def _drain_began(serving_log: Path) -> float:
+    """When serving logged that its drain began (its SIGTERM), as ``time.monotonic()`` (to the millisecond)."""
+    line = next(line for line in reversed(serving_log.read_text().splitlines()) if ": draining (" in line)
+    wall = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # logging's asctime, local time
+    return wall - (time.time() - time.monotonic())
+
+
+def _figures(rps: int, run: Run, load_average: tuple[float, float, float]) -> str:
+    """The rate reached before `exa down` (requests on the wire a second) and what became of each request."""
+    load = run.sent[: run.load_count]
+    early = sorted(s.wire_at for s in load if s.before(run.down_at))
     reached = (len(early) - 1) / (early[-1] - early[0]) if len(early) > 1 else 0.0
-    lag = sorted(s.at - s.due for s in sent if s.at is not None and s.at < down_at)
-    p99 = lag[int(len(lag) * 0.99)] * 1000 if lag else 0.0
-    outcomes = Counter(s.status or s.error or "no answer" for s in sent if s.at is None or s.at >= readiness.last_ready)
-    before = Counter(s.status or s.error for s in sent if s.at is not None and s.at < readiness.last_ready)
+    before = Counter(s.outcome for s in run.sent if s.before(run.cutoff))
+    after = Counter(s.outcome for s in run.sent if not s.before(run.cutoff))
+    took = sorted(s.answered_at - s.wire_at for s in load if s.before(run.down_at) and s.status == 200)
+    p50 = took[len(took) // 2] * 1000 if took else math.nan
+    seen = run.readiness.drain_seen
     return (
-        f"{rps} req/s asked, {reached:.0f} req/s reached on the wire (p99 lag {p99:.0f} ms); on the wire before "
-        f"the drain: {dict(before)}; after: {dict(outcomes)}"
+        f"{rps} req/s asked, {reached:.0f} req/s reached on the wire before `exa down` (answer p50 {p50:.0f} ms); "
+        f"on the wire before the cut-off: {dict(before)}; after: {dict(after)}; drain seen "
+        f"{(seen or math.nan) - run.cutoff:.3f} s after the cut-off (`exa down` started "
+        f"{run.readiness.last_ready - run.down_at:+.3f} s before the last ready poll); streams beside it: "
+        f"{dict(Counter(s.outcome for s in run.sent[run.load_count :]))}; load average {load_average}"
     )
 
 
 @pytest.mark.parametrize("rps", RATES)
-def test_down_under_load_answers_every_request_sent_before_the_drain_with_200(exa: Exa, rps: int) -> None:
-    serving = json.loads((Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").read_text())["services"]
+def test_down_under_load_answers_every_request_sent_before_the_drain_with_200(
+    exa: Exa, rps: int, tmp_path: Path
+) -> None:
+    home = Path(exa.env["EXAMLOPS_HOME"])
+    serving = json.loads((home / "run" / "up.json").read_text())["services"]
     url = next(s["url"] for s in serving if s["name"] == "serving")
-    token = (Path(exa.env["EXAMLOPS_HOME"]) / "admin.token").read_text().strip()
-    sent, readiness, down_at, code = asyncio.run(_load(exa, url, token, rps))
-    print(_figures(rps, sent, readiness, down_at))
-    assert code == 0
-    assert readiness.drain_seen is not None  # the poller saw the drain begin (503, or the listener closed)
-    before = [s for s in sent if s.at is not None and s.at < readiness.last_ready]
-    assert before  # the load ran before the drain
-    assert [(s.status or s.error, s.body) for s in before if s.status != 200] == []
-    after = [s for s in sent if s.at is None or s.at >= readiness.last_ready]
-    unexpected = Counter(s.status or s.error for s in after if s.status not in (200, 503) and s.error not in REFUSED)
-    assert not unexpected, unexpected
-    assert not [s for s in sent if "worker_lost" in s.body]
-    assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
+    token = (home / "admin.token").read_text().strip()
+    run = asyncio.run(_load(exa, url, token, rps, tmp_path))
+    print(_figures(rps, run, os.getloadavg()))
+    shown = f"exa down said:\n{run.down_output}"
+    assert run.down_code == 0, shown
+    assert run.readiness.drain_seen is not None, shown  # the poller saw the drain begin (503, or refused)
+    before = [s for s in run.sent if s.before(run.cutoff)]
+    assert before, shown  # the load ran before the drain
+    assert [(s.outcome, s.detail) for s in before if s.status != 200] == [], shown
+    began = _drain_began(home / "logs" / "serving.log")
+    across = [s for s in before if s.answered_at > began]
+    assert across, shown  # a request was in flight when the drain began, and it was answered 200
+    after = [s for s in run.sent if not s.before(run.cutoff)]
+    unexpected = Counter(s.outcome for s in after if s.status not in (200, 503) and s.error not in REFUSED)
+    assert not unexpected, (unexpected, shown)
+    assert not [s for s in run.sent if "worker_lost" in s.detail], shown
+    assert not (home / "run" / "up.json").exists(), shown
+    logs = home / "logs"
+    assert "drain grace over" not in (logs / "serving.log").read_text(), shown
+    stopped = [line for line in (logs / "up.log").read_text().splitlines() if line.startswith("stopped serving ")]
+    assert len(stopped) == 1 and "(exit 0," in stopped[0], (stopped, shown)
+    assert "ended what was left of its process group" not in stopped[0], (stopped, shown)

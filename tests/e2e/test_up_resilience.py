@@ -3,14 +3,18 @@ the platform serving again by itself. `exa down` under load is ``test_up_drain.p
 
 One platform for the module (`exa up --detach`, demo models seeded; Prefect and the served flows left out, as
 no kill here concerns them), driven as an operator does: signals to the pids `exa status` shows, `exa` for
-everything else.
+everything else. Bus jobs with known ids (``BusLoad``: the fault suite's ``History`` and its checker) run
+through every kill, so that exactly-once is shown across them: each job the bus took answered once and
+recorded once (one ``inference.served`` event), none lost.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +22,20 @@ from typing import Any
 
 import pytest
 
+from examlops.bootstrap.bridge import bus_client
+from examlops.core.settings import Settings
+from examlops.platform.process import group_alive
 from tests.e2e.test_up_down import Exa, _free_port
+from tests.faults.checker import check
+from tests.faults.cluster import ADDRESS, PAYLOAD
+from tests.faults.history import History
 
 # The module's platform starts in the first test's setup: on a loaded 2-core machine that alone can take minutes.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 KILLED = ("redis", "mlflow", "bridge", "serving")
+BUS_RATE = 10.0
+"""Bus jobs a second while the services are killed (the fault suite holds 50 with faster restarts)."""
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +107,60 @@ def _served_events(exa: Exa, jobs: list[str]) -> dict[str, int]:
         time.sleep(1)
 
 
-def test_sigkill_of_each_service_ends_with_the_platform_serving_again(exa: Exa) -> None:
+class BusLoad:
+    """Bus jobs ``kill-<n>`` at ``BUS_RATE`` a second (at most 8 at a time, 30 s each) from a thread of its own,
+    each recorded in ``history``, until ``stop()``; the fault suite's checker then judges them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.history = History()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        gate, tasks = asyncio.Semaphore(8), []
+        async with bus_client(self.settings) as client:
+
+            async def one(job_id: str) -> None:
+                async with gate:
+                    await self.history.bus_request(client, ADDRESS, PAYLOAD, 30.0, job_id)
+
+            start, n = time.monotonic(), 0
+            while not self._stop.is_set():
+                tasks.append(asyncio.create_task(one(f"kill-{n}")))
+                n += 1
+                await asyncio.sleep(max(0.0, start + n / BUS_RATE - time.monotonic()))
+            await asyncio.gather(*tasks)
+
+    def stop(self) -> History:
+        self._stop.set()
+        self._thread.join(120)
+        assert not self._thread.is_alive()
+        return self.history
+
+
+def test_sigkill_of_each_service_ends_with_the_platform_serving_again(
+    exa: Exa, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in exa.env.items():
+        if key.startswith("EXAMLOPS_"):
+            monkeypatch.setenv(key, value)
+    settings = Settings()
+    load = BusLoad(settings)
     jobs = [_serves(exa)]
     for name in KILLED:
         pid = _services(exa)[name]["pid"]
         os.kill(pid, signal.SIGKILL)
         back = _wait_running_again(exa, name, pid)
         assert back["restarts"] >= 1 and back["last_exit"] == -signal.SIGKILL
+        assert not group_alive(pid), f"{name}'s killed process group {pid} is still there"
         jobs.append(_serves(exa))
+    history = load.stop()
+    figures = check(history, settings.redis_url, settings)
+    print("bus load across the kills:", figures.summary())  # figures, with -s
+    assert figures.violations() == []
+    assert figures.invoked == figures.ok + figures.failed + figures.unknown and figures.ok > 0
     assert _served_events(exa, jobs) == dict.fromkeys(jobs, 1)  # each job recorded once, across the kills
     status = exa("status", "--json")
     doc = json.loads(status.stdout)

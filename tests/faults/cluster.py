@@ -132,10 +132,11 @@ class Cluster:
         known_token(self.settings, TOKEN)
         self.children: list[Child] = []
 
-    def serving(self, delay_s: float = 0.0, port: int | None = None) -> Child:
-        """The serving stand-in on ``port`` (the settings' serving port by default), ready."""
+    def serving(self, delay_s: float = 0.0, port: int | None = None, *, fail: bool = False) -> Child:
+        """The serving stand-in on ``port`` (the settings' serving port by default), ready; with ``fail`` every
+        prediction is a 500 ``inference_failed``."""
         port = port or self.serving_port
-        argv = [sys.executable, "-m", "tests.faults.standin", str(port), str(delay_s)]
+        argv = [sys.executable, "-m", "tests.faults.standin", str(port), str(delay_s), *(["fail"] if fail else [])]
         child = Child(f"serving:{port}", argv, examlops_env(self.home), self.home / f"serving-{port}.log")
         self.children.append(child)
         wait_port(port, child)
@@ -178,9 +179,10 @@ class Cluster:
         redis_url: str | None = None,
         serving_port: int | None = None,
         wait: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> Child:
         """`exa bridge start` (with its recording child), ready unless not ``wait``; ``redis_url`` and
-        ``serving_port``: another way to Redis and serving (a fault proxy)."""
+        ``serving_port``: another way to Redis and serving (a fault proxy); ``env``: more of its environment."""
         env = examlops_env(
             self.home,
             EXAMLOPS_REDIS__URL=redis_url or self.redis.url,
@@ -189,6 +191,7 @@ class Cluster:
             EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
             EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
             EXAMLOPS_RECORDING__RECLAIM_IDLE_S=str(RECLAIM_RECORDS_S),
+            **dict(env or {}),
         )
         n = sum(1 for c in self.children if c.name.startswith("bridge"))
         code = "from examlops.cli.bus import bridge_app; bridge_app()"

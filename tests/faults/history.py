@@ -109,11 +109,14 @@ class History:
         payload: Mapping[str, Any],
         timeout_s: float,
         job_id: str,
+        budget_ms: float | None = None,
     ) -> Operation:
         op = self.invoke("bus", job_id)
         try:
             # The client's own timeout ends the wait; the outer one only guards against a hang in the client.
-            reply = await asyncio.wait_for(client.request(address, payload, timeout_s, job_id=job_id), timeout_s + 30)
+            budget = {} if budget_ms is None else {"budget_ms": budget_ms}
+            sent = client.request(address, payload, timeout_s, job_id=job_id, **budget)
+            reply = await asyncio.wait_for(sent, timeout_s + 30)
         except RefusedJob as refused:
             return self.ok(op, refused.reply)
         except DeadlineExceeded as exc:

@@ -1,7 +1,8 @@
-"""A stand-in for serving, run as its own process: ``python -m tests.faults.standin PORT [DELAY_S]``.
+"""A stand-in for serving, run as its own process: ``python -m tests.faults.standin PORT [DELAY_S] [fail]``.
 
 It answers ``POST /infer-pipeline/infer`` as serving does (model, alias, version, run id, a prediction; a
 504 ``deadline_exceeded`` for a job whose deadline has passed) after ``DELAY_S`` seconds, and ``GET /readyz``.
+With ``fail`` every prediction is a 500 ``inference_failed`` (the model raised): what the retrain trigger counts.
 Its start costs a second where the real serving's costs tens (MLflow, the predict pool), so the short
 scenarios, which fault the bus, Redis and the bridges, put it behind the bridges; the real serving is
 faulted on its own (``test_serving_faults``). Being a process, it can be SIGKILLed and restarted.
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 
-def app(delay_s: float) -> FastAPI:
+def app(delay_s: float, *, fail: bool = False) -> FastAPI:
     api = FastAPI()
 
     @api.get("/readyz")
@@ -33,6 +34,9 @@ def app(delay_s: float) -> FastAPI:
                 {"error": "deadline passed", "prediction": 0.0, "code": "deadline_exceeded"}, status_code=504
             )
         await asyncio.sleep(delay_s)
+        if fail:
+            failed = {"error": "the model raised", "code": "inference_failed", "inference_failed": True}
+            return JSONResponse(failed | {"prediction": 0.0, "job_id": body["job_id"]}, status_code=500)
         reply = {"model": body["model"], "alias": body.get("alias") or "Production", "version": "1"}
         return JSONResponse(reply | {"run_id": "run-1", "prediction": 0.5, "error": None, "job_id": body["job_id"]})
 
@@ -41,4 +45,4 @@ def app(delay_s: float) -> FastAPI:
 
 if __name__ == "__main__":
     port, delay = int(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-    uvicorn.run(app(delay), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app(delay, fail="fail" in sys.argv[3:]), host="127.0.0.1", port=port, log_level="warning")

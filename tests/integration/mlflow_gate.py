@@ -1,12 +1,16 @@
-"""``MlflowGate``: a TCP proxy in front of a real MLflow server that fails it the two ways an outage looks from
-a client, from the start or at the first write (once the reads a promotion makes before its move are answered).
+"""``MlflowGate``: a TCP proxy in front of a real MLflow server that fails it the ways an outage looks from a
+client, from the start or at a write (``fail_at_write``: the first write, or with ``write_path`` the first
+write to that path, once what comes before it is answered).
 
 - ``down``: the server is stopped: the connection carrying the write is reset unanswered and the port refuses
   every connection after it;
 - ``blackhole``: the server is unreachable: the port still accepts (the kernel's backlog) but nothing reads
-  what is sent and nothing ever answers.
+  what is sent and nothing ever answers;
+- ``lost`` (at a write only): the write reaches the server, which applies it, and the connection is reset
+  before its answer gets back; the port refuses every connection after it (the server stopped just then).
 
-A write never reaches the server once the gate has failed, so the registry cannot have moved behind it.
+Outside ``lost``, a write never reaches the server once the gate has failed, so the registry cannot have
+moved behind it.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import struct
 import threading
 from typing import Literal
 
-Mode = Literal["open", "down", "blackhole"]
+Mode = Literal["open", "down", "blackhole", "lost"]
 WRITES = (b"POST ", b"PUT ", b"PATCH ", b"DELETE ")
 
 
 class MlflowGate:
-    def __init__(self, upstream_port: int, mode: Mode = "open", *, fail_at_write: Mode | None = None) -> None:
+    def __init__(
+        self, upstream_port: int, mode: Mode = "open", *, fail_at_write: Mode | None = None, write_path: str = ""
+    ) -> None:
         self.upstream_port = upstream_port
         self.fail_at_write = fail_at_write
+        self.write_path = write_path.encode()
         self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
         self.listener.settimeout(0.05)
         self.port: int = self.listener.getsockname()[1]
@@ -32,14 +39,17 @@ class MlflowGate:
         self.mode: Mode = "open"
         self.writes_held = 0
         """Write requests the gate kept from the server."""
+        self.writes_lost = 0
+        """Write requests the server was given and whose answer the gate dropped (``lost``)."""
         self._held: list[socket.socket] = []
+        self._losing: socket.socket | None = None
         self._closed = threading.Event()
         self._fail(mode)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _fail(self, mode: Mode) -> None:
         self.mode = mode
-        if mode == "down":
+        if mode in ("down", "lost"):
             self.listener.close()  # the port refuses from now on
 
     def _accept(self) -> None:
@@ -66,12 +76,19 @@ class MlflowGate:
                 data = b""
             if not data:
                 break
-            if self.mode == "open" and self.fail_at_write is not None and data.startswith(WRITES):
+            to_fail = self.mode == "open" and self.fail_at_write is not None and data.startswith(WRITES)
+            if to_fail and self.fail_at_write and self.write_path in data.split(b"\r\n", 1)[0]:
                 self._fail(self.fail_at_write)
+                if self.mode == "lost":
+                    self.writes_lost += 1
+                    self._losing = client  # its answer is dropped and the connection reset (_back)
+            if self.mode == "lost" and client is self._losing:
+                upstream.sendall(data)  # the rest of the write's body
+                continue
             if self.mode != "open":
                 self.writes_held += data.startswith(WRITES)
                 upstream.close()
-                if self.mode == "down":  # reset, unanswered
+                if self.mode in ("down", "lost"):  # reset, unanswered
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     client.close()
                 else:
@@ -83,6 +100,11 @@ class MlflowGate:
     def _back(self, upstream: socket.socket, client: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := upstream.recv(65536):
+                if client is self._losing:  # the server answered the write: drop it, reset the caller
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.close()
+                    upstream.close()
+                    return
                 client.sendall(data)
         if self.mode == "open":  # a black hole never closes what it holds
             with contextlib.suppress(OSError):

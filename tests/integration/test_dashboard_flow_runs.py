@@ -1,5 +1,6 @@
 """The dashboard's Prefect source against a real Prefect server (``prefect_test_harness``): a model's page lists
-the flow runs whose parameters name it, each linked to its page in the Prefect UI, and no other model's."""
+the flow runs whose parameters name it (a drift report without ``models`` names every model), each linked to
+its page in the Prefect UI, and no other model's."""
 
 from __future__ import annotations
 
@@ -46,9 +47,12 @@ def test_a_model_lists_the_runs_whose_parameters_name_it(prefect_api: str) -> No
     promote("JPCP")
     promote("AC")
     drift_report(["JPCP", "AC"])
+    drift_report(["AC"])
     unrelated("JPCP")
+    drift_report()  # the scheduled run: no models, so every model's
     runs = _FlowRuns(prefect_api.removesuffix("/")).runs("JPCP", 10)
-    assert sorted(r.flow for r in runs) == ["drift-report", "promote"]
+    assert sorted(r.flow for r in runs) == ["drift-report", "drift-report", "promote"]
     ui = prefect_api.removesuffix("/").removesuffix("/api")
     assert all(r.url == f"{ui}/runs/flow-run/{r.id}" and r.state == "Completed" and r.started_at for r in runs)
-    assert [r.flow for r in _FlowRuns(prefect_api).runs("AC", 1)] in (["promote"], ["drift-report"])
+    assert [r.flow for r in _FlowRuns(prefect_api).runs("AC", 1)] == ["drift-report"]  # the newest, unnamed one
+    assert len(_FlowRuns(prefect_api).runs("AC", 10)) == 4

@@ -286,6 +286,7 @@ def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapsh
     head = int(flow_env.redis.hget("examlops:audit:head", "seq") or 0)
     assert result["audit"]["archive_last_seq"] == head and flow_env.redis.xlen("examlops:audit:events") == 0
     assert result["snapshots"]["ac"] >= 1
+    assert result["verify"]["ok"] and result["verify"]["by"] == "retention flow"  # stored for the dashboard
     assert [entry_id for entry_id, _ in flow_env.redis.xrange(stream_of("AC"))][-1] == recent
     with audit_access(settings) as access:
         report = verify(access.store, access.secret, access.checkpoints, archive=access.archive)

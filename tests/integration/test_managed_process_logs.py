@@ -72,3 +72,20 @@ def test_the_log_tail_of_a_child_that_failed_is_still_readable(tmp_path: Path) -
     process.stop()
     assert "about to fail" in failed.value.log_tail
     assert "about to fail" in process.log_tail()
+
+
+def test_stop_says_when_it_had_to_end_what_the_main_process_left_of_its_group(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The shell exits on SIGTERM and leaves its `sleep` behind; the Python child has no children at all.
+    leaves = ManagedProcess("leaves", ["sh", "-c", "sleep 60 & wait"], log_path=tmp_path / "a.log", health=lambda: True)
+    tidy = ManagedProcess("tidy", [sys.executable, "-c", "import time; time.sleep(60)"],
+                          log_path=tmp_path / "b.log", health=lambda: True)  # fmt: skip
+    for process in (leaves, tidy):
+        process.start()
+    time.sleep(0.5)  # the shell has started its sleep
+    with caplog.at_level("WARNING", logger="examlops.platform.process"):
+        leaves.stop(grace=5)
+        tidy.stop(grace=5)
+    assert leaves.ended_leftovers and not tidy.ended_leftovers
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["leaves"]

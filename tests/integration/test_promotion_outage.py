@@ -1,8 +1,11 @@
 """A promotion against an MLflow server over HTTP that is stopped (its port refuses) or unreachable (a port that
-accepts and never answers), from the start of the command or at its first write: `exa promote` fails within
-its timeouts with a clear message, the alias stays where it was, and the trail says what happened (nothing
-when the registry could not even be read; the intent and its failed outcome when the write could not be
-made); `exa audit verify` accounts for every alias. A move made behind the trail's back is what `exa audit
+accepts and never answers), from the start of the command, at its first write or at the alias write itself:
+`exa promote` fails within its timeouts with a clear message, the alias stays where it was, and the trail
+says what happened (nothing when the registry could not even be read; the intent and its failed outcome when
+the write could not be made); `exa audit verify` accounts for every alias, and a rollback would still go to
+the version the alias replaced before. An alias write that MLflow applied but whose answer was lost fails the
+command the same way, and leaves what `exa audit verify` reports and a rollback that goes back to where the
+alias was. A move made behind the trail's back is what `exa audit
 verify` reports, however the per-alias index is tampered with.
 
 Real processes: `mlflow server` on a SQLite store in the test's folder, reached through ``MlflowGate`` (a TCP
@@ -26,6 +29,7 @@ import pytest
 
 from examlops.core import keys
 from examlops.platform.redis_server import EmbeddedRedis
+from examlops.promotion.aliases import rollback_target
 from tests.integration.conftest import free_port
 from tests.integration.mlflow_gate import MlflowGate, Mode
 from tests.integration.servers import examlops_env, upgraded
@@ -121,26 +125,39 @@ def exa(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _rollback_target(store: str) -> str | None:
+    """Where `exa rollback` of Production would go, read from the store as the command reads it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    current = str(client.get_model_version_by_alias(MODEL, "Production").version)
+    return rollback_target(client.get_registered_model(MODEL).tags, "Production", current)
+
+
 def alias_events(env: dict[str, str]) -> list[tuple[str, object, object]]:
     tail = exa(env, "audit", "tail", "-n", "100", "--json")
     assert tail.returncode == 0, tail.stderr
     return [(e["type"], e["data"]["from"], e["data"]["to"]) for e in json.loads(tail.stdout) if "alias" in e["type"]]
 
 
+ALIAS_WRITE = "/registered-models/alias"
+"""The path of MLflow's alias write (after the promotion's first write, its tag naming the move)."""
 PROMOTE = ("promote", MODEL, "--alias", "Production", "--version", "2", "--timeout", "5")
 
 
 @pytest.mark.parametrize("failure", ["down", "blackhole"])
-@pytest.mark.parametrize("when", ["from_the_start", "at_the_write"])
+@pytest.mark.parametrize("when", ["from_the_start", "at_the_first_write", "at_the_alias_write"])
 def test_promotion_during_an_outage_fails_clearly_and_leaves_alias_and_trail_consistent(
     outage: tuple[MlflowServer, dict[str, str], str], when: str, failure: Mode
 ) -> None:
     server, env, store = outage
     if when == "from_the_start":
         gate = MlflowGate(server.port, failure)
-    else:
+    elif when == "at_the_first_write":
         gate = MlflowGate(server.port, fail_at_write=failure)
-    before = alias_events(env)
+    else:
+        gate = MlflowGate(server.port, fail_at_write=failure, write_path=ALIAS_WRITE)
+    before, rollback_before = alias_events(env), _rollback_target(store)
     try:
         failed = exa({**env, "EXAMLOPS_MLFLOW__TRACKING_URI": gate.url}, *PROMOTE)
     finally:
@@ -148,6 +165,7 @@ def test_promotion_during_an_outage_fails_clearly_and_leaves_alias_and_trail_con
     assert failed.returncode == 3, failed.stdout + failed.stderr
     assert "the MLflow registry cannot be reached" in failed.stderr
     assert _production(store) == "1"  # the alias did not move
+    assert _rollback_target(store) == rollback_before  # nor did where a rollback goes
     new = alias_events(env)[len(before) :]
     if when == "from_the_start":
         assert new == []  # the registry could not be read: nothing was intended, nothing moved
@@ -157,6 +175,34 @@ def test_promotion_during_an_outage_fails_clearly_and_leaves_alias_and_trail_con
     verified = exa(env, "audit", "verify", "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert json.loads(verified.stdout)["aliases_unaccounted"] == []
+
+
+def test_an_alias_write_applied_whose_answer_is_lost_is_reported_and_a_rollback_goes_back(
+    outage: tuple[MlflowServer, dict[str, str], str],
+) -> None:
+    server, env, store = outage
+    gate = MlflowGate(server.port, fail_at_write="lost", write_path=ALIAS_WRITE)
+    before = alias_events(env)
+    try:
+        failed = exa({**env, "EXAMLOPS_MLFLOW__TRACKING_URI": gate.url}, *PROMOTE)
+    finally:
+        gate.close()
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "the MLflow registry cannot be reached" in failed.stderr
+    assert gate.writes_lost == 1
+    assert _production(store) == "2"  # MLflow applied it
+    assert _rollback_target(store) == "1"  # and a rollback goes back to where the alias was
+    assert alias_events(env)[len(before) :] == [("alias.move_intended", "1", "2"), ("alias.move_failed", "1", "2")]
+    verified = exa(env, "audit", "verify", "--json")
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    (line,) = json.loads(verified.stdout)["aliases_unaccounted"]
+    assert "recorded as failed" in line and "did happen" in line
+    # Put the alias back where the trail says it is, for the tests after this one.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    client.set_registered_model_alias(MODEL, "Production", "1")
+    assert exa(env, "audit", "verify").returncode == 0
 
 
 def test_a_move_is_intent_then_outcome_and_a_move_behind_the_trail_is_reported_by_audit_verify(

@@ -7,24 +7,24 @@
 
   function width(el) { return Math.max(240, el.clientWidth || 320); }
 
+  function aliasesOf(data) { return data && data.aliases ? Object.keys(data.aliases).sort() : []; }
+
   function alignedRps(data) {
-    // Each alias has its own x axis (the snapshots it served in); all share the sampler's snapshot times.
-    var aliases = Object.keys(data).sort();
+    // The server puts every alias on one time axis (data.at), null where an alias has no point.
+    var aliases = aliasesOf(data);
     if (!aliases.length) { return null; }
-    var xs = data[aliases[0]].at;
-    var series = [xs];
-    aliases.forEach(function (a) { series.push(data[a].rps); });
+    var series = [data.at];
+    aliases.forEach(function (a) { series.push(data.aliases[a].rps); });
     return { labels: aliases, data: series };
   }
 
   function alignedLatency(data) {
-    var aliases = Object.keys(data).sort();
+    var aliases = aliasesOf(data);
     if (!aliases.length) { return null; }
-    var xs = data[aliases[0]].at;
-    var series = [xs], labels = [];
+    var series = [data.at], labels = [];
     aliases.forEach(function (a) {
-      series.push(data[a].p50_ms); labels.push(a + " p50");
-      series.push(data[a].p99_ms); labels.push(a + " p99");
+      series.push(data.aliases[a].p50_ms); labels.push(a + " p50");
+      series.push(data.aliases[a].p99_ms); labels.push(a + " p99");
     });
     return { labels: labels, data: series };
   }
@@ -86,6 +86,15 @@
       })
       .catch(function () { /* the next tick tries again */ });
   }
+
+  // A confirmation form is sent once: its button is disabled as it submits (the server refuses a second
+  // POST of the same one-time token anyway).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.hasAttribute && form.hasAttribute("data-once")) {
+      form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    }
+  });
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-series]").forEach(function (grid) {

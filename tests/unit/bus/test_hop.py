@@ -242,3 +242,22 @@ async def test_a_task_job_goes_to_the_tasks_route_without_model_or_alias_and_its
     assert (body["embedding"], body["node_count"], body["job_id"]) == ([0.01] * spec.embedding_dim, 12, "j-1")
     assert outcome.body["task"] == "pavement.distress.jpcp" and outcome.body["prediction"] == 0.25
     assert refused.body["task"] == "pavement.distress.jpcp" and refused.body["code"] == "invalid_input"
+
+
+async def test_a_cookie_one_reply_sets_never_rides_on_a_later_job(spec: ModelSpec) -> None:
+    from examlops.bus.hop_http import http_client
+
+    requests: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        answer = {"model": "JPCP", "prediction": 0.25, "job_id": "j-1"}
+        return httpx.Response(200, json=answer, headers={"set-cookie": "session=robot-7; Path=/"})
+
+    async with http_client(HttpSettings(), httpx.MockTransport(respond)) as http:
+        one = ModelHandler(spec, http, "http://serving", HttpSettings(), time.time)
+        first = await one.handle(job(spec), "robot-7")
+        second = await one.handle(job(spec), "robot-8")
+        assert len(http.cookies) == 0
+    assert first.body["prediction"] == second.body["prediction"] == 0.25
+    assert [request.headers.get("cookie") for request in requests] == [None, None]

@@ -127,3 +127,14 @@ def test_authentication_off_is_refused_outside_development(tmp_path: Path, monke
     result = runner.invoke(app, ["config", "show"])
     assert result.exit_code == 2
     assert "EXAMLOPS_AUTH__ENABLED=false is allowed only when" in " ".join(result.output.split())
+
+
+def test_an_error_message_prints_its_brackets_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from examlops.cli.output import fail
+
+    with pytest.raises(typer.Exit) as exited:
+        fail("the Ray engine needs the ray extra: pip install 'examlops[ray]'", 3)
+    assert exited.value.exit_code == 3
+    assert "pip install 'examlops[ray]'" in capsys.readouterr().err

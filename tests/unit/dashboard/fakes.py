@@ -36,14 +36,22 @@ class HotPipeline(FakePipeline):
 
 @dataclass
 class InMemoryAudit:
+    """The trail's events and the last stored verify result; ``walks`` counts full verifies asked of it."""
+
     events: list[AuditEntry] = field(default_factory=list)
-    broken: str | None = None
+    stored: AuditCheck | None = None
+    walks: int = 0
 
     def tail(self, n: int) -> list[AuditEntry]:
         return self.events[-n:]
 
+    def last_check(self) -> AuditCheck | None:
+        return self.stored
+
     def verify(self) -> AuditCheck:
-        return AuditCheck(len(self.events), 1, self.broken)
+        """A walk of the whole chain: what serving must never run."""
+        self.walks += 1
+        return AuditCheck(len(self.events), 1, None)
 
     def add(self, type: str, subject: str, actor: str) -> None:
         self.events.append(AuditEntry(len(self.events) + 1, "2026-12-02T06:00:00+00:00", type, subject, actor, "{}"))
@@ -82,11 +90,12 @@ class RecordingPromoter:
 
     audit: InMemoryAudit
     asked: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
 
     def promote_canary(self, model: str, actor: str) -> Moved:
         self.asked.append(("promote", model, actor))
         self.audit.add("alias.moved", model, actor)
-        return Moved(model, "1", "2", ("http://serving",))
+        return Moved(model, "1", "2", ("http://serving",), self.warnings)
 
     def rollback(self, model: str, actor: str) -> Moved:
         self.asked.append(("rollback", model, actor))

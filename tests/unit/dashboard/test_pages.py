@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from examlops.api.app import create_app
 from examlops.core.settings import Settings
 from examlops.dashboard import DashboardSources, attach_sources
-from examlops.dashboard.ports import DriftPoint, FailureWindow, FlowRun
+from examlops.dashboard.ports import AuditCheck, DriftPoint, FailureWindow, FlowRun
 from examlops.identity import IdentityResolver, IdentityService, Role
 from examlops.registry.catalog import load_catalog
 from examlops.tracing import TraceQuery, TraceRecord
@@ -79,6 +79,12 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
+def confirmed(html: str) -> dict[str, str]:
+    """The hidden fields of a confirmation page's form: what its "Yes, do it" button posts."""
+    found = re.findall(r'type="hidden" name="([^"]+)" value="([^"]*)"', html)  # the logout form's csrf is the same
+    return {name: unescape(value) for name, value in found}
+
+
 async def test_every_page_needs_a_login_and_the_form_sets_a_strict_httponly_cookie(site: Site) -> None:
     for page in ("models", "drift", "control", "traces", "models/fragment"):
         reply = await site.client.get(f"/dashboard/{page}")
@@ -137,11 +143,10 @@ async def test_an_operator_sets_a_split_after_confirming_and_it_names_the_identi
     )
     assert confirm.status_code == 200 and "Production 80 % / Canary 20 %" in confirm.text
     assert site.pipeline.traffic_set == []  # nothing happens before the confirmation
-    done = await site.client.post(
-        "/dashboard/actions",
-        data={"csrf": csrf_of(confirm.text), "action": "split", "model": "jpcp", "production": "80", "canary": "20"},
-    )
-    assert done.status_code == 200, done.text
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text))
+    assert done.status_code == 303 and done.headers["location"].startswith("/dashboard/result/"), done.text
+    result = await site.client.get(done.headers["location"])
+    assert result.status_code == 200 and "traffic split is now Production 80 %, Canary 20 %" in result.text
     assert site.pipeline.traffic_set == [("JPCP", "ops")]
     assert site.pipeline.splits["JPCP"] == {"Production": 80, "Canary": 20}
 
@@ -168,14 +173,50 @@ async def test_an_action_without_the_operator_permission_is_refused(site: Site) 
 async def test_a_promotion_goes_through_the_promoter_as_the_identity_and_is_audited(site: Site) -> None:
     await site.login("ops", Role.OPERATOR)
     confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
-    done = await site.client.post(
-        "/dashboard/actions", data={"csrf": csrf_of(confirm.text), "action": "promote", "model": "JPCP"}
-    )
-    assert done.status_code == 200 and "version 1 -> 2" in unescape(done.text)
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
+    assert done.status_code == 200 and "version 1 -> 2" in unescape(done.text) and 'id="warnings"' not in done.text
     assert site.promoter.asked == [("promote", "JPCP", "ops")]
     control = (await site.client.get("/dashboard/control")).text
     assert re.search(r"alias\.moved</td><td>JPCP</td><td class=\"actor\">ops<", control)
-    assert "intact: 1 events" in control
+
+
+async def test_a_confirmation_sent_twice_acts_once_and_binds_to_its_own_action(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})
+    form = confirmed(confirm.text)
+    assert "data-once" in confirm.text  # dashboard.js disables the button as the form submits
+    first = await site.client.post("/dashboard/actions", data=form)
+    again = await site.client.post("/dashboard/actions", data=form)
+    assert first.status_code == 303 and again.status_code == 409 and "already used" in again.text
+    assert (await site.client.get(first.headers["location"])).status_code == 200  # a reload of the result
+    assert site.pipeline.reloads == [("JPCP", "ops")]
+    other = confirmed((await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})).text)
+    swapped = await site.client.post("/dashboard/actions", data={**other, "action": "promote"})
+    assert swapped.status_code == 409 and site.promoter.asked == []
+    assert (await site.client.get("/dashboard/result/unknown")).status_code == 404
+
+
+async def test_a_promotion_shows_what_the_service_warned_of(site: Site) -> None:
+    site.promoter.warnings = ("the audit trail did not account for this alias before the move: v3 set by hand",)
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
+    assert done.status_code == 200 and "version 1 -&gt; 2" in done.text
+    assert "warning: the audit trail did not account for this alias before the move: v3 set by hand" in done.text
+
+
+async def test_the_control_page_shows_the_stored_verify_result_and_when_it_was_taken(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    before = (await site.client.get("/dashboard/control")).text
+    assert "no verify result stored yet" in before
+    site.audit.stored = AuditCheck(31_000, 12, None, 1.7e9, "retention flow")
+    for page in ("control", "control/fragment", "control", "control/fragment"):
+        html = (await site.client.get(f"/dashboard/{page}")).text
+        assert "intact: 31000 events, 12 signed checkpoints" in html
+        assert 'by retention flow at <span id="verified-at">2023-11-14 22:13:20 UTC</span>' in html
+    site.audit.stored = AuditCheck(40, 2, "seq 7 (edited): hash mismatch", 1.7e9, "exa audit verify")
+    assert "broken: seq 7 (edited): hash mismatch" in (await site.client.get("/dashboard/control")).text
+    assert site.audit.walks == 0  # serving never walks the chain
 
 
 async def test_a_bad_split_is_refused_with_the_services_message(site: Site) -> None:
@@ -243,12 +284,24 @@ async def test_pages_load_only_their_own_assets(site: Site) -> None:
     assert (await site.client.get("/dashboard/static/../routes.py")).status_code == 404
 
 
-async def test_with_authentication_off_pages_open_a_session_as_the_system_caller(settings: Settings) -> None:
-    app = create_app(settings, HotPipeline(load_catalog(settings.catalog_path)), CollectorRegistry(), identities=None)
+async def test_with_authentication_off_the_dashboard_is_read_only(settings: Settings) -> None:
+    pipeline = HotPipeline(load_catalog(settings.catalog_path))
+    app = create_app(settings, pipeline, CollectorRegistry(), identities=None)
+    audit = InMemoryAudit()
+    attach_sources(app, DashboardSources(audit=audit, promoter=RecordingPromoter(audit)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
         reply = await client.get("/dashboard/models")
-        assert reply.status_code == 200 and "authentication off" in reply.text
+        assert reply.status_code == 200 and "authentication is off: read-only" in reply.text
         assert "system:auth-off" in reply.text and "set-cookie" in reply.headers
+        assert 'id="promote-JPCP"' not in reply.text and 'id="set-split-JPCP"' not in reply.text
+        assert 'action="/dashboard/confirm"' not in reply.text
+        confirm = await client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})
+        assert confirm.status_code == 403 and "authentication is off: read-only" in confirm.text
+        for form in ({"action": "reload", "model": "JPCP"}, {"action": "promote", "model": "JPCP"},
+                     {"action": "split", "model": "JPCP", "production": "50", "canary": "50"}):  # fmt: skip
+            done = await client.post("/dashboard/actions", data={**form, "csrf": "any"})
+            assert done.status_code == 403 and "authentication is off: read-only" in done.text
+    assert pipeline.reloads == [] and pipeline.traffic_set == [] and audit.events == []
 
 
 class QueriedTraces(InMemoryTraceStore):
@@ -277,3 +330,8 @@ async def test_trace_search_passes_each_filter_and_shows_what_the_store_found(se
         )
     assert reply.status_code == 200 and "inference_failed" in reply.text and "robot" in reply.text
     assert traces.queries == [TraceQuery(identity="robot", model="JPCP", outcome="failed", limit=50)]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serving") as client:
+        await client.post("/dashboard/login", data={"token": issued.token})
+        jobs = await client.get("/dashboard/traces/jobs", headers={"HX-Request": "true"})
+    assert jobs.status_code == 200 and "Offline jobs are not available" in jobs.text
+    assert len(traces.queries) == 1  # the jobs' refresh searches no traces

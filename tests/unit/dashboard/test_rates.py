@@ -45,7 +45,30 @@ def test_rate_and_quantiles_are_those_of_the_requests_between_two_readings() -> 
     assert series.p50_ms[0] is not None and 2.5 < series.p50_ms[0] <= 5.0
     assert series.p99_ms[0] is not None and 100.0 < series.p99_ms[0] <= 250.0
     assert history.summary("JPCP")["Production"]["rps"] == 10.0
-    assert chart_data(history.series("JPCP"))["Production"]["at"] == [1010.0]
+    assert chart_data(history.series("JPCP"))["at"] == [1010.0]
+
+
+def test_aliases_that_start_at_different_times_share_one_time_axis_with_gaps() -> None:
+    registry, clock = CollectorRegistry(), Clock()
+    requests, latency = metrics(registry)
+    history = RateHistory(registry, clock=clock)
+    history.sample()
+    for step in range(4):  # Production serves from the start, Canary from the third interval on
+        for _ in range(10):
+            requests.labels("JPCP", "Production", "ok").inc()
+            latency.labels("JPCP", "Production").observe(0.004)
+        if step >= 2:
+            for _ in range(5):
+                requests.labels("JPCP", "Canary", "ok").inc()
+                latency.labels("JPCP", "Canary").observe(0.004)
+        clock.now += 5
+        history.sample()
+    data = chart_data(history.series("JPCP"))
+    assert data["at"] == [1005.0, 1010.0, 1015.0, 1020.0]
+    assert data["aliases"]["Production"]["rps"] == [2.0, 2.0, 2.0, 2.0]
+    assert data["aliases"]["Canary"]["rps"] == [None, None, 1.0, 1.0]
+    canary_p50 = data["aliases"]["Canary"]["p50_ms"]
+    assert canary_p50[:2] == [None, None] and all(v is not None for v in canary_p50[2:])
 
 
 def test_an_interval_without_requests_has_a_zero_rate_and_no_quantile() -> None:

@@ -11,7 +11,7 @@ from examlops.dashboard import DashboardSources, attach_sources
 from examlops.dashboard.ports import DriftPoint
 from examlops.identity import Role
 from tests.unit.dashboard.fakes import FixedDrift
-from tests.unit.dashboard.test_pages import Site, site  # noqa: F401  # the fixture
+from tests.unit.dashboard.test_pages import Site, confirmed, site  # noqa: F401  # the fixture
 
 
 async def test_a_refresh_after_the_session_is_gone_sends_htmx_to_the_login_page(site: Site) -> None:  # noqa: F811
@@ -28,9 +28,13 @@ async def test_a_form_posted_from_another_site_is_refused(site: Site) -> None:  
     assert login.status_code == 403 and "set-cookie" not in login.headers
     own = await site.client.post("/dashboard/login", data={"token": issued.token}, headers={"Origin": "http://serving"})
     assert own.status_code == 303
-    action = await site.client.post("/dashboard/actions", data={"action": "reload"}, headers=foreign)
+    # A form that is valid in every other way (this session's CSRF and one-time tokens): only the Origin refuses it.
+    form = confirmed((await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})).text)
+    action = await site.client.post("/dashboard/actions", data=form, headers=foreign)
     logout = await site.client.post("/dashboard/logout", headers=foreign)
-    assert action.status_code == 403 and logout.status_code == 403 and site.audit.events == []
+    assert action.status_code == 403 and "must come from the dashboard's own page" in action.text
+    assert logout.status_code == 403 and site.pipeline.reloads == [] and site.audit.events == []
+    assert (await site.client.post("/dashboard/actions", data=form)).status_code == 303  # the same form, from here
 
 
 async def test_a_report_is_sandboxed_and_one_retention_removed_is_a_404(site: Site, tmp_path: Path) -> None:  # noqa: F811

@@ -16,6 +16,7 @@ from examlops.core.errors import ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.platform.services import ServiceSpec
 from examlops.platform.supervisor import Supervisor
+from examlops.platform.up_state import UpState
 
 
 class Child:
@@ -29,6 +30,8 @@ class Child:
         self.on_tick: Callable[[], None] = lambda: None
         self.pid: int | None = None
         self.log_path = Path("/dev/null")
+        self.ended_leftovers = False
+        self.stop_grace = 10.0
 
     @property
     def pgid(self) -> int | None:
@@ -131,3 +134,31 @@ def test_a_ui_service_that_fails_its_first_start_is_retried_then_left_failed_whi
     assert mlflow.starts == 3  # the first start, then the two restarts the budget allows
     assert states[-1] == "failed" and redis.starts == 1
     assert "left stopped: mlflow is not needed for serving" in out.getvalue()
+
+
+class StuckChild(Child):
+    """A fake process whose stop raises (a process that cannot be signalled)."""
+
+    def stop(self, grace: float | None = None) -> int | None:
+        raise PermissionError("operation not permitted")
+
+
+def test_a_stop_that_raises_and_a_state_file_that_cannot_be_written_stop_nothing_else(tmp_path: Path) -> None:
+    redis, serving, bridge = Child("redis"), StuckChild("serving"), Child("bridge")
+    sup, out = supervisor(tmp_path, redis, serving, bridge)
+    failed: list[str] = []
+
+    def save() -> None:
+        if sup.state.state == "stopping" and not failed:  # the stop's first save fails, its last one works
+            failed.append("up.json")
+            raise OSError("disk full")
+        sup.state.write(sup.run_dir)
+
+    sup._save = save  # type: ignore[method-assign]
+    bridge.on_tick = lambda: _sigterm_self(bridge)
+    assert sup.run() == "SIGTERM"
+    assert not redis.running and not bridge.running  # stopped although serving's stop raised before redis's
+    assert "could not stop serving: operation not permitted" in out.getvalue()
+    assert "could not write up.json" in out.getvalue()
+    kept = UpState.read(sup.run_dir)
+    assert kept is not None and [r.name for r in kept.services] == ["serving"]  # for `exa down` to end

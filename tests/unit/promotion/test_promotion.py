@@ -20,7 +20,7 @@ from examlops.core.errors import (
 from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion import instances
-from examlops.promotion.aliases import AliasMove, previous_tag
+from examlops.promotion.aliases import AliasMove, plan_rollback, previous_tag
 from examlops.promotion.service import promote, rollback
 from examlops.promotion.trail import AuditedMove, MoveState, unaccounted, unaccounted_moves
 
@@ -316,3 +316,42 @@ def test_a_rollback_is_audited_as_intent_and_outcome(settings: Settings) -> None
     rollback(settings, registry, "AC", instances=[A], trail=trail, transport=net)
     back = AliasMove("AC", "Production", "3", "1")
     assert trail.events[-2:] == [("intended", back), ("moved", back)]
+
+
+class TagWriteFails(InMemoryAliasRegistry):
+    """The alias moves; the write of the tag ``fail_key`` then fails as an unreachable MLflow does."""
+
+    def __init__(self, fail_key: str) -> None:
+        super().__init__()
+        self.fail_key = fail_key
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        if key == self.fail_key:
+            raise RegistryUnavailable("the MLflow registry cannot be reached: connection reset")
+        super().set_model_tag(name, key, value)
+
+
+@pytest.mark.parametrize("failure", ["alias write refused", "alias write applied, reply lost", "previous tag lost"])
+def test_a_promotion_that_fails_half_way_leaves_a_rollback_going_where_it_should(
+    settings: Settings, failure: str
+) -> None:
+    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 then fails at one of its writes. A
+    rollback goes to 2 while the alias is still at 1, and to 1 once the alias is at 3."""
+    registry: InMemoryAliasRegistry
+    if failure == "previous tag lost":
+        registry = TagWriteFails(previous_tag("Production"))
+    else:
+        registry = UnreachableRegistry(applied=failure == "alias write applied, reply lost")
+    registry.tags[previous_tag("Production")] = "2"
+    trail = InMemoryMoveTrail()
+    with pytest.raises(RegistryUnavailable):
+        promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=Network({}))
+    move = AliasMove("AC", "Production", "1", "3")
+    assert trail.events == [("intended", move), ("failed", move)]
+    back = plan_rollback(registry, "AC", "Production")
+    if failure == "alias write refused":
+        assert registry.aliases["Production"] == "1" and (back.old_version, back.new_version) == ("1", "2")
+        assert unaccounted(trail.last("AC", "Production"), "1") is None
+    else:
+        assert registry.aliases["Production"] == "3" and (back.old_version, back.new_version) == ("3", "1")
+        assert unaccounted(trail.last("AC", "Production"), "3") is not None  # the trail says failed; it moved
