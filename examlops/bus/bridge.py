@@ -87,7 +87,7 @@ class Bridge:
         self.max_concurrency = settings.bus.concurrency
         self.block_ms = settings.bus.block_ms
         self.sweep_s = sweep_s
-        self.clock = clock = clock or RedisClock(redis)
+        self.clock = clock = clock or RedisClock(redis, errs="ahead")  # never more time left than there is
         """The bus's clock (Redis's TIME, see ``clock``); injected in tests."""
         url = serving_url or settings.serving.local_url
 

@@ -84,7 +84,7 @@ class BusClient:
         self.store = BusStore(redis)
         self.unverified_replies = 0
         self._key = key
-        self._clock = clock or RedisClock(redis)
+        self._clock = clock or RedisClock(redis, errs="behind")  # its deadlines never later than meant
         self._warned_at = -UNVERIFIED_LOG_EVERY_S
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None

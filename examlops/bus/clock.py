@@ -9,6 +9,10 @@ Contract:
   was asked (``resync()``: after a Redis outage, which may have been a restart elsewhere); one read at a
   time. ``await clock.sync()`` samples now. The bridge refreshes at start and on each sweep, the client
   before each job.
+- ``errs`` says which way a sample's error (Redis read its time somewhere within the round trip) goes:
+  ``"behind"`` (the client's: never later than Redis's time, so a deadline it sets is never later than
+  meant) or ``"ahead"`` (the bridge's: never earlier, so it never finds more time left than there is).
+  Between the two, on one machine, a job's budget only tightens, whatever the round trips.
 - A failed read keeps the last anchor, is logged once per outage and retried after ``retry_s``; it never
   raises. Before the first good read the anchor is this machine's wall clock.
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from examlops.adapters.redis import RedisCommands
 
@@ -42,12 +46,14 @@ class RedisClock:
         *,
         every_s: float = SAMPLE_EVERY_S,
         retry_s: float = RETRY_S,
+        errs: Literal["behind", "ahead"] = "ahead",
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
         self.every_s = every_s
         self.retry_s = retry_s
+        self.errs = errs
         self._monotonic = monotonic
         mono = monotonic()
         self._anchor = (wall(), mono)  # (Redis time, monotonic time) of the last sample
@@ -86,8 +92,9 @@ class RedisClock:
             return False
         finally:
             self._reading = False
-        # The reply was made somewhere between sending and receiving: the middle errs by half the round trip.
-        self._anchor = (redis_time, (before + after) / 2.0)
+        # Redis read its time between sending and receiving: anchored at the receipt, the clock never reads
+        # later than Redis's time; at the sending, never earlier.
+        self._anchor = (redis_time, after if self.errs == "behind" else before)
         self._next = after + self.every_s
         self.synced = True
         if self._failing:

@@ -182,6 +182,8 @@ class ModelHandler:
         headers (``trace_headers``), and serving traces the call under that id."""
         now = self.clock()
         left_ms = budget.left_ms(job.deadline, now)
+        if job.budget_ms is not None:
+            left_ms = min(left_ms, job.budget_ms)  # never more than the budget, whatever the clocks' samples
         if left_ms <= 0:
             return self._error(
                 DeadlineExceeded("the job's time ran out before it reached serving"), job, recorded=False

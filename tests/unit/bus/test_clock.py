@@ -50,6 +50,29 @@ async def test_it_is_redis_time_plus_the_monotonic_time_since_the_sample_whateve
     assert clock() == pytest.approx(1_700_000_012.75)
 
 
+class SlowRedis(FakeRedis):
+    """Takes ``rtt`` of the test's monotonic time to answer, reading its time halfway."""
+
+    def __init__(self, now: float, ticks: Ticks, rtt: float) -> None:
+        super().__init__(now)
+        self.ticks, self.rtt = ticks, rtt
+
+    async def execute(self, *args: Any) -> Any:
+        self.ticks.now += self.rtt / 2
+        reply = await super().execute(*args)
+        self.ticks.now += self.rtt / 2
+        return reply
+
+
+@pytest.mark.parametrize(("errs", "lean"), [("behind", -1.0), ("ahead", 1.0)])
+async def test_a_samples_round_trip_errs_the_way_asked(errs: str, lean: float) -> None:
+    ticks = Ticks()
+    redis = SlowRedis(1_700_000_000.0, ticks, rtt=0.2)  # Redis's time is 1_700_000_000.0 at ticks 100.1
+    clock = RedisClock(redis, errs=errs, monotonic=ticks, wall=lambda: 0.0)  # type: ignore[arg-type]  # fakes
+    await clock.sync()
+    assert clock() - 1_700_000_000.1 == pytest.approx(lean * 0.1, abs=1e-4)  # true time now (ticks 100.2): ...000.1
+
+
 async def test_it_samples_again_only_once_a_minute_or_when_asked() -> None:
     redis, ticks = FakeRedis(1_700_000_000.0), Ticks()
     clock = clock_of(redis, ticks)
