@@ -21,6 +21,8 @@ Contract:
   than ``wire.MAX_DELIVERIES`` times is dead-lettered with an error reply.
 - Every job carries a trace id (derived from its job id once verified) to serving and in its reply's
   ``trace`` field; serving traces the calls it answers, the ``tracer`` the jobs it never saw.
+- Every deadline, heartbeat and record time is on the bus's clock (``clock.RedisClock``: Redis's TIME, sampled
+  at start, on each sweep once a minute, and again after an outage), never this machine's wall clock.
 - A lost Redis is logged once; the loops back off and carry on.
 """
 
@@ -32,7 +34,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ import httpx
 from examlops.adapters.redis import RedisCommands
 from examlops.bus import wire
 from examlops.bus.addresses import Addresses
+from examlops.bus.clock import RedisClock, refresh, resync
 from examlops.bus.hop import ModelHandler
 from examlops.bus.jobs import JobRunner
 from examlops.bus.ports import BusKeys, TaskAddresses
@@ -72,7 +74,7 @@ class Bridge:
         consumer: str | None = None,
         reclaim_idle_s: float | None = None,
         sweep_s: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         http = settings.http
@@ -85,7 +87,8 @@ class Bridge:
         self.max_concurrency = settings.bus.concurrency
         self.block_ms = settings.bus.block_ms
         self.sweep_s = sweep_s
-        self.clock = clock
+        self.clock = clock = clock or RedisClock(redis, errs="ahead")  # never more time left than there is
+        """The bus's clock (Redis's TIME, see ``clock``); injected in tests."""
         url = serving_url or settings.serving.local_url
 
         def handler(spec: ModelSpec, task: str | None, budget_ms: float | None) -> ModelHandler:
@@ -116,6 +119,7 @@ class Bridge:
             await self.store.aclose()
 
     async def _run(self, stop: asyncio.Event) -> None:
+        await refresh(self.clock)
         await self._warn_without_persistence()
         await self.addresses.refresh()
         await self.store.ensure_groups(self.addresses.streams)
@@ -184,6 +188,7 @@ class Bridge:
         sweeps = 0
         while not stop.is_set():
             try:
+                await refresh(self.clock)
                 if self.addresses.due():
                     await self.store.ensure_groups(await self.addresses.refresh())
                 await self.store.heartbeat(self.addresses.addresses, self.clock())
@@ -194,6 +199,7 @@ class Bridge:
                 sweeps += 1
                 await _pause(self.sweep_s, stop)
             except StoreUnavailable as exc:
+                resync(self.clock)  # Redis may come back elsewhere, on another clock
                 await _pause(outage.lost(exc), stop)
 
     async def _reclaim(self) -> None:

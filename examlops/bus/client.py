@@ -6,8 +6,9 @@ Contract of ``request``:
 - signs the job with the bus key of the client's identity (its key id and
   key, from its token: ``examlops.identity.bus_key_from_token``) and puts it on the
   address's stream (a model's or a task's); the deadline it carries is
-  ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``), and bridges and serving
-  refuse work past it;
+  ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``) on the bus's clock
+  (``clock.RedisClock``: Redis's TIME, which the bridges judge it by, so this
+  machine's wall clock plays no part), and bridges and serving refuse work past it;
 - ``budget_ms`` (seed 001) travels signed with the submission time: the job's
   deadline is then the earlier of the two, the bridge passes serving only what
   is left of it, and the reply carries ``budget_ms`` and ``budget_remaining_ms``;
@@ -50,6 +51,7 @@ from typing import Any, TypeVar
 
 from examlops.adapters.redis import RedisCommands
 from examlops.bus import replies, wire
+from examlops.bus.clock import RedisClock, refresh, resync
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
 from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, Refused, StoreUnavailable
@@ -72,16 +74,17 @@ class BusClient:
         key: bytes,
         *,
         client_id: str | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        """``key_id`` and ``key``: the identity's key id and bus key (``examlops.identity.bus_key_from_token``)."""
+        """``key_id`` and ``key``: the identity's key id and bus key (``examlops.identity.bus_key_from_token``);
+        ``clock``: the bus's (default: a ``RedisClock`` on ``redis``), injected in tests."""
         self.client_id = client_id or secrets.token_hex(12)
         self.reply_stream = wire.replies_stream(self.client_id)
         self.key_id = key_id
         self.store = BusStore(redis)
         self.unverified_replies = 0
         self._key = key
-        self._clock = clock
+        self._clock = clock or RedisClock(redis, errs="behind")  # its deadlines never later than meant
         self._warned_at = -UNVERIFIED_LOG_EVERY_S
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
@@ -111,6 +114,7 @@ class BusClient:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
         job_id = job_id or uuid.uuid4().hex
+        await refresh(self._clock)
         submitted = self._clock()
         deadline = submitted + timeout
         fields = wire.encode_job(
@@ -145,6 +149,7 @@ class BusClient:
                 try:
                     entries = await self.store.replies(self.reply_stream, after, BLOCK_MS)
                 except StoreUnavailable as exc:
+                    resync(self._clock)  # Redis may come back elsewhere, on another clock
                     await asyncio.sleep(outage.lost(exc))
                     continue
                 outage.back()

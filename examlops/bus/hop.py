@@ -7,11 +7,14 @@ proves the bridge's own credential to serving is the shared client's (``bootstra
 
 Contract of ``ModelHandler.handle``: it never raises for a job (every outcome is
 a reply body with ``prediction`` and ``error``), posts at most once (no retry
-at this hop, seed 000 step 3) with the job's deadline in the body, and waits
-no longer than the job's remaining time. Budgets only tighten on the way (seed
-001): a job with a budget (its own, or its task's default: ``budgeted``) is
-posted with ``budget_ms`` = what is left of it at the hop, rounded down, never
-more, and one with nothing left is not posted (``deadline_exceeded``). An answer
+at this hop, seed 000 step 3), and waits no longer than the job's remaining
+time. Every job is posted with ``budget_ms`` = what is left until its deadline
+at the hop (on the bus's clock), rounded down, never more, and no absolute
+``deadline``: serving counts that budget from when it receives the call, so
+its wall clock, which may differ from Redis's, plays no part. Budgets only
+tighten on the way (seed 001): the deadline of a job with a budget (its own,
+or its task's default: ``budgeted``) is the earlier of the two, and a job with
+nothing left is not posted (``deadline_exceeded``). An answer
 carries the job's ``budget_ms`` and ``budget_remaining_ms``; serving's refusal
 (503, code ``refused``) is passed on with its ``refused`` reason, ``estimate_ms``
 and ``retry_after_s`` (from ``Retry-After``) and is never recorded, so it
@@ -133,12 +136,7 @@ class ModelHandler:
             raise InvalidInput(
                 f"node_count: must be an integer of at least {self.spec.min_node_count}", field="node_count"
             )
-        body: dict[str, Any] = {
-            "embedding": embedding,
-            "node_count": nodes,
-            "job_id": job.job_id,
-            "deadline": job.deadline,
-        }
+        body: dict[str, Any] = {"embedding": embedding, "node_count": nodes, "job_id": job.job_id}
         if budget_left_ms is not None:
             body["budget_ms"] = budget_left_ms
         if identity:
@@ -183,10 +181,12 @@ class ModelHandler:
         """Serve ``job`` on behalf of ``identity``; both it and ``trace_id`` travel to serving in the hop's
         headers (``trace_headers``), and serving traces the call under that id."""
         now = self.clock()
-        left_ms = None if job.budget_ms is None else budget.left_ms(job.deadline, now)
-        if left_ms is not None and left_ms <= 0:
+        left_ms = budget.left_ms(job.deadline, now)
+        if job.budget_ms is not None:
+            left_ms = min(left_ms, job.budget_ms)  # never more than the budget, whatever the clocks' samples
+        if left_ms <= 0:
             return self._error(
-                DeadlineExceeded("the job's budget ran out before it reached serving"), job, recorded=False
+                DeadlineExceeded("the job's time ran out before it reached serving"), job, recorded=False
             )
         try:
             content = self.encoded(job, identity, left_ms)

@@ -19,6 +19,8 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   (``core.records.ServedInference``, with the embedding's statistics, when ``record`` is on and the
   handler asks for it), the done key, XACK and XDEL are one script (``scripts.REPLY_SCRIPT``): a job is
   answered and recorded together, once.
+- Every time here is on ``clock``, the bus's (``clock.RedisClock``: Redis's TIME), as the client's deadline
+  is; only the trace's deadline is moved onto the tracer's own wall clock, which it is read against.
 - A lost Redis is retried with backoff until the job's deadline (at least 30 s); then the job stays
   pending and is reclaimed. Any other error (the key port's ``StoreUnavailable`` too) leaves it pending
   (logged).
@@ -115,7 +117,8 @@ class JobRunner:
         if handler is not None:
             trace.model, trace.task = handler.spec.name, handler.task
             job = handler.budgeted(job, budget.entry_time(entry_id))
-        trace.budget_ms, trace.deadline = job.budget_ms, job.deadline
+        # The tracer reads its own wall clock: the deadline moved from the bus's clock (Redis's) onto it.
+        trace.budget_ms, trace.deadline = job.budget_ms, job.deadline - self.clock() + self.tracer.wall()
         if delivered > wire.MAX_DELIVERIES:
             error = wire.Undeliverable(
                 f"the job was delivered {delivered} times without an answer; it was dead-lettered"

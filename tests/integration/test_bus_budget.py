@@ -109,19 +109,17 @@ async def test_budgets_only_tighten_across_the_bus_hop(
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
     async with running_bridge(settings), bus_client(settings) as client:
-        before = time.time()
         reply = await client.request(ADDRESS, PAYLOAD, 10, job_id="tight", budget_ms=3000)
         unbudgeted = await client.request(ADDRESS, PAYLOAD, 10, job_id="loose")
-    [(arrived, _route, sent), (_, _, plain)] = standin.calls
-    # The job's deadline is its budget's end (3 s), not its 10 s timeout, and serving gets no later one ...
-    assert before + 3.0 >= sent["deadline"] - 0.5 and sent["deadline"] <= arrived + 3.0
-    # ... and what was left of the budget when the bridge posted it: less than the job's 3000 ms, never more
-    # than what remained until the job's deadline when serving received it plus the hop's own time.
-    assert 0 < sent["budget_ms"] < 3000
-    assert arrived + sent["budget_ms"] / 1000.0 <= sent["deadline"] + (arrived - before)
+    [(_, _route, sent), (_, _, plain)] = standin.calls
+    # Serving gets what was left of the budget when the bridge posted it (the job's deadline is its budget's
+    # end, 3 s, not its 10 s timeout): less than the job's 3000 ms, never more; no absolute deadline, which
+    # serving would read on its own wall clock.
+    assert 0 < sent["budget_ms"] < 3000 and "deadline" not in sent
     assert reply["error"] is None and reply["budget_ms"] == 3000.0
     assert 0 < reply["budget_remaining_ms"] < sent["budget_ms"]
-    assert "budget_ms" not in plain and plain["deadline"] > sent["deadline"] + 5  # no budget: the timeout's
+    # No budget: what is left of the 10 s timeout.
+    assert "deadline" not in plain and plain["budget_ms"] > sent["budget_ms"] + 5000
     assert unbudgeted["budget_ms"] is None and unbudgeted["budget_remaining_ms"] > 5000
 
 

@@ -119,24 +119,35 @@ class Serving:
 ANSWER = {"model": "JPCP", "alias": "Production", "prediction": 0.25, "job_id": "j-1", "budget_ms": 1.0}
 
 
-async def test_serving_gets_what_is_left_of_the_budget_never_more_and_the_jobs_deadline() -> None:
+async def test_serving_gets_what_is_left_of_the_budget_never_more_and_no_absolute_deadline() -> None:
     serving = Serving(200, ANSWER)
     one = job(budget_ms=500.0)
     assert one.submitted_at is not None
     at_hop = one.submitted_at + 0.1234  # the job spent 123.4 ms reaching the hop
     outcome = await serving.handler(clock=lambda: at_hop).handle(one)
     [sent] = serving.bodies
-    assert sent["deadline"] == one.deadline
+    assert "deadline" not in sent  # serving's wall clock is not the bus's: it counts the budget from receipt
     assert sent["budget_ms"] <= (one.deadline - at_hop) * 1000.0 and sent["budget_ms"] == pytest.approx(376.6)
     assert outcome.body["budget_ms"] == 500.0  # the job's budget, not what serving was given
     assert outcome.body["budget_remaining_ms"] == pytest.approx(376.6)
 
 
-async def test_a_job_without_a_budget_sends_only_its_deadline_and_its_answer_says_what_was_left() -> None:
+async def test_a_job_without_a_budget_sends_what_is_left_of_its_timeout_and_its_answer_says_what_was_left() -> None:
     serving = Serving(200, ANSWER)
-    outcome = await serving.handler().handle(job(budget_ms=None))
-    assert "budget_ms" not in serving.bodies[0]
-    assert outcome.body["budget_ms"] is None and outcome.body["budget_remaining_ms"] > 0
+    bare = job(budget_ms=None, deadline_in=30.0)
+    at_hop = bare.deadline - 12.34567
+    outcome = await serving.handler(clock=lambda: at_hop).handle(bare)
+    [sent] = serving.bodies
+    assert "deadline" not in sent and sent["budget_ms"] == pytest.approx(12345.6)
+    assert outcome.body["budget_ms"] is None and outcome.body["budget_remaining_ms"] == pytest.approx(12345.7)
+
+
+async def test_a_job_past_its_deadline_at_the_hop_is_not_posted_and_not_recorded() -> None:
+    serving = Serving(200, ANSWER)
+    late = job(budget_ms=None)
+    outcome = await serving.handler(clock=lambda: late.deadline).handle(late)
+    assert serving.bodies == []
+    assert outcome.body["code"] == "deadline_exceeded" and not outcome.recorded
 
 
 async def test_a_task_job_without_a_budget_is_given_the_tasks_default_from_its_submission() -> None:

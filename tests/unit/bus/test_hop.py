@@ -77,7 +77,7 @@ async def test_a_reply_from_serving_is_passed_on_with_the_job_sent_once(spec: Mo
             outcome = await one.handle(job(spec))
     assert outcome.status == 200 and outcome.recorded
     assert outcome.body["prediction"] == 0.25 and outcome.body["error"] is None and outcome.body["version"] == 1
-    assert len(received) == 1 and b'"job_id":"j-1"' in received[0] and b'"deadline":' in received[0]
+    assert len(received) == 1 and b'"job_id":"j-1"' in received[0] and b'"budget_ms":' in received[0]
 
 
 async def test_serving_down_is_an_unreachable_pipeline_not_a_timeout(spec: ModelSpec, handler: Hop) -> None:
