@@ -13,6 +13,10 @@ and the checks report the older state, which errs towards reporting. The index i
 speeds up ``last`` for a promotion's own check. `exa audit verify` does not read it: ``LastMoves``, fed every
 event of the verified chain (``monitoring.audit.verify``'s ``seen``), gives the last word on each alias as the
 signed chain holds it, so an index edited or emptied cannot hide an unaccounted move.
+
+``verify_and_record(settings, audit, by)`` is that verify as `exa audit verify` and the retention flow both run
+and store it: the chain, then ``promotion.trail.check_aliases`` against MLflow (``mlflow.timeout_s``), so a
+later chain-only result never replaces one that found an alias move; MLflow unreachable is a stored note.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from examlops.promotion.trail import AuditedMove, MoveState
 if TYPE_CHECKING:
     import redis
 
-    from examlops.bootstrap.control import AuditHook
+    from examlops.bootstrap.control import AuditAccess, AuditHook
     from examlops.monitoring.audit.chain import AuditEvent
+    from examlops.monitoring.audit.verified import VerifyRecord
+    from examlops.monitoring.audit.verify import VerifyReport
+    from examlops.promotion.trail import AliasCheck
 
 
 def _field(model: str, alias: str) -> str:
@@ -156,3 +163,20 @@ class LastMoves:
 
     def moves(self) -> list[AuditedMove]:
         return list(self._last.values())
+
+
+def verify_and_record(settings: Settings, audit: AuditAccess, by: str) -> tuple[VerifyReport, AliasCheck, VerifyRecord]:
+    """Verify the whole trail and every alias it moved, store the result as ``by``'s; all three. Redis or SQL
+    down raises (``StoreUnavailable``); MLflow down does not (``AliasCheck.unchecked``)."""
+    from examlops.bootstrap.serving import model_registry
+    from examlops.monitoring.audit.verified import record_verify
+    from examlops.monitoring.audit.verify import verify
+    from examlops.promotion.trail import check_aliases
+
+    last_moves = LastMoves()
+    report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
+    aliases = check_aliases(last_moves.moves(), lambda: model_registry(settings))
+    record = record_verify(
+        audit.store.redis, audit.secret, report, by, findings=aliases.unaccounted, notes=aliases.notes
+    )
+    return report, aliases, record

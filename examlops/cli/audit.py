@@ -5,22 +5,19 @@ group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first b
 alias's version in MLflow is not what the verified chain last said of it (``promotion.trail.unaccounted``: an
 intent with no outcome, a move the trail does not hold; read from the chain's events as they verify, never
 from the unsigned per-alias index); with MLflow unreachable (within ``mlflow.timeout_s``) that
-second check is skipped and says so. Its result is stored for the dashboard (``monitoring.audit.verified``).
+second check is skipped and says so. Both checks and the stored result (``monitoring.audit.verified``, for the
+dashboard) are ``bootstrap.moves.verify_and_record``, the same as the retention flow's.
 ``archive`` exits 1 when it refuses (a broken chain, another
 archiver); both exit 3 when Redis or SQL is down.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from examlops.cli.output import UNWELL, JsonOption, console, errors_as_exit, load_settings, print_json, print_table
-from examlops.core.settings import Settings
-
-if TYPE_CHECKING:
-    from examlops.promotion.trail import AuditedMove
 
 audit_app = typer.Typer(
     help="The hash-chained audit trail: verify it, show its last events, archive it out of Redis.",
@@ -32,16 +29,12 @@ audit_app = typer.Typer(
 def verify(as_json: JsonOption = False) -> None:
     """Walk the chain (archive, then Redis) and the signed checkpoints; name the first broken link, exit 1."""
     from examlops.bootstrap.control import audit_access
-    from examlops.bootstrap.moves import LastMoves
-    from examlops.monitoring.audit.verified import record_verify
-    from examlops.monitoring.audit.verify import verify as verify_trail
+    from examlops.bootstrap.moves import verify_and_record
 
     settings = load_settings()
-    last_moves = LastMoves()
     with errors_as_exit(), audit_access(settings) as audit:
-        report = verify_trail(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
-        aliases, unchecked = _aliases(settings, last_moves.moves())
-        record_verify(audit.store.redis, audit.secret, report, "exa audit verify", findings=aliases)
+        report, checked, _ = verify_and_record(settings, audit, "exa audit verify")
+    aliases, unchecked = list(checked.unaccounted), checked.unchecked
     if as_json:
         print_json({**report.to_json(), "aliases_unaccounted": aliases, "aliases_unchecked": unchecked})
     elif report.broken is None:
@@ -66,21 +59,6 @@ def verify(as_json: JsonOption = False) -> None:
             console.print(f"[yellow]aliases not checked against MLflow:[/] {unchecked}", highlight=False)
     if report.broken is not None or aliases:
         raise typer.Exit(UNWELL)
-
-
-def _aliases(settings: Settings, moves: list[AuditedMove]) -> tuple[list[str], str | None]:
-    """What the trail cannot account for in MLflow's aliases (``moves``: the last word on each alias in the
-    verified chain), and why they were not checked (None: they were)."""
-    from examlops.bootstrap import model_registry
-    from examlops.core.errors import RegistryUnavailable
-    from examlops.promotion.trail import unaccounted_moves
-
-    if not moves:
-        return [], None
-    try:
-        return unaccounted_moves(moves, model_registry(settings)), None
-    except RegistryUnavailable as exc:
-        return [], str(exc)
 
 
 @audit_app.command("tail")

@@ -5,8 +5,9 @@ Scheduled from ``prefect.yaml`` (deployment ``retention/retention``). Three task
 - ``audit-archive``: ``monitoring.audit.archive.Archiver.run``, the events a
   signed checkpoint covers moved to ``<state>/audit/archive/`` and trimmed from
   the stream (what `exa audit archive` does);
-- ``audit-verify``: the whole chain verified after the archive run and the
-  result stored for the dashboard (``monitoring.audit.verified``), so its
+- ``audit-verify``: the whole chain, and every alias it moved against MLflow,
+  verified after the archive run and the result stored for the dashboard
+  (``bootstrap.moves.verify_and_record``, what `exa audit verify` runs), so its
   Control page shows a check at most one schedule old without walking the chain;
 - ``snapshot-trim``: every model's drift snapshots older than
   ``recording.snapshot_max_age_s`` (or the run's ``snapshot_max_age_s``)
@@ -39,18 +40,17 @@ def archive_audit(settings: Settings) -> dict[str, Any]:
 
 @task(name="audit-verify", cache_policy=NO_CACHE)
 def verify_audit(settings: Settings) -> dict[str, Any]:
-    """One full verify of the trail, stored as the last verify result; that result as JSON (skipped while
-    another run's verify holds the lease)."""
+    """One full verify of the trail and the aliases it moved, stored as the last verify result; that result as
+    JSON (skipped while another run's verify holds the lease)."""
     from dataclasses import asdict
 
-    from examlops.monitoring.audit.verified import one_verify, record_verify
-    from examlops.monitoring.audit.verify import verify
+    from examlops.bootstrap.moves import verify_and_record
+    from examlops.monitoring.audit.verified import one_verify
 
     with audit_access(settings) as audit, one_verify(audit.store.redis) as mine:
         if not mine:  # another verify is under way: one walk of the chain at a time
             return {"ok": None, "skipped": "another audit verify is running", "problems": []}
-        report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive)
-        return asdict(record_verify(audit.store.redis, audit.secret, report, "retention flow"))
+        return asdict(verify_and_record(settings, audit, "retention flow")[2])
 
 
 @task(name="snapshot-trim", cache_policy=NO_CACHE)
@@ -87,6 +87,8 @@ def retention_flow(snapshot_max_age_s: float | None = None) -> dict[str, Any]:
         )  # fmt: skip
     if result["verify"] is not None and result["verify"]["ok"] is False:
         logger.warning("audit trail verify failed: %s", "; ".join(result["verify"]["problems"]))
+    for note in (result["verify"] or {}).get("notes", ()):
+        logger.warning("audit trail verify: %s", note)
     if result["snapshots"] is not None:
         logger.info("snapshots older than %.0f s trimmed: %s", max_age_s, result["snapshots"] or "no streams")
     rows = [{"what": "audit events archived", "count": (result["audit"] or {}).get("archived")}]

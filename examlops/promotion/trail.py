@@ -18,16 +18,18 @@ outcome could not be written), an alias whose version differs from the last audi
 examlops, or by a failed call that did go through). It cannot see a move made and undone outside the trail
 between two checks, nor aliases the trail never mentioned; verifying the chain itself is ``exa audit verify``.
 ``unaccounted_moves(moves, registry)`` runs it for every alias the trail spoke about (`exa audit verify`):
-one registry read each; ``RegistryUnavailable`` propagates.
+one registry read each; ``RegistryUnavailable`` propagates. ``check_aliases(moves, registry)`` is the same
+check as every stored verify runs it (`exa audit verify`, the retention flow): the registry unreachable gives
+no findings and a note saying why (``AliasCheck.notes``), never a silent pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from examlops.core.errors import AliasNotFound, ModelNotFound
+from examlops.core.errors import AliasNotFound, ModelNotFound, RegistryUnavailable
 from examlops.promotion.aliases import AliasMove, AliasRegistry
 
 MoveState = Literal["intended", "moved", "failed"]
@@ -88,3 +90,27 @@ def unaccounted_moves(moves: Iterable[AuditedMove], registry: AliasRegistry) -> 
         if (line := unaccounted(last, current)) is not None:
             found.append(line)
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class AliasCheck:
+    """What the trail cannot account for in the registry's aliases; ``unchecked``: why the registry was not
+    read (None: it was, or the trail moved no alias)."""
+
+    unaccounted: tuple[str, ...] = ()
+    unchecked: str | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return (f"aliases not checked: {self.unchecked}",) if self.unchecked else ()
+
+
+def check_aliases(moves: Collection[AuditedMove], registry: Callable[[], AliasRegistry]) -> AliasCheck:
+    """``unaccounted_moves`` for ``moves`` against ``registry()`` (built only when the trail moved an alias); the
+    registry unreachable (``RegistryUnavailable``, building it or reading it) is an ``unchecked`` result."""
+    if not moves:
+        return AliasCheck()
+    try:
+        return AliasCheck(tuple(unaccounted_moves(moves, registry())))
+    except RegistryUnavailable as exc:
+        return AliasCheck(unchecked=str(exc) or type(exc).__name__)

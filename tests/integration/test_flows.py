@@ -296,6 +296,33 @@ def test_the_retention_flow_archives_the_checkpointed_trail_and_trims_old_snapsh
     assert artifacts and artifacts[0].type == "table"
 
 
+def test_a_retention_run_after_an_alias_move_the_trail_does_not_hold_stores_a_failing_verify(
+    flow_env: Plane,
+) -> None:
+    """The flow checks the aliases as `exa audit verify` does, so its result never hides what the CLI found."""
+    from examlops.bootstrap.control import ControlPlane, audit_access
+    from examlops.flows.retention import retention_flow
+    from examlops.monitoring.audit import ALIAS_MOVED
+    from examlops.monitoring.audit.verified import last_verify
+
+    settings = Settings()
+    registry = flow_env.registry
+    before = registry.resolve("CRCP", "Production").version
+    other = next(v.version for v in registry.list_versions("CRCP") if v.version != before)
+    move = {"model": "CRCP", "alias": "Production", "old_version": None, "new_version": before}
+    ControlPlane(settings).audit(ALIAS_MOVED, "CRCP", {**move, "from": None, "to": before, "by": "test", "actor": "t"})
+    registry.set_alias("CRCP", "Production", other)  # moved outside examlops, as the MLflow UI would
+    try:
+        result = retention_flow()
+    finally:
+        registry.set_alias("CRCP", "Production", before)
+    assert result["verify"]["ok"] is False and result["verify"]["by"] == "retention flow"
+    assert any("CRCP@Production" in problem for problem in result["verify"]["problems"])
+    with audit_access(settings) as access:
+        stored = last_verify(access.store.redis, access.secret)
+    assert stored is not None and not stored.ok and stored.problems == tuple(result["verify"]["problems"])
+
+
 def test_the_work_pool_form_deploys_with_prefect_deploy_and_a_process_worker_runs_a_flow(
     plane: Plane, tmp_path: Path, redis_server: str
 ) -> None:

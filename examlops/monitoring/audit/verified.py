@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import redis
@@ -41,6 +41,8 @@ class VerifyRecord:
     checkpoints: int
     problems: tuple[str, ...]
     """The first broken link, then any other finding (an alias move the trail does not account for)."""
+    notes: tuple[str, ...] = ()
+    """What the check could not cover (``aliases not checked: <why>``): not a failure, never dropped."""
 
 
 def _mac(secret: bytes, body: str) -> str:
@@ -54,14 +56,15 @@ def record_verify(
     by: str,
     *,
     findings: Sequence[str] = (),
+    notes: Sequence[str] = (),
     now: float | None = None,
 ) -> VerifyRecord:
-    """Store ``report`` (and ``findings``, which make it a failure too) as the last verify result."""
+    """Store ``report`` (and ``findings``, which make it a failure too, and ``notes``) as the last verify result."""
     broken = report.broken
     problems = ((f"seq {broken.seq} ({broken.kind}): {broken.message}",) if broken else ()) + tuple(findings)
     record = VerifyRecord(
         time.time() if now is None else now, by, not problems, report.events, report.last_seq,
-        report.checkpoints, problems,
+        report.checkpoints, problems, tuple(notes),
     )  # fmt: skip
     body = json.dumps(asdict(record), sort_keys=True)
     with translated("storing the audit verify result"):
@@ -83,12 +86,12 @@ def last_verify(client: redis.Redis, secret: bytes) -> VerifyRecord | None:
         record = VerifyRecord(
             float(fields["at"]), str(fields["by"]), bool(fields["ok"]), int(fields["events"]),
             int(fields["last_seq"]), int(fields["checkpoints"]), tuple(str(p) for p in fields["problems"]),
+            tuple(str(n) for n in fields.get("notes", ())),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         return VerifyRecord(0.0, "?", False, 0, 0, 0, ("the stored verify result cannot be read",))
     if not genuine:
-        return VerifyRecord(record.at, record.by, False, record.events, record.last_seq, record.checkpoints,
-                            ("the stored verify result is not signed with this site's secret",))  # fmt: skip
+        return replace(record, ok=False, problems=("the stored verify result is not signed with this site's secret",))
     return record
 
 

@@ -22,7 +22,7 @@ from examlops.core.settings import Settings
 from examlops.promotion import instances
 from examlops.promotion.aliases import AliasMove, plan_rollback, previous_tag
 from examlops.promotion.service import promote, rollback
-from examlops.promotion.trail import AuditedMove, MoveState, unaccounted, unaccounted_moves
+from examlops.promotion.trail import AuditedMove, MoveState, check_aliases, unaccounted, unaccounted_moves
 
 
 class InMemoryAliasRegistry:
@@ -307,6 +307,25 @@ def test_a_move_made_outside_the_trail_is_unaccounted_and_a_clean_one_is_not(set
     registry.aliases["Production"] = "2"  # someone used the MLflow UI
     (line,) = unaccounted_moves(trail.lasts.values(), registry)
     assert "last audited move put it at 3" in line and "registry has 2" in line
+
+
+def test_the_stored_alias_check_finds_a_move_and_notes_an_unreachable_registry(settings: Settings) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
+    net = Network({"a:1": FakeServing(registry)})
+    promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    moves = list(trail.lasts.values())
+    assert check_aliases(moves, lambda: registry).unaccounted == () and check_aliases([], lambda: registry).notes == ()
+    registry.aliases["Production"] = "2"
+    found = check_aliases(moves, lambda: registry)
+    assert len(found.unaccounted) == 1 and found.unchecked is None and found.notes == ()
+
+    def unreachable() -> InMemoryAliasRegistry:
+        raise RegistryUnavailable("MLflow at http://mlflow:5000 did not answer within 5 s")
+
+    down = check_aliases(moves, unreachable)
+    assert down.unaccounted == () and down.notes == (
+        "aliases not checked: MLflow at http://mlflow:5000 did not answer within 5 s",
+    )
 
 
 def test_a_rollback_is_audited_as_intent_and_outcome(settings: Settings) -> None:
