@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 @dataclass
 class _Audit:
     access: AuditAccess
+    stale_after_s: float
 
     def tail(self, n: int) -> list[AuditEntry]:
         import json
@@ -60,13 +61,16 @@ class _Audit:
 
     def last_check(self) -> AuditCheck | None:
         """What `exa audit verify` or the retention flow stored (one GET): serving never walks the chain."""
-        from examlops.monitoring.audit.verified import last_verify
+        from examlops.monitoring.audit.verified import UNREADABLE_BY, last_verify
 
         found = last_verify(self.access.store.redis, self.access.secret)
         if found is None:
             return None
         broken = None if found.ok else "; ".join(found.problems) or "failed"
-        return AuditCheck(found.events, found.checkpoints, broken, found.at, found.by)
+        return AuditCheck(
+            found.events, found.checkpoints, broken, found.at, found.by, found.last_seq, found.notes,
+            self.stale_after_s, readable=found.by != UNREADABLE_BY,
+        )  # fmt: skip
 
 
 @dataclass
@@ -215,7 +219,7 @@ def dashboard_sources(settings: Settings, engine: Engine, events: AuditHook) -> 
     from examlops.adapters.redis import connect
 
     return DashboardSources(
-        audit=_Audit(AuditAccess(settings)),
+        audit=_Audit(AuditAccess(settings), settings.audit.verify_stale_s),
         drift=_Drift(engine),
         failures=_Failures(connect(settings.redis_url), settings.failure.window),
         loops=_Loops(engine, settings.loop.lease_s),

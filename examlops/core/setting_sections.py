@@ -114,6 +114,9 @@ class AuditSettings(Section):
     """Write a signed checkpoint every this many events (each is one SQL commit)."""
     checkpoint_interval_s: float = Field(60.0, gt=0)
     """And at least this often, in seconds, while events arrive."""
+    verify_stale_s: float = Field(900.0, gt=0)
+    """A stored `exa audit verify` result older than this shows as not current on the dashboard's Control page,
+    never as intact (three runs of the retention flow's 5-minute schedule in ``prefect.yaml``)."""
 
 
 class RecordingSettings(Section):

@@ -46,13 +46,20 @@ class AuditEntry:
 @dataclass(frozen=True, slots=True)
 class AuditCheck:
     """The last stored result of `exa audit verify` (or the retention flow's verify): ``broken`` is None when
-    the chain was intact, else what was wrong; ``at`` when it ran (UNIX time), ``by`` who ran it."""
+    the chain and the aliases were intact, else what was wrong; ``at`` when it ran (UNIX time), ``by`` who ran
+    it, ``last_seq`` the newest event it covered, ``notes`` what it could not check. Older than
+    ``stale_after_s`` (``audit.verify_stale_s``) it is not current; ``readable`` False: the stored value could
+    not be read (``broken`` says so)."""
 
     events: int
     checkpoints: int
     broken: str | None
     at: float = 0.0
     by: str = ""
+    last_seq: int = 0
+    notes: tuple[str, ...] = ()
+    stale_after_s: float = 900.0
+    readable: bool = True
 
 
 class AuditView(Protocol):

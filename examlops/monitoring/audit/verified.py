@@ -7,8 +7,8 @@ was intact, how many events and checkpoints it covered and what it found wrong. 
 match the site's secret comes back as a failed check saying so, never as "intact". Redis errors are
 ``StoreUnavailable``. ``one_verify(client)`` is a lease (``AUDIT_VERIFYING``, expiring after ``lease_s``)
 that lets one scheduled verify run at a time: a retention run that finds another verify under way skips its
-own. Why: a full verify costs about 5.3 µs per event (``bench/RESULTS.md``), too much for
-serving to run while a page is open.
+own. Why: a full verify of a 30,000-event trail took 0.99 s of wall time (``bench/RESULTS.md``, Issue 22),
+too much for serving to run while a page is open.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ import redis
 from examlops.adapters.redis import translated
 from examlops.core.keys import AUDIT_VERIFIED, AUDIT_VERIFYING
 from examlops.monitoring.audit.verify import VerifyReport
+
+UNREADABLE_BY = "?"
+"""``VerifyRecord.by`` of a stored value that could not be read (then ``at`` is 0 and ``ok`` False)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,7 @@ def last_verify(client: redis.Redis, secret: bytes) -> VerifyRecord | None:
             tuple(str(n) for n in fields.get("notes", ())),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError):
-        return VerifyRecord(0.0, "?", False, 0, 0, 0, ("the stored verify result cannot be read",))
+        return VerifyRecord(0.0, UNREADABLE_BY, False, 0, 0, 0, ("the stored verify result cannot be read",))
     if not genuine:
         return replace(record, ok=False, problems=("the stored verify result is not signed with this site's secret",))
     return record

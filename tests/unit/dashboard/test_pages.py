@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from html import unescape
@@ -209,14 +210,43 @@ async def test_the_control_page_shows_the_stored_verify_result_and_when_it_was_t
     await site.login("ops", Role.OPERATOR)
     before = (await site.client.get("/dashboard/control")).text
     assert "no verify result stored yet" in before
-    site.audit.stored = AuditCheck(31_000, 12, None, 1.7e9, "retention flow")
+    for _ in range(5):
+        site.audit.add("traffic.changed", "JPCP", "ops")
+    head = site.audit.events[-1].seq
+    a_minute_ago = time.time() - 60
+    site.audit.stored = AuditCheck(31_000, 12, None, a_minute_ago, "retention flow", last_seq=head - 2)
     for page in ("control", "control/fragment", "control", "control/fragment"):
         html = (await site.client.get(f"/dashboard/{page}")).text
-        assert "intact: 31000 events, 12 signed checkpoints" in html
-        assert 'by retention flow at <span id="verified-at">2023-11-14 22:13:20 UTC</span>' in html
-    site.audit.stored = AuditCheck(40, 2, "seq 7 (edited): hash mismatch", 1.7e9, "exa audit verify")
+        assert '<span class="good" id="verify">intact: 31000 events, 12 signed checkpoints' in html
+        assert f"covers events up to seq {head - 2}; 2 appended since" in html
+        assert "by retention flow at" in html and "not current" not in html
+    site.audit.stored = AuditCheck(40, 2, "seq 7 (edited): hash mismatch", a_minute_ago, "exa audit verify")
     assert "broken: seq 7 (edited): hash mismatch" in (await site.client.get("/dashboard/control")).text
     assert site.audit.walks == 0  # serving never walks the chain
+
+
+async def test_an_old_intact_result_is_shown_as_not_current_never_as_intact(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    site.audit.add("traffic.changed", "JPCP", "ops")
+    site.audit.stored = AuditCheck(31_000, 12, None, 1.7e9, "retention flow", last_seq=1, stale_after_s=900.0)
+    html = (await site.client.get("/dashboard/control")).text
+    assert 'class="good" id="verify"' not in html and "intact: 31000" not in html
+    assert '<span class="stale" id="verify">not current: the last stored check, older than 15 min' in html
+    assert 'by retention flow at <span id="verified-at">2023-11-14 22:13:20 UTC</span>' in html
+    assert "covers events up to seq 1; 0 appended since" in html
+
+
+async def test_a_note_and_an_unreadable_result_are_said_plainly(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    note = "aliases not checked: MLflow did not answer within 5 s"
+    site.audit.stored = AuditCheck(10, 1, None, time.time(), "retention flow", last_seq=10, notes=(note,))
+    html = (await site.client.get("/dashboard/control")).text
+    assert 'class="good" id="verify"' in html and f'<span class="stale verify-note">{note}</span>' in html
+    unreadable = AuditCheck(0, 0, "the stored verify result cannot be read", 0.0, "?", readable=False)
+    site.audit.stored = unreadable
+    html = (await site.client.get("/dashboard/control")).text
+    assert "unreadable: the stored verify result cannot be read" in html
+    assert "(the last stored check: unreadable;" in html and "by ?" not in html and "covers events" not in html
 
 
 async def test_a_bad_split_is_refused_with_the_services_message(site: Site) -> None:
