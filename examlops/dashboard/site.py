@@ -3,7 +3,8 @@
 ``Site(sessions)`` renders templates with the prefix, refresh and UI links, resolves a request's session to a
 ``Caller`` (with authentication off a session is opened on the first visit and reads as ``SYSTEM_CALLER``,
 but no action is offered and ``access.py`` refuses every one: read-only; a revoked or expired token closes
-the session and sends the request to the login form), and ``shown`` renders a page for the caller from a
+the session and sends the request to the login form, as a session that ended does, both saying it expired),
+and ``shown`` renders a page for the caller from a
 ``Build``. A failing source never gets here: the views turn it into a problem
 string. A page's background refreshes (htmx's, the charts' JSON) do not renew a session's idle deadline.
 The sources are read from ``app.state`` on every request (``attach_sources``).
@@ -81,14 +82,15 @@ class Site:
         to the login form without a live session."""
         identities: Authenticator | None = request.app.state.identities
         background = request.headers.get("HX-Request") == "true" or request.url.path.endswith(".json")
-        session = self.sessions.get(request.cookies.get(COOKIE), renew=not background)
+        cookie = request.cookies.get(COOKIE)
+        session = self.sessions.get(cookie, renew=not background)
         if identities is None:
             if session is not None:
                 return SYSTEM_CALLER, session, None
             session_id, session = self.sessions.open(None)
             return SYSTEM_CALLER, session, session_id
-        if session is None:
-            raise Redirect(f"{PREFIX}/login")
+        if session is None:  # a cookie without a live session: it ended (idle, 12 h after login, a restart)
+            raise Redirect(f"{PREFIX}/login?expired=1" if cookie else f"{PREFIX}/login")
         try:
             caller = await asyncio.to_thread(identities.authenticate, session.token)
         except Unauthenticated:

@@ -16,6 +16,7 @@ from examlops.api.app import create_app
 from examlops.core.settings import Settings
 from examlops.dashboard import DashboardSources, attach_sources
 from examlops.dashboard.ports import AuditCheck, DriftPoint, FailureWindow, FlowRun
+from examlops.dashboard.sessions import COOKIE
 from examlops.identity import IdentityResolver, IdentityService, Role
 from examlops.registry.catalog import load_catalog
 from examlops.tracing import TraceQuery, TraceRecord
@@ -300,6 +301,14 @@ async def test_a_revoked_identity_loses_its_session(site: Site) -> None:
     site.client._transport.app.state.identities = resolver  # type: ignore[attr-defined]  # ASGITransport
     reply = await site.client.get("/dashboard/models")
     assert reply.status_code == 303 and "expired" in reply.headers["location"]
+
+
+async def test_a_session_that_ended_sends_to_the_login_form_saying_so(site: Site) -> None:
+    first = await site.client.get("/dashboard/models")
+    assert first.status_code == 303 and first.headers["location"] == "/dashboard/login"  # never logged in
+    site.client.cookies.set(COOKIE, "a-session-this-process-no-longer-holds", path="/dashboard")
+    ended = await site.client.get("/dashboard/models")  # idle or 12 h past its login: the store forgot it
+    assert ended.status_code == 303 and ended.headers["location"] == "/dashboard/login?expired=1"
 
 
 async def test_pages_load_only_their_own_assets(site: Site) -> None:
