@@ -345,6 +345,25 @@ def test_exa_audit_verify_and_tail(
     assert "broken" in result.output and "seq 2" in result.output
 
 
+def test_exa_audit_verify_with_mlflow_unreachable_stores_that_the_aliases_were_not_checked(
+    client: redis.Redis, trail: AuditTrail, redis_server: str, settings: Settings
+) -> None:
+    from examlops.monitoring.audit import ALIAS_MOVED
+    from examlops.monitoring.audit.verified import last_verify
+    from tests.integration.conftest import free_port
+
+    move = {"model": "AC", "alias": "Production", "old_version": "1", "new_version": "2", "from": "1", "to": "2"}
+    trail.append(ALIAS_MOVED, "AC", {**move, "by": "test", "actor": "t"})
+    env = {"EXAMLOPS_REDIS__URL": redis_server, "EXAMLOPS_HOME": str(settings.home)}
+    env |= {"EXAMLOPS_MLFLOW__TRACKING_URI": f"http://127.0.0.1:{free_port()}", "EXAMLOPS_MLFLOW__MAX_RETRIES": "0"}
+    result = CliRunner().invoke(audit_app, ["verify", "--json"], env=env)
+    assert result.exit_code == 0, result.output  # the chain is intact; what was not checked is said, not failed
+    assert json.loads(result.stdout)["aliases_unchecked"]
+    stored = last_verify(client, SECRET)
+    assert stored is not None and stored.ok and stored.by == "exa audit verify"
+    assert len(stored.notes) == 1 and stored.notes[0].startswith("aliases not checked: ")
+
+
 def test_exa_audit_verify_without_redis_exits_3(settings: Settings) -> None:
     from tests.integration.conftest import free_port
 
