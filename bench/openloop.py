@@ -3,9 +3,11 @@ answered (what a fleet of independent callers does; a closed loop would slow dow
 its overload).
 
 Each request goes out on an idle keep-alive connection, or a new one when none is idle (up to
-``max_connections``; beyond that it counts as not sent). A request not answered within its ``wait_s``
-is given up (its connection closed) and recorded with status 0. Raw asyncio streams, as ``loadgen``,
-so that the client costs little of the machine it shares with the server.
+``max_connections``; beyond that it counts as not sent). A connection idle longer than ``KEEPALIVE_S`` is
+closed rather than reused, as HTTP clients do: below serving's ``serving.keep_alive_s`` (5 s), so a request
+never goes out on a connection the server is closing for idleness (the keep-alive close race). A request not
+answered within its ``wait_s`` is given up (its connection closed) and recorded with status 0. Raw asyncio
+streams, as ``loadgen``, so that the client costs little of the machine it shares with the server.
 
 Run as a script it is the load of ``tests/e2e/test_up_drain.py``, in a process of its own (so that it shares
 no event loop with what watches the drain): every request as one JSON object in ``--out``, with the
@@ -53,12 +55,17 @@ class Sent:
     """The start of the body of an answer other than 200."""
 
 
+KEEPALIVE_S = 4.0
+"""Seconds an idle connection is reused at most (the bridge's ``bus.keepalive_s`` too)."""
+
+
 @dataclass
 class _Pool:
     host: str
     port: int
     max_connections: int
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(default_factory=list)
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = field(default_factory=list)
+    """Idle connections with the ``time.monotonic()`` they were last answered on, the newest last."""
     open: int = 0
     refused: bool = False
     """A new connection was refused (the server's listener is closed)."""
@@ -81,9 +88,21 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return int(status_line.split()[1]), body
 
 
+def _reusable(pool: _Pool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """The newest idle connection; those idle past ``KEEPALIVE_S`` are closed on the way."""
+    now = time.monotonic()
+    while pool.idle:
+        reader, writer, last = pool.idle.pop()
+        if now - last <= KEEPALIVE_S:
+            return reader, writer
+        writer.close()
+        pool.open -= 1
+    return None
+
+
 async def _one(pool: _Pool, request: bytes, record: Sent, wait_s: float) -> None:
-    if pool.idle:
-        reader, writer = pool.idle.pop()
+    if (reused := _reusable(pool)) is not None:
+        reader, writer = reused
     elif pool.open < pool.max_connections:
         pool.open += 1
         try:
@@ -118,7 +137,7 @@ async def _one(pool: _Pool, request: bytes, record: Sent, wait_s: float) -> None
         except (orjson.JSONDecodeError, AttributeError):
             refused = None
         record.refused = refused if isinstance(refused, str) else None
-    pool.idle.append((reader, writer))
+    pool.idle.append((reader, writer, record.answered_at))
 
 
 async def open_loop(
@@ -168,7 +187,7 @@ async def open_loop(
         records.append(record)
         tasks.append(loop.create_task(_one(pool, head.encode() + body, record, budget_ms / 1000 + grace_s)))
     await asyncio.gather(*tasks)
-    for _, writer in pool.idle:
+    for _, writer, _ in pool.idle:
         writer.close()
     return records
 
