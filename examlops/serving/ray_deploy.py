@@ -6,7 +6,8 @@ Model ``M`` is the application ``examlops-model-M`` (no HTTP route) of one deplo
 
 ``deploy_model`` hands the application to Serve without blocking, then polls ``serve.status()`` until the
 application is ``RUNNING`` (Ray marks it so once every replica took the new ``user_config``; a replica
-whose ``reconfigure`` raised never counts). It raises ``ModelLoadError`` with Ray's status messages when
+whose ``reconfigure`` raised never counts; ours never raise: ``running_replicas`` names the replicas whose
+reports the runtime then waits for). It raises ``ModelLoadError`` with Ray's status messages when
 the application's deploy failed (``DEPLOY_FAILED``), or when ``settings.ray.deploy_timeout_s`` passes
 first (e.g. replicas that the cluster has no CPUs to place, which Ray would otherwise wait for forever).
 ``UNHEALTHY`` is waited out: Ray reports it while it replaces a replica that failed its health check.
@@ -79,6 +80,17 @@ def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> No
     target = RunTarget(target=model_application(settings, model, versions), name=app_name(model), route_prefix=None)
     serve.run_many([target], wait_for_applications_running=False)
     wait_running(app_name(model), settings.ray.deploy_timeout_s)
+
+
+def running_replicas(model: str) -> set[str]:
+    """The ids of the replicas of ``model`` that Serve reports running (the ids they report under)."""
+    from ray.serve.context import _get_global_client  # Serve's details name each replica; its status counts them
+
+    client = _get_global_client()
+    assert client is not None  # the ingress runs inside Serve
+    details = client.get_serve_details()
+    deployment = details.get("applications", {}).get(app_name(model), {}).get("deployments", {}).get(DEPLOYMENT, {})
+    return {str(r["replica_id"]) for r in deployment.get("replicas", []) if str(r.get("state")).endswith("RUNNING")}
 
 
 def wait_running(
