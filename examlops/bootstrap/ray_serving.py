@@ -3,8 +3,9 @@
 ``RayServingProcess(settings).run()`` joins the Ray cluster at ``settings.ray.address`` or starts a local
 one (its session, sockets and logs under ``settings.ray.temp_dir``, by default ``<state folder>/ray``;
 no dashboard), starts Serve's HTTP proxy on the serving host and port (on the head node, or on every node
-with ``ray.proxy_location=EveryNode``), and runs the application ``examlops``: one ingress replica,
-pinned to this process's node (the artifact store it fills lives there too), whose ASGI app is
+with ``ray.proxy_location=EveryNode``), creates the artifact store (``ray_artifacts``: a detached actor
+on this process's node, so it outlives any ingress replica; killed when serving stops) and runs the
+application ``examlops``: one ingress replica, pinned to this process's node, whose ASGI app is
 ``serving_app`` (the uvicorn engine's app, routes,
 error bodies, metrics, limits) with the predict runtime ``RayPredictRuntime`` in place of the process
 pool; the ingress creates one application per catalog model as its hot set loads (readiness, as on
@@ -129,9 +130,12 @@ class RayServingProcess:
             except BaseException:
                 ray.shutdown()
                 raise
+        from examlops.serving.ray_artifacts import create_store, kill_store
+
         try:
             proxy = self.settings.ray.proxy_location
             serve.start(http_options={"host": self.host, "port": self.port}, proxy_location=proxy)
+            create_store(ray.get_runtime_context().get_node_id())  # outlives any ingress replica; killed below
             serve.run(self._ingress(ray), name=INGRESS_APP, route_prefix="/")
             log.warning("serving on Ray Serve at http://%s:%d", self.host, self.port)
             self._wait()
@@ -139,6 +143,7 @@ class RayServingProcess:
             if owned:
                 try:
                     serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+                    kill_store()
                 finally:
                     ray.shutdown()
             else:
@@ -156,8 +161,11 @@ class RayServingProcess:
             )
 
     def _delete_applications(self) -> None:
-        """On a cluster this process joined: remove its applications only; Serve and the cluster stay."""
+        """On a cluster this process joined: remove its applications and artifact store only; Serve and the
+        cluster stay."""
         from ray import serve
+
+        from examlops.serving.ray_artifacts import kill_store
 
         for name in serve.status().applications:
             if name == INGRESS_APP or name.startswith(MODEL_APP_PREFIX):
@@ -165,6 +173,10 @@ class RayServingProcess:
                     serve.delete(name)
                 except Exception as exc:  # the others still go
                     log.error("could not delete the Serve application %s: %s", name, exc)
+        try:
+            kill_store()
+        except Exception as exc:
+            log.error("could not kill the artifact store: %s", exc)
 
     def close(self) -> None:
         """Stop serving, as a SIGTERM does."""
