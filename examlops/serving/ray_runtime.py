@@ -17,8 +17,9 @@ versions every replica holds, each by the token of its artifact in the store (``
   most for the deploy, and again for the replicas' reports. The first load of a model creates its
   application. Returns the input columns the model declares.
 - ``unload(key)`` takes the version out of the config (every replica drops it) and out of the store.
-- ``capacity``: the predict calls one model's replicas run at once (the pipeline sizes its in-flight
-  batches and admission estimate by it instead of ``predict.workers``).
+- ``model_capacity``: the predict calls one model's replicas run at once (the pipeline gives each model
+  that many predict slots, and sizes its in-flight batches and admission estimate by their sum over the
+  models instead of ``predict.workers``).
 - ``predict(key, rows)`` calls one replica through the model's deployment handle (Ray's router picks
   it); the replica batches calls (``@serve.batch``). Past ``timeout_s`` the call is cancelled and
   ``InferenceTimeout`` raised (the HTTP layer's 504). A replica that died under the call, or a handle
@@ -105,7 +106,7 @@ class RayPredictRuntime:
         self._handles: dict[str, Any] = {}
 
     @property
-    def capacity(self) -> int:
+    def model_capacity(self) -> int:
         """Predict calls one model's replicas run at once: its replicas, or the most autoscaling may start."""
         ray = self._settings.ray
         return ray.max_replicas if ray.max_replicas is not None else ray.num_replicas

@@ -13,7 +13,7 @@ pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip insta
 
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
 from examlops.core.settings import Settings
-from examlops.serving.pipeline import predict_capacity
+from examlops.serving.dispatch import Capacity, predict_capacity
 from examlops.serving.ray_artifacts import pack, unpack
 from examlops.serving.ray_deploy import deployment_options, wait_running
 from examlops.serving.ray_runtime import RayPredictRuntime
@@ -268,7 +268,7 @@ def test_a_deploy_that_failed_is_refused_with_rays_message_at_once() -> None:
 def test_capacity_is_the_replicas_or_the_most_autoscaling_may_start(fake: FakeDeployments) -> None:
     fixed = RayPredictRuntime(Settings(ray={"num_replicas": 2}), deploy=fake.deploy, handle=fake.handle)
     scaled = RayPredictRuntime(Settings(ray={"max_replicas": 4}), deploy=fake.deploy, handle=fake.handle)
-    assert (fixed.capacity, scaled.capacity) == (2, 4)
+    assert (fixed.model_capacity, scaled.model_capacity) == (2, 4)
 
 
 async def test_outcomes_become_our_errors(fake: FakeDeployments) -> None:
@@ -315,7 +315,8 @@ def test_replicas_come_from_settings_fixed_or_autoscaled() -> None:
 
 def test_the_pipeline_sizes_its_batches_in_flight_by_the_replicas_not_the_pool(fake: FakeDeployments) -> None:
     settings = Settings(predict={"workers": 1}, ray={"num_replicas": 2})
-    assert predict_capacity(RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle), settings) == 2
+    rt = RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle)
+    assert predict_capacity(rt, settings.predict.workers, models=3) == Capacity(2, 6)
 
 
 def test_a_shipped_folder_unpacks_to_the_same_files_under_a_token_of_its_content(tmp_path: Path) -> None:
