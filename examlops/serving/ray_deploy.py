@@ -17,6 +17,7 @@ Imports ray: only the Ray engine loads this module.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -35,6 +36,10 @@ INTERNAL_VERSION = "examlops-model-replica"
 """Fixed, so that a redeploy that changes only ``user_config`` reconfigures replicas instead of replacing
 them (Ray gives an unversioned deployment a new random version on every ``serve.run``)."""
 POLL_S = 0.2
+_SUBMIT = threading.Lock()
+"""One ``serve.run_many`` at a time in this process: Serve registers modules for pickling by value and
+unregisters them around each submission, process-wide, so two threads submitting at once make the later
+unregister fail (``ValueError: ... is not registered for pickle by value``). Waiting stays concurrent."""
 REPLICA_WAIT_S = 0.0
 """The replicas' ``@serve.batch`` wait: batching happens once, in the ingress."""
 
@@ -78,7 +83,8 @@ def model_application(settings: Settings, model: str, versions: dict[str, str]) 
 def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> None:
     """Create or update the application of ``model``; return once it runs everywhere (contract above)."""
     target = RunTarget(target=model_application(settings, model, versions), name=app_name(model), route_prefix=None)
-    serve.run_many([target], wait_for_applications_running=False)
+    with _SUBMIT:
+        serve.run_many([target], wait_for_applications_running=False)
     wait_running(app_name(model), settings.ray.deploy_timeout_s)
 
 

@@ -291,7 +291,7 @@ def test_after_a_504_ray_replaces_the_stuck_replica_and_the_same_model_answers_a
 
 
 def _broken_version(server: ServingProcess, model: str) -> str:
-    """A new registered version of ``model`` whose pickle is garbage: no process can load it."""
+    """A new registered version of ``model`` whose serialised model is garbage: no process can load it."""
     import mlflow
     import mlflow.sklearn
     from sklearn.linear_model import LinearRegression
@@ -308,10 +308,10 @@ def _broken_version(server: ServingProcess, model: str) -> str:
             registered_model_name=model,
         )
     marks = [m for m in (getattr(info, "model_id", None), run.info.run_id) if m]
-    pickles = [p for p in settings.mlflow_artifact_root.rglob("model.pkl") if any(m in str(p) for m in marks)]
-    assert pickles, marks
-    for path in pickles:
-        path.write_bytes(b"not a pickle")
+    files = [p for p in settings.mlflow_artifact_root.rglob("model.*") if any(m in str(p) for m in marks)]
+    assert files, marks  # model.skops or model.pkl, by MLflow's default format
+    for path in files:
+        path.write_bytes(b"not a model")
     return str(info.registered_model_version)
 
 
