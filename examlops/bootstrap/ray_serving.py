@@ -3,17 +3,21 @@
 ``RayServingProcess(settings).run()`` joins the Ray cluster at ``settings.ray.address`` or starts a local
 one (its session, sockets and logs under ``settings.ray.temp_dir``, by default ``<state folder>/ray``;
 no dashboard), starts Serve's HTTP proxy on the serving host and port (on the head node, or on every node
-with ``ray.proxy_location=EveryNode``), and runs the application ``examlops``: one ingress replica,
-pinned to this process's node (the artifact store it fills lives there too), whose ASGI app is
+with ``ray.proxy_location=EveryNode``), creates the artifact store (``ray_artifacts``: a detached actor
+on this process's node, so it outlives any ingress replica; killed when serving stops) and runs the
+application ``examlops``: one ingress replica, pinned to this process's node, whose ASGI app is
 ``serving_app`` (the uvicorn engine's app, routes,
 error bodies, metrics, limits) with the predict runtime ``RayPredictRuntime`` in place of the process
 pool; the ingress creates one application per catalog model as its hot set loads (readiness, as on
 uvicorn, is ``/readyz``: every default alias loaded). It serves until SIGTERM/SIGINT or ``close()``: then
 Serve shuts down (replicas finish the calls they hold), a local cluster stops, and ``run`` returns; on a
 cluster it joined, it deletes its own applications only and leaves Serve running. One examlops driver
-per cluster: joining a cluster where an examlops application already runs is refused
-(``AlreadyRunning``, naming it), since both would serve at ``/`` and either one's stop would delete the
-other's applications.
+per cluster: a driver that joins a cluster holds the lease ``examlops-driver`` (a named actor that is not
+detached, so Ray ends it with the driver, crashed or not); joining while another driver holds it is
+refused (``AlreadyRunning``), since both would serve at ``/`` and either one's stop would delete the
+other's applications. Examlops applications found without a lease are a stopped driver's: they are
+deleted (logged) and served anew. The ingress is deployed with the model deployments' deadline
+(``settings.ray.deploy_timeout_s``): ``RayUnavailable`` with Ray's status when it is not running by then.
 
 The ingress stays at one replica: its pipeline owns the traffic-rule cache, the admission estimate and
 the hot set that ``/admin/reload`` (and so ``exa promote``) moves, which a second ingress replica would
@@ -32,6 +36,7 @@ import os
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 
 INGRESS_APP = "examlops"
 MODEL_APP_PREFIX = "examlops-model-"
+LEASE = "examlops-driver"
 MAX_TEMP_DIR_CHARS = 43
 """Ray's socket paths (``<temp>/session_<date>_<time>_<micros>_<pid>/sockets/plasma_store``, 64 characters
 past the folder) must fit in the 107 bytes of a Unix socket address."""
@@ -83,6 +89,20 @@ def replica_settings(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
+class DriverLease:
+    """The lease's actor: it holds nothing; that it runs says a driver does (``RayServingProcess``)."""
+
+    def held(self) -> bool:
+        return True
+
+
+def take_lease() -> Any:
+    """The driver lease, owned by this driver; ``ValueError`` (Ray's ``ActorAlreadyExistsError``) when taken."""
+    import ray
+
+    return ray.remote(num_cpus=0)(DriverLease).options(name=LEASE, namespace="examlops").remote()
+
+
 class ExamlopsIngress:
     """The ingress deployment's class: Ray builds its ASGI app on the replica (``__serve_build_asgi_app__``)."""
 
@@ -117,6 +137,7 @@ class RayServingProcess:
         self.host = host or settings.serving.host
         self.port = port or settings.serving.port
         self._stop = threading.Event()
+        self._lease: Any = None  # held while serving on a joined cluster; Ray ends it with this process
 
     def run(self) -> None:
         import ray
@@ -125,39 +146,58 @@ class RayServingProcess:
         owned = self._connect(ray)
         if not owned:
             try:
-                self._refuse_a_second_driver()
+                self._claim_cluster()
             except BaseException:
                 ray.shutdown()
                 raise
+        from examlops.serving.ray_artifacts import create_store, kill_store
+
         try:
             proxy = self.settings.ray.proxy_location
             serve.start(http_options={"host": self.host, "port": self.port}, proxy_location=proxy)
-            serve.run(self._ingress(ray), name=INGRESS_APP, route_prefix="/")
+            create_store(ray.get_runtime_context().get_node_id())  # outlives any ingress replica; killed below
+            self._deploy_ingress(ray)
             log.warning("serving on Ray Serve at http://%s:%d", self.host, self.port)
             self._wait()
         finally:
             if owned:
                 try:
                     serve.shutdown()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+                    kill_store()
                 finally:
                     ray.shutdown()
             else:
                 self._delete_applications()
 
-    def _refuse_a_second_driver(self) -> None:
-        """``AlreadyRunning`` when the joined cluster already runs an examlops application."""
+    def _claim_cluster(self, lease: Callable[[], Any] = take_lease) -> None:
+        """Take the driver lease (``AlreadyRunning`` when a live driver holds it), then delete the examlops
+        applications a stopped driver left behind, if any."""
         from ray import serve
 
+        try:
+            self._lease = lease()
+        except ValueError as exc:
+            raise AlreadyRunning(
+                f"another examlops driver serves on the Ray cluster at {self.settings.ray.address} (it holds the "
+                f"actor {LEASE}): run one examlops driver per cluster (stop the other first)"
+            ) from exc
         ours = sorted(n for n in serve.status().applications if n == INGRESS_APP or n.startswith(MODEL_APP_PREFIX))
         if ours:
-            raise AlreadyRunning(
-                f"the Ray cluster at {self.settings.ray.address} already runs the examlops application(s) "
-                f"{', '.join(ours)}: run one examlops driver per cluster (stop the other first)"
+            log.warning(
+                "the Ray cluster at %s runs the examlops application(s) %s with no driver holding %s (it stopped): "
+                "deleting them to serve anew",
+                self.settings.ray.address,
+                ", ".join(ours),
+                LEASE,
             )
+            self._delete_applications()
 
     def _delete_applications(self) -> None:
-        """On a cluster this process joined: remove its applications only; Serve and the cluster stay."""
+        """On a cluster this process joined: remove its applications and artifact store only; Serve and the
+        cluster stay."""
         from ray import serve
+
+        from examlops.serving.ray_artifacts import kill_store
 
         for name in serve.status().applications:
             if name == INGRESS_APP or name.startswith(MODEL_APP_PREFIX):
@@ -165,6 +205,10 @@ class RayServingProcess:
                     serve.delete(name)
                 except Exception as exc:  # the others still go
                     log.error("could not delete the Serve application %s: %s", name, exc)
+        try:
+            kill_store()
+        except Exception as exc:
+            log.error("could not kill the artifact store: %s", exc)
 
     def close(self) -> None:
         """Stop serving, as a SIGTERM does."""
@@ -195,6 +239,23 @@ class RayServingProcess:
         except Exception as exc:
             raise RayUnavailable(f"cannot start or reach the Ray cluster: {type(exc).__name__}: {exc}") from exc
         return address is None
+
+    def _deploy_ingress(self, ray: Any) -> None:
+        """Run the ingress application; ``RayUnavailable`` when it is not running within the deploy deadline."""
+        from ray import serve
+        from ray.serve import RunTarget
+
+        from examlops.core.errors import ModelLoadError
+        from examlops.serving.ray_deploy import wait_running
+
+        serve.run_many(
+            [RunTarget(target=self._ingress(ray), name=INGRESS_APP, route_prefix="/")],
+            wait_for_applications_running=False,
+        )
+        try:
+            wait_running(INGRESS_APP, self.settings.ray.deploy_timeout_s)
+        except ModelLoadError as exc:
+            raise RayUnavailable(f"the ingress did not start: {exc}") from exc
 
     def _ingress(self, ray: Any) -> Application:
         from ray import serve

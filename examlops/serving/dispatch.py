@@ -4,8 +4,9 @@ Contract of ``Dispatcher.handle``: one ``Reply`` per request, in order. A bad pa
 ``InvalidInput`` alone; the others are routed each on its own (traffic split, pin, or the alias a
 ``routed`` request already carries, so the rows of one call share one alias), then the requests
 that resolved to the same loaded version are predicted together in ONE ``runtime.predict`` call and
-each gets its own row. A predict call waits for one of ``slots`` (the predict workers) before it checks
-its requests' deadlines: a request whose ``deadline`` passed by then is not predicted, ``Refused``
+each gets its own row. A predict call waits for a slot (``Capacity``: one of the predict pool's workers,
+shared by all models; or, on Ray, one of its model's own replicas) before it checks its requests'
+deadlines: a request whose ``deadline`` passed by then is not predicted, ``Refused``
 (reason ``late``), so no expired request reaches a worker (short of one the pool is busy reloading or
 replacing). A request keeps the version it was routed to (held in the hot set) until its prediction
 ends, even across a reload.
@@ -74,6 +75,23 @@ def _late() -> Refused:
     return Refused("the budget ran out before the prediction ran; it was not run", reason="late")
 
 
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Predict calls the runtime runs at once: ``per_model`` for each model apart (Ray: a model's replicas
+    serve it alone), None when one pool serves every model; ``total``, over all models (in-flight batches)."""
+
+    per_model: int | None
+    total: int
+
+
+def predict_capacity(runtime: PredictRuntime, workers: int, models: int) -> Capacity:
+    """The runtime's ``model_capacity`` for each of ``models`` when it has one (Ray), else ``workers`` shared."""
+    per_model = getattr(runtime, "model_capacity", None)
+    if isinstance(per_model, int) and per_model > 0:
+        return Capacity(per_model, per_model * max(1, models))
+    return Capacity(None, workers)
+
+
 @dataclass(slots=True)
 class Reply:
     """One request's outcome inside a batch, with the alias it was routed to (for the metrics)."""
@@ -105,7 +123,7 @@ class Dispatcher:
         route_retries: int,
         wall: Callable[[], float],
         on_predict: Callable[[str, int, float], None] | None = None,
-        slots: int = 0,
+        capacity: Capacity | None = None,
     ) -> None:
         self._catalog = catalog
         self._router = router
@@ -114,11 +132,24 @@ class Dispatcher:
         self._route_retries = route_retries
         self._wall = wall
         self._on_predict = on_predict
-        # A predict call first takes one of ``slots`` (the pool's workers), THEN checks its deadlines: time
-        # spent waiting for a worker counts, and an expired request never reaches one.
-        self._slots: asyncio.Semaphore | contextlib.nullcontext[None] = (
-            asyncio.Semaphore(slots) if slots > 0 else contextlib.nullcontext()
+        # A predict call first takes a slot (a worker of the pool, or one of its model's replicas), THEN checks
+        # its deadlines: time spent waiting for a worker counts, and an expired request never reaches one.
+        self._capacity = capacity
+        self._shared: asyncio.Semaphore | None = (
+            asyncio.Semaphore(capacity.total) if capacity is not None and capacity.per_model is None else None
         )
+        self._per_model: dict[str, asyncio.Semaphore] = {}
+
+    def _slot(self, model: str) -> asyncio.Semaphore | contextlib.nullcontext[None]:
+        if self._capacity is None:
+            return contextlib.nullcontext()
+        if self._capacity.per_model is None:
+            assert self._shared is not None
+            return self._shared
+        slot = self._per_model.get(model)
+        if slot is None:
+            slot = self._per_model[model] = asyncio.Semaphore(self._capacity.per_model)
+        return slot
 
     async def handle(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         specs = [self._catalog.get(req.model) for req in batch]
@@ -174,7 +205,7 @@ class Dispatcher:
         self, key: str, members: list[tuple[_Job, Entry]], replies: list[Reply | None], *, last: bool
     ) -> list[_Job]:
         try:
-            async with self._slots:
+            async with self._slot(members[0][0].spec.name):
                 return await self._predict_live(key, members, replies, last=last)
         finally:
             for _, entry in members:

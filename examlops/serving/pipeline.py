@@ -38,7 +38,7 @@ from examlops.registry.catalog import Catalog
 from examlops.serving.admission import Estimator
 from examlops.serving.batcher import MicroBatcher
 from examlops.serving.control_events import ControlEvents
-from examlops.serving.dispatch import Dispatcher, Reply, check_deadline
+from examlops.serving.dispatch import Dispatcher, Reply, check_deadline, predict_capacity
 from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
@@ -48,12 +48,6 @@ from examlops.serving.upkeep import load_missing_defaults, poll_reload
 
 def _late(req: InferenceRequest) -> Refused:
     return Refused("the budget ran out while the call was queued; it was not run", reason="late")
-
-
-def predict_capacity(runtime: PredictRuntime, settings: Settings) -> int:
-    """Predict calls the runtime runs at once: its ``capacity`` when it has one (Ray's replicas), else the pool's."""
-    capacity = getattr(runtime, "capacity", None)
-    return capacity if isinstance(capacity, int) and capacity > 0 else settings.predict.workers
 
 
 class Pipeline:
@@ -91,7 +85,9 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        workers = predict_capacity(runtime, settings)
+        # Ray's replicas serve one model each: in flight, a batch per replica of every model; the pool, shared.
+        capacity = predict_capacity(runtime, settings.predict.workers, len(catalog))
+        workers = capacity.total
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
@@ -113,7 +109,7 @@ class Pipeline:
             route_retries=settings.traffic.route_retries,
             wall=wall,
             on_predict=self.estimator.costs.observe,
-            slots=workers,
+            capacity=capacity,
         )
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)

@@ -1,36 +1,45 @@
 """Model artifacts shipped to Ray replicas through Ray itself, never as a path on the ingress's disk.
 
 The ingress fetches a version's MLflow folder as on uvicorn (``ModelSource.fetch``), packs it into one tar
-(``pack``), and puts the bytes in the artifact store: a named actor (``STORE``, namespace ``examlops``, no
-CPU) pinned to the ingress's node, holding one blob per version key under a token (the blob's digest).
+(``pack``), and puts the bytes in the artifact store: a detached named actor (``STORE``, namespace
+``examlops``, no CPU) that the driver creates on its own node before Serve starts and kills on shutdown
+(``create_store``, ``kill_store``), holding one blob per version key under a token (the blob's digest).
 A deployment's ``user_config`` carries only ``{key: token}``; each replica, on any node, asks the store
-for the blob (``load_shipped``), unpacks it into a folder of its own and loads it with scikit-learn/skops
-(``load_sklearn_model``; MLflow is never imported in a replica).
+for the blob (``ShippedLoader``), unpacks it into a folder of its own and loads it with scikit-learn/skops
+(``load_sklearn_model``; MLflow is never imported in a replica), then reports its outcome for the version
+to the store (``report_outcome``), where the ingress reads whether every replica loaded it.
 
 Failure mode: ``ModelLoadError`` when the store does not hold the key under that token (the ingress
-replaced or dropped it, or the store died with the ingress), or the archive is unsafe (a member outside
-its folder); whatever the loader raises for the unpacked folder. The store lives as long as the ingress
-replica that created it: a new ingress loads its hot set again, and so refills it.
+replaced or dropped it, or the store was lost), or the archive is unsafe (a member outside its folder);
+whatever the loader raises for the unpacked folder. The store outlives an ingress replica; if it is lost
+anyway, the ingress's next call finds (or creates) it again and ships every version it holds again.
 
 Imports ray: only the Ray engine loads this module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import logging
 import tarfile
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import ray
+from ray import serve
+from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from examlops.core.errors import ModelLoadError
 from examlops.registry.loader import load_sklearn_model
 from examlops.serving.ports import Predictor
+
+log = logging.getLogger(__name__)
 
 STORE = "examlops-artifacts"
 NAMESPACE = "examlops"
@@ -64,10 +73,15 @@ def unpack(blob: bytes, into: Path) -> Path:
 
 
 class ArtifactStore:
-    """The blobs of the versions the ingress holds, by key: ``put``, ``get`` (by key and token), ``drop``."""
+    """The blobs of the versions the ingress holds, by key, and what each replica made of them.
+
+    ``put``, ``get`` (by key and token), ``drop``; ``report(replica, key, token, reason)`` records one
+    replica's outcome for a version (``reason`` None: loaded), ``outcomes(key, token)`` reads them.
+    """
 
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[str, bytes]] = {}
+        self._outcomes: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def put(self, key: str, token: str, blob: bytes) -> None:
         self._blobs[key] = (token, blob)
@@ -78,18 +92,44 @@ class ArtifactStore:
 
     def drop(self, key: str) -> None:
         self._blobs.pop(key, None)
+        for pair in [p for p in self._outcomes if p[0] == key]:
+            del self._outcomes[pair]
+
+    def report(self, replica: str, key: str, token: str, reason: str | None) -> None:
+        self._outcomes.setdefault((key, token), {})[replica] = reason
+
+    def outcomes(self, key: str, token: str) -> dict[str, str | None]:
+        return dict(self._outcomes.get((key, token), {}))
 
 
-def artifact_store() -> Any:
-    """The store's handle from the ingress: created on first use, pinned to the calling process's node."""
-    node = ray.get_runtime_context().get_node_id()
+def create_store(node: str) -> Any:
+    """The store's handle, created if absent: detached (it outlives the ingress replica, so a replacement
+    ingress and the replicas keep reaching it), pinned to ``node`` (the driver's). The driver kills it."""
     actor = ray.remote(num_cpus=0)(ArtifactStore)
-    return actor.options(
+    handle: Any = actor.options(
         name=STORE,
         namespace=NAMESPACE,
+        lifetime="detached",
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     ).remote()
+    ray.get(handle.outcomes.remote("", ""))  # placed and answering
+    return handle
+
+
+def kill_store() -> None:
+    """Kill the store, if it runs (the driver's shutdown: a detached actor would outlive it)."""
+    with contextlib.suppress(ValueError):  # none runs
+        ray.kill(ray.get_actor(STORE, namespace=NAMESPACE))
+
+
+def store_handle() -> Any:
+    """The store's handle from the ingress: the driver's, or one created on this node if it is gone."""
+    try:
+        return ray.get_actor(STORE, namespace=NAMESPACE)
+    except ValueError:
+        log.warning("the artifact store is gone: creating it again on this node")
+        return create_store(ray.get_runtime_context().get_node_id())
 
 
 class ShippedLoader:
@@ -111,23 +151,66 @@ class ShippedLoader:
         return load_sklearn_model(str(target))
 
 
-class StoreArtifacts:
-    """The ingress's side: ``ship(key, folder)`` packs and stores a version, returning its token; ``drop(key)``."""
+async def report_outcome(key: str, token: str, reason: str | None) -> None:
+    """A replica tells the store its outcome for one version; logged, never raised (the ingress then waits
+    for this replica's word until its deadline)."""
+    try:
+        replica = serve.get_replica_context().replica_id.unique_id
+        await ray.get_actor(STORE, namespace=NAMESPACE).report.remote(replica, key, token, reason)
+    except Exception as exc:
+        log.error("could not report the outcome of %s to the artifact store: %s", key, exc)
 
-    def __init__(self) -> None:
+
+class StoreArtifacts:
+    """The ingress's side: ``ship(key, folder)`` packs and stores a version, returning its token; ``drop(key)``;
+    ``outcomes(key, token)``, the replicas' reports.
+
+    A store that died or vanished (``RayActorError``, ``ValueError``) is looked up again (or created again)
+    and every version shipped so far is shipped again, from its folder, before the call is retried once.
+    ``connect`` and ``get`` stand for ``store_handle`` and ``ray.get`` (tests pass fakes).
+    """
+
+    def __init__(self, *, connect: Callable[[], Any] = store_handle, get: Callable[[Any], Any] = ray.get) -> None:
+        self._connect, self._get = connect, get
         self._store: Any = None
-        self._lock = threading.Lock()  # handles made at once in several threads lose the named actor
+        self._shipped: dict[str, str] = {}  # key -> folder: what a new store must be given again
+        self._lock = threading.Lock()  # one handle, one re-ship, whatever threads call at once
 
     def ship(self, key: str, folder: str) -> str:
         blob, token = pack(folder)
-        ray.get(self._handle().put.remote(key, token, blob))
+        self._call(lambda store: store.put.remote(key, token, blob))
+        self._shipped[key] = folder
         return token
 
     def drop(self, key: str) -> None:
-        ray.get(self._handle().drop.remote(key))
+        self._shipped.pop(key, None)
+        self._call(lambda store: store.drop.remote(key))
+
+    def outcomes(self, key: str, token: str) -> dict[str, str | None]:
+        return cast("dict[str, str | None]", self._call(lambda store: store.outcomes.remote(key, token)))
+
+    def _call(self, send: Callable[[Any], Any]) -> Any:
+        store = self._handle()
+        try:
+            return self._get(send(store))
+        except (RayActorError, ValueError) as exc:
+            log.warning("the artifact store is lost (%s): connecting again and shipping every version", exc)
+            return self._get(send(self._renew(store)))
 
     def _handle(self) -> Any:
         with self._lock:
             if self._store is None:
-                self._store = artifact_store()
+                self._store = self._connect()
+            return self._store
+
+    def _renew(self, dead: Any) -> Any:
+        with self._lock:
+            if self._store is dead:  # not renewed meanwhile by another thread
+                self._store = self._connect()
+                for key, folder in list(self._shipped.items()):
+                    try:
+                        blob, token = pack(folder)
+                        self._get(self._store.put.remote(key, token, blob))
+                    except (OSError, RayActorError, ValueError) as exc:  # its replicas report the miss
+                        log.error("could not ship %s again: %s", key, exc)
             return self._store

@@ -6,7 +6,8 @@ Model ``M`` is the application ``examlops-model-M`` (no HTTP route) of one deplo
 
 ``deploy_model`` hands the application to Serve without blocking, then polls ``serve.status()`` until the
 application is ``RUNNING`` (Ray marks it so once every replica took the new ``user_config``; a replica
-whose ``reconfigure`` raised never counts). It raises ``ModelLoadError`` with Ray's status messages when
+whose ``reconfigure`` raised never counts; ours never raise: ``running_replicas`` names the replicas whose
+reports the runtime then waits for). It raises ``ModelLoadError`` with Ray's status messages when
 the application's deploy failed (``DEPLOY_FAILED``), or when ``settings.ray.deploy_timeout_s`` passes
 first (e.g. replicas that the cluster has no CPUs to place, which Ray would otherwise wait for forever).
 ``UNHEALTHY`` is waited out: Ray reports it while it replaces a replica that failed its health check.
@@ -16,6 +17,7 @@ Imports ray: only the Ray engine loads this module.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -34,6 +36,10 @@ INTERNAL_VERSION = "examlops-model-replica"
 """Fixed, so that a redeploy that changes only ``user_config`` reconfigures replicas instead of replacing
 them (Ray gives an unversioned deployment a new random version on every ``serve.run``)."""
 POLL_S = 0.2
+_SUBMIT = threading.Lock()
+"""One ``serve.run_many`` at a time in this process: Serve registers modules for pickling by value and
+unregisters them around each submission, process-wide, so two threads submitting at once make the later
+unregister fail (``ValueError: ... is not registered for pickle by value``). Waiting stays concurrent."""
 REPLICA_WAIT_S = 0.0
 """The replicas' ``@serve.batch`` wait: batching happens once, in the ingress."""
 
@@ -77,8 +83,20 @@ def model_application(settings: Settings, model: str, versions: dict[str, str]) 
 def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> None:
     """Create or update the application of ``model``; return once it runs everywhere (contract above)."""
     target = RunTarget(target=model_application(settings, model, versions), name=app_name(model), route_prefix=None)
-    serve.run_many([target], wait_for_applications_running=False)
+    with _SUBMIT:
+        serve.run_many([target], wait_for_applications_running=False)
     wait_running(app_name(model), settings.ray.deploy_timeout_s)
+
+
+def running_replicas(model: str) -> set[str]:
+    """The ids of the replicas of ``model`` that Serve reports running (the ids they report under)."""
+    from ray.serve.context import _get_global_client  # Serve's details name each replica; its status counts them
+
+    client = _get_global_client()
+    assert client is not None  # the ingress runs inside Serve
+    details = client.get_serve_details()
+    deployment = details.get("applications", {}).get(app_name(model), {}).get("deployments", {}).get(DEPLOYMENT, {})
+    return {str(r["replica_id"]) for r in deployment.get("replicas", []) if str(r.get("state")).endswith("RUNNING")}
 
 
 def wait_running(

@@ -6,9 +6,12 @@ artifact in the ingress's store, ``ray_artifacts``; never a path, which another 
 calls ``reconfigure`` on each replica when the config changes and on a new replica's start, without
 restarting it and while it keeps answering. ``reconfigure`` loads the versions it lacks FIRST (fetched
 through Ray and unpacked locally), then drops the ones the config no longer names, so a swap never leaves
-a replica without the version its traffic is routed to. A version that fails to load makes
-``reconfigure`` raise after the others are applied: Ray then reports the deployment failed (its status
-message names the version and reason), the ingress refuses the version and redeploys without it.
+a replica without the version its traffic is routed to. ``reconfigure`` never raises (Ray would stop a
+replica whose reconfigure raised and start new ones with the same config until the deployment failed,
+taking the model's healthy versions offline): each replica reports its outcome for every version it
+loaded or failed to load (``report``: to the artifact store) and keeps it for ``state``; the ingress
+reads the reports of every running replica before it calls a version loaded, and refuses and takes out
+a version that failed on one.
 
 ``predict((key, rows))`` is batched with ``@serve.batch``: calls queue until their rows reach the
 batch size or the batch wait passes (the Ray engine binds a wait of 0, as the ingress already batched:
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -37,7 +40,7 @@ from ray import serve
 
 from examlops.registry.loader import expected_features
 from examlops.serving.ports import Predictor, Rows
-from examlops.serving.ray_artifacts import ShippedLoader
+from examlops.serving.ray_artifacts import ShippedLoader, report_outcome
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,8 @@ def predict_calls(models: Mapping[str, Predictor], calls: Sequence[Call]) -> lis
 class ModelReplica:
     """One replica's versions and its batched predict (contract above).
 
-    ``loader`` turns ``(key, token)`` into a model (``ShippedLoader``; tests pass their own).
+    ``loader`` turns ``(key, token)`` into a model (``ShippedLoader``), ``report`` tells the store each
+    version's outcome (``report_outcome``); tests pass their own.
     """
 
     def __init__(
@@ -99,11 +103,13 @@ class ModelReplica:
         max_wait_s: float = DEFAULT_WAIT_S,
         timeout_s: float = 30.0,
         loader: Callable[[str, str], Predictor] | None = None,
+        report: Callable[[str, str, str | None], Awaitable[None]] = report_outcome,
     ) -> None:
         self._model = model
         self._timeout_s = timeout_s
         self._stuck: str | None = None
         self._loader = loader if loader is not None else ShippedLoader()
+        self._report = report
         self._models: dict[str, Predictor] = {}
         self._locations: dict[str, str] = {}
         self._failed: dict[str, tuple[str, str]] = {}  # key -> (location, reason)
@@ -121,16 +127,16 @@ class ModelReplica:
                 self._models[key] = await asyncio.to_thread(self._loader, key, token)
                 self._locations[key] = token
                 self._failed.pop(key, None)
+                await self._report(key, token, None)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"[:500]
                 log.warning("could not load %s (%s): %s", key, token, reason)
                 self._failed[key] = (token, reason)
+                await self._report(key, token, reason)
         for key in [k for k in self._models if k not in versions]:
             del self._models[key], self._locations[key]
         for key in [k for k in self._failed if k not in versions]:
             del self._failed[key]
-        if failed := [f"{key}: {reason}" for key, (_, reason) in sorted(self._failed.items())]:
-            raise RuntimeError(f"could not load {'; '.join(failed)}")
 
     async def state(self, key: str) -> tuple[bool, int | None, str | None]:
         """``(loaded, input columns the model declares, why it failed)`` of one version on this replica."""

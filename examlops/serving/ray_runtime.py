@@ -5,18 +5,21 @@ set, router and batcher are the ones the uvicorn engine runs; only where a batch
 Model ``M`` is the application ``examlops-model-M`` (``ray_deploy``) whose ``user_config`` names the
 versions every replica holds, each by the token of its artifact in the store (``ray_artifacts``).
 
-- ``load(key, location)`` ships the local folder ``location`` to the artifact store (replicas on any
-  node fetch it through Ray; no path crosses to them), adds ``key: token`` to the model's ``user_config``
-  and redeploys the application: a change of ``user_config`` alone is applied in place (Ray calls each
-  replica's ``reconfigure``; no replica restarts, traffic keeps flowing), and the call returns once Ray
-  reports the application running, i.e. every replica holds the version (``settings.ray.deploy_timeout_s``
-  at most, for the deploy and again for asking a replica the model's width). The first load of a model
-  creates its application. A version that a replica could not load fails the deploy; it is taken out of
-  the config again and ``ModelLoadError`` carries Ray's message. Returns the input columns the model
-  declares.
+- ``load(key, location)`` first loads the local folder ``location`` in a thread with the replicas' loader
+  (``load_sklearn_model``): a version that cannot load is refused (``ModelLoadError``) before Ray sees
+  it. It then ships the folder to the artifact store (replicas on any node fetch it through Ray; no path
+  crosses to them), adds ``key: token`` to the model's ``user_config`` and redeploys the application: a
+  change of ``user_config`` alone is applied in place (Ray calls each replica's ``reconfigure``; no
+  replica restarts, traffic keeps flowing). Once Ray reports the application running, it waits until
+  every running replica (Serve's details) reported its outcome for the version to the store: one that
+  failed refuses the version with that replica's reason (``ModelLoadError``), and the version is taken
+  out of the config again (replicas drop it in place; none stops). ``settings.ray.deploy_timeout_s`` at
+  most for the deploy, and again for the replicas' reports. The first load of a model creates its
+  application. Returns the input columns the model declares.
 - ``unload(key)`` takes the version out of the config (every replica drops it) and out of the store.
-- ``capacity``: the predict calls one model's replicas run at once (the pipeline sizes its in-flight
-  batches and admission estimate by it instead of ``predict.workers``).
+- ``model_capacity``: the predict calls one model's replicas run at once (the pipeline gives each model
+  that many predict slots, and sizes its in-flight batches and admission estimate by their sum over the
+  models instead of ``predict.workers``).
 - ``predict(key, rows)`` calls one replica through the model's deployment handle (Ray's router picks
   it); the replica batches calls (``@serve.batch``). Past ``timeout_s`` the call is cancelled and
   ``InferenceTimeout`` raised (the HTTP layer's 504). A replica that died under the call, or a handle
@@ -48,9 +51,10 @@ from ray.serve.handle import DeploymentHandle
 
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
 from examlops.core.settings import Settings
-from examlops.serving.ports import Rows
+from examlops.registry.loader import expected_features, load_sklearn_model
+from examlops.serving.ports import Predictor, Rows
 from examlops.serving.ray_artifacts import StoreArtifacts
-from examlops.serving.ray_deploy import DEPLOYMENT, app_name, deploy_model
+from examlops.serving.ray_deploy import DEPLOYMENT, POLL_S, app_name, deploy_model, running_replicas
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class Artifacts(Protocol):
     def ship(self, key: str, folder: str) -> str: ...
 
     def drop(self, key: str) -> None: ...
+
+    def outcomes(self, key: str, token: str) -> dict[str, str | None]: ...
 
 
 def model_of(key: str) -> str:
@@ -82,11 +88,15 @@ class RayPredictRuntime:
         deploy: Callable[[Settings, str, dict[str, str]], None] = deploy_model,
         handle: Callable[[str], Any] = model_handle,
         artifacts: Artifacts | None = None,
+        replicas: Callable[[str], set[str]] = running_replicas,
+        check: Callable[[str], Predictor] = load_sklearn_model,
     ) -> None:
         self._settings = settings
         self._deploy = deploy
         self._new_handle = handle
         self._artifacts: Artifacts = artifacts if artifacts is not None else StoreArtifacts()
+        self._replicas = replicas
+        self._check = check
         self._timeout_s = settings.predict.timeout_s
         self._deploy_timeout_s = settings.ray.deploy_timeout_s
         self._wanted: dict[str, dict[str, str]] = {}
@@ -96,7 +106,7 @@ class RayPredictRuntime:
         self._handles: dict[str, Any] = {}
 
     @property
-    def capacity(self) -> int:
+    def model_capacity(self) -> int:
         """Predict calls one model's replicas run at once: its replicas, or the most autoscaling may start."""
         ray = self._settings.ray
         return ray.max_replicas if ray.max_replicas is not None else ray.num_replicas
@@ -109,14 +119,16 @@ class RayPredictRuntime:
 
     async def load(self, key: str, location: str) -> int | None:
         model = model_of(key)
+        width = await self._load_here(key, location)
         token = await asyncio.to_thread(self._artifacts.ship, key, location)
         if self._wanted.get(model, {}).get(key) == token:
             await self._apply(model)
-            return await self._width(key)
+            return width
         self._wanted.setdefault(model, {})[key] = token
         try:
             await self._apply(model)
-            return await self._width(key)
+            await self._confirm(model, key, token)
+            return width
         except Exception:
             self._wanted[model].pop(key, None)
             with contextlib.suppress(Exception):  # the first error is the one to report
@@ -172,17 +184,34 @@ class RayPredictRuntime:
             await asyncio.to_thread(self._deploy, self._settings, model, versions)
             self._applied[model] = current
 
-    async def _width(self, key: str) -> int | None:
-        """The input columns of a version every replica now holds; ``ModelLoadError`` when it failed."""
-        response = self._handle(model_of(key)).state.remote(key)
+    async def _load_here(self, key: str, location: str) -> int | None:
+        """The model's input columns, loaded here as a replica would; ``ModelLoadError`` when it cannot be."""
         try:
-            loaded, width, reason = await asyncio.wait_for(_result(response), self._deploy_timeout_s)
-        except TimeoutError:
-            response.cancel()
-            raise ModelLoadError(f"no replica of {key} answered within {self._deploy_timeout_s:g} s") from None
-        if not loaded:
-            raise ModelLoadError(f"{key} could not be loaded: {reason}")
-        return None if width is None else int(width)
+            return expected_features(await asyncio.to_thread(self._check, location))
+        except Exception as exc:
+            raise ModelLoadError(f"{key} could not be loaded: {type(exc).__name__}: {exc}"[:1000]) from exc
+
+    async def _confirm(self, model: str, key: str, token: str) -> None:
+        """Return once every running replica of ``model`` reported ``key`` loaded; ``ModelLoadError`` when
+        one reported a failure, or the reports did not all come within the deploy deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._deploy_timeout_s
+        while True:
+            running = await asyncio.to_thread(self._replicas, model)
+            outcomes = await asyncio.to_thread(self._artifacts.outcomes, key, token)
+            failed = sorted((replica, reason) for replica, reason in outcomes.items() if replica in running and reason)
+            if failed:
+                replica, reason = failed[0]
+                raise ModelLoadError(f"{key} could not be loaded on replica {replica}: {reason}")
+            silent = running - outcomes.keys()
+            if running and not silent:
+                return
+            if loop.time() >= deadline:
+                raise ModelLoadError(
+                    f"{len(silent)} of {len(running)} running replicas of {model} did not report loading {key} "
+                    f"within {self._deploy_timeout_s:g} s"
+                )
+            await asyncio.sleep(POLL_S)
 
 
 async def _result(response: Any) -> Any:

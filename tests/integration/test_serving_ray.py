@@ -181,6 +181,13 @@ def test_promotion_reaches_the_ray_served_pipeline_and_rollback_moves_it_back(se
     assert answer.json()["version"] == "1"
 
 
+class Model:
+    """What the ingress's own load of a folder returns when a test skips it: a model of no declared width."""
+
+    def predict(self, rows: Any) -> Any:
+        return np.zeros(len(rows))
+
+
 def _model_folder(folder: Path) -> Path:
     """An MLflow-style sklearn folder of a linear model whose prediction is its first column times two."""
     from sklearn.linear_model import LinearRegression
@@ -205,7 +212,7 @@ def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from examlops.serving.ray_deploy import app_name
+    from examlops.serving.ray_deploy import app_name, running_replicas
     from examlops.serving.ray_runtime import RayPredictRuntime
 
     folder = _model_folder(tmp_path / "M-1")
@@ -216,7 +223,9 @@ def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp
     try:
         serve.start()
         settings = Settings(home=tmp_path, ray={"num_replicas": 1, "replica_cpus": 0.5, "deploy_timeout_s": 90})
-        runtime = RayPredictRuntime(settings)
+        # No load in the driver first: the broken version below reaches the replica, as one that loads in the
+        # ingress but not on a replica's node would.
+        runtime = RayPredictRuntime(settings, check=lambda location: Model())
 
         async def load_and_predict() -> list[float]:
             await runtime.load("M/1", str(folder))
@@ -224,8 +233,11 @@ def test_a_replica_on_another_node_loads_the_version_through_ray_and_answers(tmp
 
         async def load_broken_then_predict() -> list[float]:
             (tmp_path / "empty").mkdir()
-            with pytest.raises(ModelLoadError, match="M/2"):  # the replica's reconfigure raised; Ray said so
+            before = running_replicas("M")
+            # The replica reports the failure; its reason is the refusal's, and the replica keeps running.
+            with pytest.raises(ModelLoadError, match=r"M/2 could not be loaded on replica \S+: ModelLoadError"):
                 await runtime.load("M/2", str(tmp_path / "empty"))
+            assert running_replicas("M") == before
             return list(await runtime.predict("M/1", np.array([[1.0, 0.0, 0.0]])))
 
         async def scenario() -> tuple[list[float], list[float]]:
@@ -276,3 +288,68 @@ def test_after_a_504_ray_replaces_the_stuck_replica_and_the_same_model_answers_a
     replies = [infer(server, model="SLOW", version=int(version)) for _ in range(2 * REPLICAS)]
     assert [r.status_code for r in replies] == [200] * (2 * REPLICAS), replies[-1].text
     assert {r.json()["version"] for r in replies} == {version}
+
+
+def _broken_version(server: ServingProcess, model: str) -> str:
+    """A new registered version of ``model`` whose serialised model is garbage: no process can load it."""
+    import mlflow
+    import mlflow.sklearn
+    from sklearn.linear_model import LinearRegression
+
+    settings = Settings(home=server.home)
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    experiment = mlflow.MlflowClient(settings.mlflow_tracking_uri).get_experiment_by_name("examlops-tests")
+    assert experiment is not None
+    with mlflow.start_run(experiment_id=experiment.experiment_id) as run:
+        info = mlflow.sklearn.log_model(
+            LinearRegression().fit(np.zeros((2, 385)), np.zeros(2)),
+            name="model",
+            pip_requirements=["scikit-learn"],
+            registered_model_name=model,
+        )
+    marks = [m for m in (getattr(info, "model_id", None), run.info.run_id) if m]
+    files = [p for p in settings.mlflow_artifact_root.rglob("model.*") if any(m in str(p) for m in marks)]
+    assert files, marks  # model.skops or model.pkl, by MLflow's default format
+    for path in files:
+        path.write_bytes(b"not a model")
+    return str(info.registered_model_version)
+
+
+async def _reload_under_load(server: ServingProcess, model: str) -> tuple[list[int], dict[str, Any]]:
+    """4 clients send ``model`` requests while it is reloaded once; their statuses and the reload's reply."""
+    statuses: list[int] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=server.auth) as client:
+
+        async def clientloop(i: int) -> None:
+            while not stop.is_set():
+                body = {"model": model, "embedding": embedding(i), "node_count": 12}
+                statuses.append((await client.post("/infer-pipeline/infer", json=body)).status_code)
+
+        async def reload() -> dict[str, Any]:
+            await asyncio.sleep(0.5)
+            try:
+                reply = await client.post("/admin/reload", json={"model": model}, timeout=120)
+                assert reply.status_code == 200, reply.text
+                return dict(reply.json())
+            finally:
+                await asyncio.sleep(0.5)
+                stop.set()
+
+        answer, *_ = await asyncio.gather(reload(), *(clientloop(i) for i in range(4)))
+    return statuses, answer
+
+
+def test_a_version_that_cannot_load_is_refused_with_its_reason_and_no_request_fails(server: ServingProcess) -> None:
+    version = _broken_version(server, "JPCP")
+    _set_alias(server, "JPCP", "Canary", version)
+    try:
+        statuses, answer = asyncio.run(_reload_under_load(server, "JPCP"))
+    finally:
+        _set_alias(server, "JPCP", "Canary", "2")
+        httpx.post(f"{server.url}/admin/reload", json={"model": "JPCP"}, timeout=120, headers=server.auth)
+    assert statuses and set(statuses) == {200}
+    [change] = [c for c in answer["changes"] if c["alias"] == "Canary"]
+    assert change["outcome"] == "refused", answer
+    assert f"version {version} refused" in change["reason"] and "could not be loaded" in change["reason"], change
+    assert infer(server).status_code == 200

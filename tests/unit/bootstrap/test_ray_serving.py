@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -58,18 +59,31 @@ def test_serve_start_refuses_an_unknown_engine() -> None:
     assert "unknown engine" in result.output
 
 
-def test_joining_a_cluster_that_runs_examlops_already_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_joining_a_cluster_whose_driver_holds_the_lease_is_refused_and_a_stopped_drivers_apps_are_taken_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
     from ray import serve
+    from ray.exceptions import ActorAlreadyExistsError
 
     from examlops.bootstrap.ray_serving import RayServingProcess
     from examlops.core.errors import AlreadyRunning
 
-    running = type("Status", (), {"applications": {"examlops": None, "examlops-model-JPCP": None, "other": None}})
+    def taken() -> Any:
+        raise ActorAlreadyExistsError("The name examlops-driver (namespace=examlops) is already taken")
+
+    apps = {"examlops": None, "examlops-model-JPCP": None, "other": None}
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # what the process would set, undone after the test
-    monkeypatch.setattr(serve, "status", lambda: running)
+    monkeypatch.setattr(serve, "status", lambda: type("Status", (), {"applications": dict(apps)}))
     proc = RayServingProcess(Settings(ray={"address": "ray-head:6379"}))
-    with pytest.raises(AlreadyRunning, match=r"ray-head:6379 already runs .*examlops, examlops-model-JPCP"):
-        proc._refuse_a_second_driver()
-    monkeypatch.setattr(serve, "status", lambda: type("Status", (), {"applications": {"other": None}}))
-    proc._refuse_a_second_driver()  # another team's application is not ours to refuse
+    deleted: list[str] = []
+    monkeypatch.setattr(proc, "_delete_applications", lambda: deleted.append("ours"))
+    with pytest.raises(AlreadyRunning, match=r"ray-head:6379 \(it holds the actor examlops-driver\)"):
+        proc._claim_cluster(taken)
+    assert deleted == []
+
+    proc._claim_cluster(lambda: "lease")  # no lease: the applications are a stopped driver's
+    assert deleted == ["ours"]
+    apps.pop("examlops"), apps.pop("examlops-model-JPCP")
+    proc._claim_cluster(lambda: "lease")  # another team's application is not ours to delete
+    assert deleted == ["ours"]

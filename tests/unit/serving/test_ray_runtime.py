@@ -13,7 +13,7 @@ pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip insta
 
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
 from examlops.core.settings import Settings
-from examlops.serving.pipeline import predict_capacity
+from examlops.serving.dispatch import Capacity, predict_capacity
 from examlops.serving.ray_artifacts import pack, unpack
 from examlops.serving.ray_deploy import deployment_options, wait_running
 from examlops.serving.ray_runtime import RayPredictRuntime
@@ -47,7 +47,10 @@ class Method:
 
 
 class FakeDeployments:
-    """Every model's replicas as one fake: the deployed versions, each redeploy, steerable answers."""
+    """Every model's replicas as one fake: the deployed versions, each redeploy, steerable answers.
+
+    A deploy makes each of ``replicas`` report every version to ``store``: a failure for one in ``broken``.
+    """
 
     def __init__(self) -> None:
         self.deployed: dict[str, dict[str, str]] = {}
@@ -55,10 +58,20 @@ class FakeDeployments:
         self.broken: set[str] = set()
         self.answer: Any = None
         self.sent: list[Response] = []
+        self.replicas = {"r1", "r2"}
+        self.reporting = {"r1", "r2"}
+        self.store: FakeArtifacts | None = None
 
     def deploy(self, settings: Settings, model: str, versions: dict[str, str]) -> None:
         self.redeploys.append((model, dict(versions)))
         self.deployed[model] = dict(versions)
+        for key, token in versions.items():
+            reason = "ValueError: bad artifact" if key in self.broken else None
+            if self.store is not None:
+                self.store.reports[(key, token)] = dict.fromkeys(self.reporting, reason)
+
+    def running(self, model: str) -> set[str]:
+        return set(self.replicas)
 
     def handle(self, model: str) -> Any:
         fake = self
@@ -86,6 +99,7 @@ class FakeArtifacts:
 
     def __init__(self) -> None:
         self.held: dict[str, str] = {}
+        self.reports: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def ship(self, key: str, folder: str) -> str:
         self.held[key] = token = f"t:{folder.rsplit('/', 1)[-1]}"
@@ -94,16 +108,34 @@ class FakeArtifacts:
     def drop(self, key: str) -> None:
         self.held.pop(key, None)
 
+    def outcomes(self, key: str, token: str) -> dict[str, str | None]:
+        return dict(self.reports.get((key, token), {}))
+
+
+class Model:
+    n_features_in_ = 385
+
+
+def check(location: str) -> Model:
+    """The ingress's own load of a folder: a folder named ``broken`` cannot be loaded."""
+    if location.endswith("broken"):
+        raise ValueError("not a model folder")
+    return Model()
+
 
 @pytest.fixture
 def fake() -> FakeDeployments:
     return FakeDeployments()
 
 
-def runtime(fake: FakeDeployments, artifacts: FakeArtifacts | None = None, **predict: Any) -> RayPredictRuntime:
-    settings = Settings(predict=predict) if predict else Settings()
-    store = artifacts if artifacts is not None else FakeArtifacts()
-    return RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle, artifacts=store)
+def runtime(
+    fake: FakeDeployments, artifacts: FakeArtifacts | None = None, settings: Settings | None = None, **predict: Any
+) -> RayPredictRuntime:
+    settings = settings or (Settings(predict=predict) if predict else Settings())
+    fake.store = store = artifacts if artifacts is not None else FakeArtifacts()
+    return RayPredictRuntime(
+        settings, deploy=fake.deploy, handle=fake.handle, artifacts=store, replicas=fake.running, check=check
+    )
 
 
 async def test_a_load_redeploys_the_model_with_the_version_and_an_unload_without_it(fake: FakeDeployments) -> None:
@@ -134,15 +166,39 @@ async def test_loads_that_wait_for_a_redeploy_are_applied_together(fake: FakeDep
     assert len(fake.redeploys) < 3
 
 
-async def test_a_version_the_replicas_cannot_load_is_refused_and_taken_out_again(fake: FakeDeployments) -> None:
+async def test_a_version_the_ingress_cannot_load_is_refused_before_any_replica_sees_it(
+    fake: FakeDeployments,
+) -> None:
+    store = FakeArtifacts()
+    rt = runtime(fake, store)
+    await rt.load("JPCP/1", "/a/1")
+    with pytest.raises(ModelLoadError, match="JPCP/2 could not be loaded: ValueError: not a model folder"):
+        await rt.load("JPCP/2", "/a/broken")
+    assert fake.redeploys == [("JPCP", {"JPCP/1": "t:1"})]
+    assert store.held == {"JPCP/1": "t:1"}
+
+
+async def test_a_version_a_replica_cannot_load_is_refused_with_its_reason_and_taken_out_again(
+    fake: FakeDeployments,
+) -> None:
     store = FakeArtifacts()
     rt = runtime(fake, store)
     await rt.load("JPCP/1", "/a/1")
     fake.broken.add("JPCP/2")
-    with pytest.raises(ModelLoadError, match="bad artifact"):
+    with pytest.raises(ModelLoadError, match=r"JPCP/2 could not be loaded on replica r[12]: ValueError: bad artifact"):
         await rt.load("JPCP/2", "/a/2")
     assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
     assert store.held == {"JPCP/1": "t:1"}
+
+
+async def test_a_version_is_loaded_only_once_every_running_replica_reported_it(fake: FakeDeployments) -> None:
+    rt = runtime(fake, settings=Settings(ray={"deploy_timeout_s": 0.3}))
+    fake.reporting = {"r1"}  # r2 runs but never says
+    with pytest.raises(ModelLoadError, match=r"1 of 2 running replicas of JPCP did not report loading JPCP/1"):
+        await rt.load("JPCP/1", "/a/1")
+    assert fake.deployed["JPCP"] == {}
+    fake.replicas = {"r1"}  # a replica that stopped is not waited for
+    assert await rt.load("JPCP/1", "/a/1") == 385
 
 
 async def test_a_deploy_that_fails_is_refused_and_taken_out_again(fake: FakeDeployments) -> None:
@@ -209,23 +265,10 @@ def test_a_deploy_that_failed_is_refused_with_rays_message_at_once() -> None:
     assert clock.now == 0
 
 
-async def test_a_replica_that_does_not_say_the_models_width_in_time_fails_the_load(fake: FakeDeployments) -> None:
-    rt = RayPredictRuntime(
-        Settings(ray={"deploy_timeout_s": 0.05}), deploy=fake.deploy, handle=fake.handle, artifacts=FakeArtifacts()
-    )
-
-    async def silent(key: str) -> Any:
-        await asyncio.sleep(3600)
-
-    fake._state = silent  # type: ignore[method-assign]
-    with pytest.raises(ModelLoadError, match=r"within 0\.05 s"):
-        await rt.load("JPCP/1", "/a/1")
-
-
 def test_capacity_is_the_replicas_or_the_most_autoscaling_may_start(fake: FakeDeployments) -> None:
     fixed = RayPredictRuntime(Settings(ray={"num_replicas": 2}), deploy=fake.deploy, handle=fake.handle)
     scaled = RayPredictRuntime(Settings(ray={"max_replicas": 4}), deploy=fake.deploy, handle=fake.handle)
-    assert (fixed.capacity, scaled.capacity) == (2, 4)
+    assert (fixed.model_capacity, scaled.model_capacity) == (2, 4)
 
 
 async def test_outcomes_become_our_errors(fake: FakeDeployments) -> None:
@@ -272,7 +315,8 @@ def test_replicas_come_from_settings_fixed_or_autoscaled() -> None:
 
 def test_the_pipeline_sizes_its_batches_in_flight_by_the_replicas_not_the_pool(fake: FakeDeployments) -> None:
     settings = Settings(predict={"workers": 1}, ray={"num_replicas": 2})
-    assert predict_capacity(RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle), settings) == 2
+    rt = RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle)
+    assert predict_capacity(rt, settings.predict.workers, models=3) == Capacity(2, 6)
 
 
 def test_a_shipped_folder_unpacks_to_the_same_files_under_a_token_of_its_content(tmp_path: Path) -> None:

@@ -1,0 +1,82 @@
+"""The ingress's side of the artifact store against fake store handles: a store that dies is replaced and refilled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
+
+from ray.exceptions import RayActorError
+
+from examlops.serving.ray_artifacts import ArtifactStore, StoreArtifacts
+
+
+class Call:
+    def __init__(self, handle: FakeHandle, name: str) -> None:
+        self._handle, self._name = handle, name
+
+    def remote(self, *args: Any) -> Callable[[], Any]:
+        def reply() -> Any:  # what ``ray.get`` of the call's reference gives
+            if self._handle.dead:
+                raise RayActorError()
+            return getattr(self._handle.store, self._name)(*args)
+
+        return reply
+
+
+class FakeHandle:
+    """A handle to an ``ArtifactStore`` actor, which dies when the test says so."""
+
+    def __init__(self) -> None:
+        self.store, self.dead = ArtifactStore(), False
+
+    def __getattr__(self, name: str) -> Call:
+        return Call(self, name)
+
+
+def model(folder: Path, text: str) -> str:
+    folder.mkdir()
+    (folder / "MLmodel").write_text(text)
+    return str(folder)
+
+
+def test_a_store_that_died_is_connected_again_and_given_every_shipped_version_again(tmp_path: Path) -> None:
+    handles: list[FakeHandle] = []
+
+    def connect() -> FakeHandle:
+        handles.append(FakeHandle())
+        return handles[-1]
+
+    artifacts = StoreArtifacts(connect=connect, get=lambda reply: reply())
+    one = artifacts.ship("M/1", model(tmp_path / "1", "one"))
+    two = artifacts.ship("M/2", model(tmp_path / "2", "two"))
+    artifacts.drop("M/2")
+    handles[0].dead = True  # the actor died: its handle's calls raise from now on
+
+    three = artifacts.ship("M/3", model(tmp_path / "3", "three"))
+    assert len(handles) == 2
+    fresh = handles[1].store
+    assert fresh.get("M/1", one) is not None and fresh.get("M/3", three) is not None
+    assert fresh.get("M/2", two) is None  # dropped before: not shipped again
+    fresh.report("r1", "M/3", three, None)
+    assert artifacts.outcomes("M/3", three) == {"r1": None}
+    assert len(handles) == 2  # the live handle is kept
+
+
+def test_a_store_that_cannot_be_found_is_looked_up_again(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def get(reply: Callable[[], Any]) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("Failed to look up actor examlops-artifacts")
+        return reply()
+
+    handles: list[FakeHandle] = []
+    artifacts = StoreArtifacts(connect=lambda: handles.append(FakeHandle()) or handles[-1], get=get)
+    token = artifacts.ship("M/1", model(tmp_path / "1", "one"))
+    assert len(handles) == 2 and handles[1].store.get("M/1", token) is not None
