@@ -16,7 +16,9 @@ signed chain holds it, so an index edited or emptied cannot hide an unaccounted 
 
 ``verify_and_record(settings, audit, by)`` is that verify as `exa audit verify` and the retention flow both run
 and store it: the chain, then ``promotion.trail.check_aliases`` against MLflow (``mlflow.timeout_s``), so a
-later chain-only result never replaces one that found an alias move; MLflow unreachable is a stored note.
+later chain-only result never replaces one that found an alias move. MLflow unreachable or failing is a stored
+note, and the previous result's alias findings are stored again (``carried_findings``): a run that could not
+look never clears what one that could found.
 """
 
 from __future__ import annotations
@@ -169,14 +171,15 @@ def verify_and_record(settings: Settings, audit: AuditAccess, by: str) -> tuple[
     """Verify the whole trail and every alias it moved, store the result as ``by``'s; all three. Redis or SQL
     down raises (``StoreUnavailable``); MLflow down does not (``AliasCheck.unchecked``)."""
     from examlops.bootstrap.serving import model_registry
-    from examlops.monitoring.audit.verified import record_verify
+    from examlops.monitoring.audit.verified import carried_findings, last_verify, record_verify
     from examlops.monitoring.audit.verify import verify
     from examlops.promotion.trail import check_aliases
 
     last_moves = LastMoves()
     report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
     aliases = check_aliases(last_moves.moves(), lambda: model_registry(settings))
-    record = record_verify(
-        audit.store.redis, audit.secret, report, by, findings=aliases.unaccounted, notes=aliases.notes
-    )
+    findings = aliases.unaccounted
+    if aliases.unchecked is not None:
+        findings += carried_findings(last_verify(audit.store.redis, audit.secret))
+    record = record_verify(audit.store.redis, audit.secret, report, by, findings=findings, notes=aliases.notes)
     return report, aliases, record

@@ -19,8 +19,8 @@ examlops, or by a failed call that did go through). It cannot see a move made an
 between two checks, nor aliases the trail never mentioned; verifying the chain itself is ``exa audit verify``.
 ``unaccounted_moves(moves, registry)`` runs it for every alias the trail spoke about (`exa audit verify`):
 one registry read each; ``RegistryUnavailable`` propagates. ``check_aliases(moves, registry)`` is the same
-check as every stored verify runs it (`exa audit verify`, the retention flow): the registry unreachable gives
-no findings and a note saying why (``AliasCheck.notes``), never a silent pass.
+check as every stored verify runs it (`exa audit verify`, the retention flow): a registry unreachable or
+failing gives no findings and a note saying why (``AliasCheck.notes``), never a silent pass.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from examlops.core.errors import AliasNotFound, ModelNotFound, RegistryUnavailable
+from examlops.core.errors import AliasNotFound, ExamlopsError, ModelNotFound, VersionNotFound
 from examlops.promotion.aliases import AliasMove, AliasRegistry
 
 MoveState = Literal["intended", "moved", "failed"]
@@ -85,7 +85,7 @@ def unaccounted_moves(moves: Iterable[AuditedMove], registry: AliasRegistry) -> 
     for last in moves:
         try:
             current: str | None = registry.resolve(last.model, last.alias).version
-        except (AliasNotFound, ModelNotFound):
+        except (AliasNotFound, ModelNotFound, VersionNotFound):
             current = None
         if (line := unaccounted(last, current)) is not None:
             found.append(line)
@@ -107,10 +107,11 @@ class AliasCheck:
 
 def check_aliases(moves: Collection[AuditedMove], registry: Callable[[], AliasRegistry]) -> AliasCheck:
     """``unaccounted_moves`` for ``moves`` against ``registry()`` (built only when the trail moved an alias); the
-    registry unreachable (``RegistryUnavailable``, building it or reading it) is an ``unchecked`` result."""
+    registry unreachable or failing (any ``ExamlopsError``, building it or reading it) is an ``unchecked``
+    result, so the chain's own result is still stored."""
     if not moves:
         return AliasCheck()
     try:
         return AliasCheck(tuple(unaccounted_moves(moves, registry())))
-    except RegistryUnavailable as exc:
+    except ExamlopsError as exc:
         return AliasCheck(unchecked=str(exc) or type(exc).__name__)

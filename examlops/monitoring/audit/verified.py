@@ -48,6 +48,19 @@ class VerifyRecord:
     """What the check could not cover (``aliases not checked: <why>``): not a failure, never dropped."""
 
 
+NOT_RECHECKED = "(not re-checked since: the registry could not be read)"
+
+
+def carried_findings(previous: VerifyRecord | None) -> tuple[str, ...]:
+    """The alias findings of ``previous`` (not its chain break: each walk judges the chain itself), to store
+    again while the registry cannot be read, so a run that could not look never clears what one that could
+    found."""
+    if previous is None or previous.ok or previous.by == UNREADABLE_BY:
+        return ()
+    kept = (p for p in previous.problems if not p.startswith("seq "))
+    return tuple(p if p.endswith(NOT_RECHECKED) else f"{p} {NOT_RECHECKED}" for p in kept)
+
+
 def _mac(secret: bytes, body: str) -> str:
     return hmac.new(secret, b"audit-verified\n" + body.encode(), hashlib.sha256).hexdigest()
 
