@@ -506,8 +506,10 @@ async def test_a_bridge_killed_mid_job_loses_nothing_and_every_job_is_answered_o
             assert [r["error"] for r in replies] == [None] * len(jobs)
             assert [r["job_id"] for r in replies] == jobs
             assert replies_per_job(redis_url, client.reply_stream) == Counter(dict.fromkeys(jobs, 1))
-            assert set(slow.seen) & set(fast.seen), "no job held by the killed bridge was reclaimed"
-            assert "reclaimed job" in survivor_log.read_text()
+            # What the killed bridge held (read from the stream, posted to serving or not yet) the survivor
+            # reclaimed, and every job was answered once (above): under load the kill may fall after the slow
+            # stand-in answered the posts, so which jobs it saw is not asserted.
+            assert "reclaimed job" in survivor_log.read_text(), "no job held by the killed bridge was reclaimed"
             with redis.Redis.from_url(redis_url) as sync_redis:
                 assert sync_redis.xpending(wire.jobs_stream(ADDRESS), wire.GROUP)["pending"] == 0
         finally:
