@@ -26,7 +26,8 @@ Two promotions of one alias at the same time are not serialised here.
 
 Errors: ``InvalidInput`` (neither or both of ``version`` and ``from_alias``), ``ModelNotFound``,
 ``AliasNotFound`` (``from_alias`` missing; for a rollback, the alias itself), ``VersionNotFound``
-(no such version; for a rollback, nothing recorded to go back to), ``RegistryUnavailable``.
+(no such version; for a rollback, nothing recorded to go back to), ``RegistryUnavailable`` (its subclass
+``PreviousNotRecorded`` when only the last write failed: the alias moved).
 """
 
 from __future__ import annotations
@@ -34,11 +35,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from examlops.core.errors import AliasNotFound, InvalidInput, VersionNotFound
+from examlops.core.errors import (
+    AliasNotFound,
+    DependencyUnavailable,
+    InvalidInput,
+    RegistryUnavailable,
+    VersionNotFound,
+)
 from examlops.core.messages import DEFAULT_ALIAS, ModelRef, canonical_alias
 
 PREVIOUS_TAG_PREFIX = "examlops.previous."
 MOVING_TAG_PREFIX = "examlops.moving."
+
+
+ALIAS_MAY_HAVE_MOVED = "the alias may have moved; `exa audit verify` tells"
+"""The note on an alias write that failed: the registry may have applied it and its answer been lost."""
 
 
 class AliasRegistry(Protocol):
@@ -67,6 +78,15 @@ class AliasMove:
     @property
     def changed(self) -> bool:
         return self.old_version != self.new_version
+
+
+class PreviousNotRecorded(RegistryUnavailable):
+    """The alias moved (``move``, as ``apply_move`` returns it) but the previous tag was not written. A rollback
+    still goes back where it came from, by the moving tag; the move is done."""
+
+    def __init__(self, move: AliasMove, error: BaseException) -> None:
+        super().__init__(f"{move.model}@{move.alias} moved but the version it replaced was not recorded: {error}")
+        self.move = move
 
 
 def previous_tag(alias: str) -> str:
@@ -117,15 +137,25 @@ def apply_move(registry: AliasRegistry, move: AliasMove) -> AliasMove:
     """Make ``move`` in the registry: the previous tag settled, the moving tag, the alias, then the previous tag
     (module docstring).
     Returns the move as the registry reports it (``old_version`` is what the alias had at the moment it
-    moved). The registry's errors propagate from whichever write failed."""
+    moved). The registry's errors propagate from whichever write failed: before the alias write nothing has
+    moved; from the alias write itself with the note ``ALIAS_MAY_HAVE_MOVED``; from the previous tag's write
+    as ``PreviousNotRecorded``, the alias moved."""
     replacing = move.old_version if move.changed else None
     if replacing is not None:
         _settle_previous(registry, move.model, move.alias, replacing)
         registry.set_model_tag(move.model, moving_tag(move.alias), f"{replacing}->{move.new_version}")
-    replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    try:
+        replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    except DependencyUnavailable as exc:
+        exc.add_note(ALIAS_MAY_HAVE_MOVED)
+        raise
+    moved = AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
     if replacing is not None:
-        registry.set_model_tag(move.model, previous_tag(move.alias), replacing)
-    return AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
+        try:
+            registry.set_model_tag(move.model, previous_tag(move.alias), replacing)
+        except DependencyUnavailable as exc:
+            raise PreviousNotRecorded(moved, exc) from exc
+    return moved
 
 
 def _settle_previous(registry: AliasRegistry, model: str, alias: str, current: str) -> None:

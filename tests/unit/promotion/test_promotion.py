@@ -211,21 +211,19 @@ def test_a_rollback_is_audited_as_intent_and_outcome(settings: Settings) -> None
     assert trail.events[-2:] == [("intended", back), ("moved", back)]
 
 
-@pytest.mark.parametrize("failure", ["alias write refused", "alias write applied, reply lost", "previous tag lost"])
-def test_a_promotion_that_fails_half_way_leaves_a_rollback_going_where_it_should(
+@pytest.mark.parametrize("failure", ["alias write refused", "alias write applied, reply lost"])
+def test_a_promotion_that_fails_at_the_alias_write_leaves_a_rollback_going_where_it_should(
     settings: Settings, failure: str
 ) -> None:
-    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 then fails at one of its writes. A
-    rollback goes to 2 while the alias is still at 1, and to 1 once the alias is at 3."""
-    registry: InMemoryAliasRegistry
-    if failure == "previous tag lost":
-        registry = TagWriteFails(previous_tag("Production"))
-    else:
-        registry = UnreachableRegistry(applied=failure == "alias write applied, reply lost")
+    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 then fails at its alias write: the
+    error says the alias may have moved. A rollback goes to 2 while the alias is still at 1, and to 1 once the
+    alias is at 3."""
+    registry = UnreachableRegistry(applied=failure == "alias write applied, reply lost")
     registry.tags[previous_tag("Production")] = "2"
     trail = InMemoryMoveTrail()
-    with pytest.raises(RegistryUnavailable):
+    with pytest.raises(RegistryUnavailable) as raised:
         promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=Network({}))
+    assert raised.value.__notes__ == ["the alias may have moved; `exa audit verify` tells"]
     move = AliasMove("AC", "Production", "1", "3")
     assert trail.events == [("intended", move), ("failed", move)]
     back = plan_rollback(registry, "AC", "Production")
@@ -235,3 +233,21 @@ def test_a_promotion_that_fails_half_way_leaves_a_rollback_going_where_it_should
     else:
         assert registry.aliases["Production"] == "3" and (back.old_version, back.new_version) == ("3", "1")
         assert unaccounted(trail.last("AC", "Production"), "3") is not None  # the trail says failed; it moved
+
+
+def test_a_previous_tag_not_written_after_the_alias_moved_is_a_move_with_a_warning(settings: Settings) -> None:
+    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 moves the alias, then the previous tag's
+    write fails: the move is audited as done, every instance follows, a warning says so, and a rollback goes to
+    1 (the moving tag)."""
+    registry, trail = TagWriteFails(previous_tag("Production")), InMemoryMoveTrail()
+    registry.tags[previous_tag("Production")] = "2"
+    net = Network({"a:1": FakeServing(registry)})
+    result = promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    move = AliasMove("AC", "Production", "1", "3")
+    assert trail.events == [("intended", move), ("moved", move)]
+    assert result.instances == (A,) and (result.old_version, result.new_version) == ("1", "3")
+    (warning,) = result.warnings
+    assert "moved but the version it replaced was not recorded" in warning and "goes back to 1" in warning
+    back = plan_rollback(registry, "AC", "Production")
+    assert (back.old_version, back.new_version) == ("3", "1")
+    assert unaccounted(trail.last("AC", "Production"), "3") is None
