@@ -2,8 +2,10 @@
 
 On SIGTERM or SIGINT: ``/readyz`` turns 503 first (``app.state.draining``) and new
 predictions are refused with a 503 (``NotReady``, retryable), while the socket
-stays open so that a load balancer can see the 503. Once no request is in flight,
-or ``serving.drain_grace_s`` has passed, uvicorn closes the listening socket,
+stays open so that a load balancer can see the 503. Once the requests in flight
+when the drain began are answered (those that arrive after it are refusals and
+probes, which never stop arriving under steady traffic), or ``serving.drain_grace_s``
+has passed, uvicorn closes the listening socket,
 closes idle connections, cancels what still runs after at most one more second,
 the lifespan closes the pipeline and the predict workers, and the process exits 0.
 A second signal skips the wait (a second SIGINT forces the exit).
@@ -11,6 +13,7 @@ A second signal skips the wait (a second SIGINT forces the exit).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import resource
@@ -32,6 +35,8 @@ class DrainingServer(uvicorn.Server):
         self._app = app
         self._grace_s = grace_s
         self._drain_until: float | None = None
+        self._in_flight: set[asyncio.Task[None]] | None = None
+        """The requests being answered at the first tick of the drain: the ones it waits for."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain_until is None:
@@ -48,9 +53,12 @@ class DrainingServer(uvicorn.Server):
         if self._drain_until is not None and not self.should_exit:
             left = self._drain_until - time.monotonic()
             # server_state.tasks: one per request being answered (predictions, reloads, probes).
-            if not self.server_state.tasks or left <= 0:
-                if self.server_state.tasks:
-                    log.warning("drain grace over: %d request(s) still in flight", len(self.server_state.tasks))
+            if self._in_flight is None:
+                self._in_flight = set(self.server_state.tasks)
+            running = [task for task in self._in_flight if not task.done()]
+            if not running or left <= 0:
+                if running:
+                    log.warning("drain grace over: %d request(s) still in flight", len(running))
                 self.config.timeout_graceful_shutdown = max(1, math.ceil(left))
                 self.should_exit = True
         return await super().on_tick(counter)

@@ -13,17 +13,21 @@ This is the registry half of a promotion; ``examlops.promotion.service`` adds th
 - Each is a read (``plan_move``, ``plan_rollback``: what would move, from which version to which; nothing
   written) and a write (``apply_move``), so that a caller can record the intent in between.
 
-The writes, in order: the tag ``examlops.moving.<Alias>`` (``moving_tag``) names the move ``old->new``
-before the alias is touched; then the alias; then the previous tag. No write overwrites what a rollback
-needs before the alias has moved, and a failure at any step leaves a rollback correct: the alias write
-refused (the alias still at ``old``): the moving tag does not match the alias, so the rollback goes to the
-previous tag as before; the alias write applied but its reply lost, or the previous tag not written: the
-alias is at ``new`` and the moving tag says it came from ``old``, which is where the rollback goes.
+The writes, in order: the previous tag settled to where a rollback goes now (``rollback_target``), when
+it differs (the last move's alias write was applied but its reply lost, so the moving tag alone knew); the
+tag ``examlops.moving.<Alias>`` (``moving_tag``) names the move ``old->new`` before the alias is touched;
+then the alias; then the previous tag. No write overwrites what a rollback needs before the alias has
+moved, and a failure at any step, after any earlier failed moves, leaves a rollback correct: the alias
+write refused (the alias still at ``old``): the moving tag does not match the alias, so the rollback goes
+to the previous tag, settled before; the alias write applied but its reply lost, or the previous tag not
+written: the alias is at ``new`` and the moving tag says it came from ``old``, which is where the rollback
+goes (``tests/unit/promotion/test_alias_failures.py`` tries every three steps).
 Two promotions of one alias at the same time are not serialised here.
 
 Errors: ``InvalidInput`` (neither or both of ``version`` and ``from_alias``), ``ModelNotFound``,
 ``AliasNotFound`` (``from_alias`` missing; for a rollback, the alias itself), ``VersionNotFound``
-(no such version; for a rollback, nothing recorded to go back to), ``RegistryUnavailable``.
+(no such version; for a rollback, nothing recorded to go back to), ``RegistryUnavailable`` (its subclass
+``PreviousNotRecorded`` when only the last write failed: the alias moved).
 """
 
 from __future__ import annotations
@@ -31,11 +35,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from examlops.core.errors import AliasNotFound, InvalidInput, VersionNotFound
+from examlops.core.errors import (
+    AliasNotFound,
+    DependencyUnavailable,
+    InvalidInput,
+    RegistryUnavailable,
+    VersionNotFound,
+)
 from examlops.core.messages import DEFAULT_ALIAS, ModelRef, canonical_alias
 
 PREVIOUS_TAG_PREFIX = "examlops.previous."
 MOVING_TAG_PREFIX = "examlops.moving."
+
+
+ALIAS_MAY_HAVE_MOVED = "the alias may have moved; `exa audit verify` tells"
+"""The note on an alias write that failed: the registry may have applied it and its answer been lost."""
 
 
 class AliasRegistry(Protocol):
@@ -64,6 +78,15 @@ class AliasMove:
     @property
     def changed(self) -> bool:
         return self.old_version != self.new_version
+
+
+class PreviousNotRecorded(RegistryUnavailable):
+    """The alias moved (``move``, as ``apply_move`` returns it) but the previous tag was not written. A rollback
+    still goes back where it came from, by the moving tag; the move is done."""
+
+    def __init__(self, move: AliasMove, error: BaseException) -> None:
+        super().__init__(f"{move.model}@{move.alias} moved but the version it replaced was not recorded: {error}")
+        self.move = move
 
 
 def previous_tag(alias: str) -> str:
@@ -111,16 +134,38 @@ def plan_move(
 
 
 def apply_move(registry: AliasRegistry, move: AliasMove) -> AliasMove:
-    """Make ``move`` in the registry: the moving tag, the alias, then the previous tag (module docstring).
+    """Make ``move`` in the registry: the previous tag settled, the moving tag, the alias, then the previous tag
+    (module docstring).
     Returns the move as the registry reports it (``old_version`` is what the alias had at the moment it
-    moved). The registry's errors propagate from whichever write failed."""
+    moved). The registry's errors propagate from whichever write failed: before the alias write nothing has
+    moved; from the alias write itself with the note ``ALIAS_MAY_HAVE_MOVED``; from the previous tag's write
+    as ``PreviousNotRecorded``, the alias moved."""
     replacing = move.old_version if move.changed else None
     if replacing is not None:
+        _settle_previous(registry, move.model, move.alias, replacing)
         registry.set_model_tag(move.model, moving_tag(move.alias), f"{replacing}->{move.new_version}")
-    replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    try:
+        replaced = registry.set_alias(move.model, move.alias, move.new_version)
+    except DependencyUnavailable as exc:
+        exc.add_note(ALIAS_MAY_HAVE_MOVED)
+        raise
+    moved = AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
     if replacing is not None:
-        registry.set_model_tag(move.model, previous_tag(move.alias), replacing)
-    return AliasMove(move.model, move.alias, replaced.version if replaced else None, move.new_version)
+        try:
+            registry.set_model_tag(move.model, previous_tag(move.alias), replacing)
+        except DependencyUnavailable as exc:
+            raise PreviousNotRecorded(moved, exc) from exc
+    return moved
+
+
+def _settle_previous(registry: AliasRegistry, model: str, alias: str, current: str) -> None:
+    """Write to the previous tag where a rollback of ``alias`` (at ``current``) goes now, before the moving tag
+    that tells it is overwritten: a move applied with its reply lost is then still undone after a later move
+    that is refused."""
+    tags = registry.model_tags(model)
+    target = rollback_target(tags, alias, current)
+    if target is not None and target != tags.get(previous_tag(alias)):
+        registry.set_model_tag(model, previous_tag(alias), target)
 
 
 def move_alias(

@@ -8,7 +8,10 @@ step 5 alone):
    registry is touched, with what the trail could not account for in the alias's current version. When it
    raises, the promotion stops there and nothing has moved;
 3. move the alias (``aliases.apply_move``); on any failure ``trail.failed(move, error)`` and the error is
-   raised: the registry's errors (``RegistryUnavailable`` within the MLflow timeouts of ``mlflow_client``);
+   raised: the registry's errors (``RegistryUnavailable`` within the MLflow timeouts of ``mlflow_client``;
+   one from the alias write itself says that the alias may have moved, as its answer may be what was lost).
+   A failure of the last write alone (``PreviousNotRecorded``: the alias moved, a rollback still goes back
+   by the moving tag) is no failure: the move goes on as done, with a warning;
 4. ``trail.moved(move)``. When the outcome cannot be written the alias has moved all the same: the promotion
    goes on and ``PromotionResult.warnings`` says so (the intent without an outcome is what `exa audit verify`
    and the next promotion of that alias then report);
@@ -31,7 +34,15 @@ import httpx
 from examlops.core.errors import ExamlopsError, PromotionIncomplete
 from examlops.core.messages import DEFAULT_ALIAS, canonical_alias
 from examlops.core.settings import Settings
-from examlops.promotion.aliases import AliasMove, AliasRegistry, apply_move, plan_move, plan_rollback
+from examlops.promotion.aliases import (
+    AliasMove,
+    AliasRegistry,
+    PreviousNotRecorded,
+    apply_move,
+    moving_tag,
+    plan_move,
+    plan_rollback,
+)
 from examlops.promotion.instances import confirm_reload
 from examlops.promotion.trail import MoveTrail, unaccounted
 
@@ -50,7 +61,7 @@ class PromotionResult:
     unaccounted: str | None = None
     """What the trail could not account for in the alias's version before this move (``trail.unaccounted``)."""
     warnings: tuple[str, ...] = ()
-    """What went wrong on the audit side without stopping the promotion (an outcome event not written)."""
+    """What went wrong without stopping the promotion (an outcome event or the previous tag not written)."""
 
 
 def promote(
@@ -100,14 +111,24 @@ class _Notes:
         return before + list(self.warnings)
 
 
+def _apply(registry: AliasRegistry, planned: AliasMove) -> tuple[AliasMove, tuple[str, ...]]:
+    """Step 3: ``apply_move``, a previous tag not written being a warning (the alias moved)."""
+    try:
+        return apply_move(registry, planned), ()
+    except PreviousNotRecorded as exc:
+        where = f"a rollback still goes back to {planned.old_version}, by the tag {moving_tag(planned.alias)}"
+        return exc.move, (f"{exc} ({where})",)
+
+
 def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) -> tuple[AliasMove, _Notes]:
     """Steps 2 to 4 of the module docstring."""
     if trail is None:
-        return apply_move(registry, planned), _Notes()
+        move, warnings = _apply(registry, planned)
+        return move, _Notes(None, warnings)
     found = unaccounted(trail.last(planned.model, planned.alias), planned.old_version)
     trail.intended(planned, found)
     try:
-        move = apply_move(registry, planned)
+        move, warnings = _apply(registry, planned)
     except BaseException as exc:
         try:
             trail.failed(planned, exc)
@@ -117,8 +138,8 @@ def _move(registry: AliasRegistry, planned: AliasMove, trail: MoveTrail | None) 
     try:
         trail.moved(move)
     except ExamlopsError as exc:
-        return move, _Notes(found, (f"the alias moved but its audit outcome was not written: {exc}",))
-    return move, _Notes(found)
+        warnings += (f"the alias moved but its audit outcome was not written: {exc}",)
+    return move, _Notes(found, warnings)
 
 
 def move_audited(

@@ -2,156 +2,30 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 from examlops.core.errors import (
-    AliasNotFound,
     InvalidInput,
-    ModelNotFound,
     PromotionIncomplete,
     RegistryUnavailable,
     StoreUnavailable,
     VersionNotFound,
 )
-from examlops.core.messages import ModelRef, canonical_alias
 from examlops.core.settings import Settings
 from examlops.promotion import instances
 from examlops.promotion.aliases import AliasMove, plan_rollback, previous_tag
 from examlops.promotion.service import promote, rollback
-from examlops.promotion.trail import AuditedMove, MoveState, check_aliases, unaccounted, unaccounted_moves
-
-
-class InMemoryAliasRegistry:
-    """Registered models with versions, aliases and tags; names match case-insensitively."""
-
-    def __init__(self) -> None:
-        self.name = "AC"
-        self.versions = {"1", "2", "3"}
-        self.aliases: dict[str, str] = {"Production": "1", "Canary": "2"}
-        self.tags: dict[str, str] = {}
-
-    def _check(self, name: str) -> None:
-        if name.lower() != self.name.lower():
-            raise ModelNotFound(name)
-
-    def _ref(self, version: str) -> ModelRef:
-        return ModelRef(self.name, version, None, f"mem://{version}")
-
-    def resolve(self, name: str, alias: str) -> ModelRef:
-        self._check(name)
-        if canonical_alias(alias) not in self.aliases:
-            raise AliasNotFound(alias)
-        return self._ref(self.aliases[canonical_alias(alias)])
-
-    def version(self, name: str, version: str) -> ModelRef:
-        self._check(name)
-        if version not in self.versions:
-            raise VersionNotFound(version)
-        return self._ref(version)
-
-    def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None:
-        before = self.aliases.get(canonical_alias(alias))
-        self.aliases[canonical_alias(alias)] = self.version(name, version).version
-        return self._ref(before) if before else None
-
-    def model_tags(self, name: str) -> dict[str, str]:
-        self._check(name)
-        return dict(self.tags)
-
-    def set_model_tag(self, name: str, key: str, value: str) -> None:
-        self._check(name)
-        self.tags[key] = value
-
-
-class InMemoryMoveTrail:
-    """A ``MoveTrail`` that records its events and keeps the last word per alias, as the audited index does;
-    ``fail_on`` makes that kind of event raise ``StoreUnavailable`` (the trail's Redis is down)."""
-
-    def __init__(self, fail_on: frozenset[str] = frozenset()) -> None:
-        self.events: list[tuple[str, AliasMove]] = []
-        self.unaccounted: list[str | None] = []
-        self.errors: list[str] = []
-        self.lasts: dict[tuple[str, str], AuditedMove] = {}
-        self.fail_on = fail_on
-
-    def _write(self, state: MoveState, move: AliasMove, error: str = "") -> None:
-        if state in self.fail_on:
-            raise StoreUnavailable("redis is down")
-        self.events.append((state, move))
-        self.lasts[(move.model, move.alias)] = AuditedMove(
-            state, move.model, move.alias, move.old_version, move.new_version, "admin", error
-        )
-
-    def intended(self, move: AliasMove, unaccounted: str | None) -> None:
-        self._write("intended", move)
-        self.unaccounted.append(unaccounted)
-
-    def moved(self, move: AliasMove) -> None:
-        self._write("moved", move)
-
-    def failed(self, move: AliasMove, error: BaseException) -> None:
-        self.errors.append(str(error))
-        self._write("failed", move, str(error))
-
-    def last(self, model: str, alias: str) -> AuditedMove | None:
-        return self.lasts.get((model, alias))
-
-
-class UnreachableRegistry(InMemoryAliasRegistry):
-    """Reads work; the alias write fails as a stopped MLflow server does (after the write, when ``applied``)."""
-
-    def __init__(self, *, applied: bool = False) -> None:
-        super().__init__()
-        self.applied = applied
-
-    def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None:
-        if self.applied:
-            super().set_alias(name, alias, version)
-        raise RegistryUnavailable("the MLflow registry cannot be reached: timed out")
-
-
-class FakeServing:
-    """One serving instance behind httpx.MockTransport: follows the registry on POST /admin/reload."""
-
-    def __init__(self, registry: InMemoryAliasRegistry, *, refuse: set[str] | None = None, lag: bool = False) -> None:
-        self.registry = registry
-        self.serving = dict(registry.aliases)
-        self.refuse = refuse or set()
-        self.lag = lag
-        self.reloads: list[object] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/admin/reload":
-            self.reloads.append(json.loads(request.content))
-            changes = []
-            for alias, version in self.registry.aliases.items():
-                if self.serving.get(alias) == version or self.lag:
-                    continue
-                if version in self.refuse:
-                    changes.append({"alias": alias, "outcome": "refused", "reason": f"version {version} refused: bad"})
-                    continue
-                changes.append({"alias": alias, "outcome": "swapped"})
-                self.serving[alias] = version
-            return httpx.Response(200, json={"changes": changes})
-        rows = [{"model": "AC", "alias": a, "version": v, "state": "ready"} for a, v in self.serving.items()]
-        return httpx.Response(200, json=rows)
-
-
-class Network(httpx.BaseTransport):
-    """Routes by host:port to fake instances; any other address refuses the connection."""
-
-    def __init__(self, hosts: dict[str, FakeServing]) -> None:
-        self.hosts = hosts
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        host = f"{request.url.host}:{request.url.port}"
-        if host not in self.hosts:
-            raise httpx.ConnectError("connection refused", request=request)
-        return self.hosts[host](request)
+from examlops.promotion.trail import check_aliases, unaccounted, unaccounted_moves
+from tests.unit.promotion.fakes import (
+    FakeServing,
+    InMemoryAliasRegistry,
+    InMemoryMoveTrail,
+    Network,
+    TagWriteFails,
+    UnreachableRegistry,
+)
 
 
 @pytest.fixture
@@ -337,34 +211,19 @@ def test_a_rollback_is_audited_as_intent_and_outcome(settings: Settings) -> None
     assert trail.events[-2:] == [("intended", back), ("moved", back)]
 
 
-class TagWriteFails(InMemoryAliasRegistry):
-    """The alias moves; the write of the tag ``fail_key`` then fails as an unreachable MLflow does."""
-
-    def __init__(self, fail_key: str) -> None:
-        super().__init__()
-        self.fail_key = fail_key
-
-    def set_model_tag(self, name: str, key: str, value: str) -> None:
-        if key == self.fail_key:
-            raise RegistryUnavailable("the MLflow registry cannot be reached: connection reset")
-        super().set_model_tag(name, key, value)
-
-
-@pytest.mark.parametrize("failure", ["alias write refused", "alias write applied, reply lost", "previous tag lost"])
-def test_a_promotion_that_fails_half_way_leaves_a_rollback_going_where_it_should(
+@pytest.mark.parametrize("failure", ["alias write refused", "alias write applied, reply lost"])
+def test_a_promotion_that_fails_at_the_alias_write_leaves_a_rollback_going_where_it_should(
     settings: Settings, failure: str
 ) -> None:
-    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 then fails at one of its writes. A
-    rollback goes to 2 while the alias is still at 1, and to 1 once the alias is at 3."""
-    registry: InMemoryAliasRegistry
-    if failure == "previous tag lost":
-        registry = TagWriteFails(previous_tag("Production"))
-    else:
-        registry = UnreachableRegistry(applied=failure == "alias write applied, reply lost")
+    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 then fails at its alias write: the
+    error says the alias may have moved. A rollback goes to 2 while the alias is still at 1, and to 1 once the
+    alias is at 3."""
+    registry = UnreachableRegistry(applied=failure == "alias write applied, reply lost")
     registry.tags[previous_tag("Production")] = "2"
     trail = InMemoryMoveTrail()
-    with pytest.raises(RegistryUnavailable):
+    with pytest.raises(RegistryUnavailable) as raised:
         promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=Network({}))
+    assert raised.value.__notes__ == ["the alias may have moved; `exa audit verify` tells"]
     move = AliasMove("AC", "Production", "1", "3")
     assert trail.events == [("intended", move), ("failed", move)]
     back = plan_rollback(registry, "AC", "Production")
@@ -374,3 +233,21 @@ def test_a_promotion_that_fails_half_way_leaves_a_rollback_going_where_it_should
     else:
         assert registry.aliases["Production"] == "3" and (back.old_version, back.new_version) == ("3", "1")
         assert unaccounted(trail.last("AC", "Production"), "3") is not None  # the trail says failed; it moved
+
+
+def test_a_previous_tag_not_written_after_the_alias_moved_is_a_move_with_a_warning(settings: Settings) -> None:
+    """Production went 2 -> 1 before (previous tag 2); a promotion to 3 moves the alias, then the previous tag's
+    write fails: the move is audited as done, every instance follows, a warning says so, and a rollback goes to
+    1 (the moving tag)."""
+    registry, trail = TagWriteFails(previous_tag("Production")), InMemoryMoveTrail()
+    registry.tags[previous_tag("Production")] = "2"
+    net = Network({"a:1": FakeServing(registry)})
+    result = promote(settings, registry, "AC", "Production", version=3, instances=[A], trail=trail, transport=net)
+    move = AliasMove("AC", "Production", "1", "3")
+    assert trail.events == [("intended", move), ("moved", move)]
+    assert result.instances == (A,) and (result.old_version, result.new_version) == ("1", "3")
+    (warning,) = result.warnings
+    assert "moved but the version it replaced was not recorded" in warning and "goes back to 1" in warning
+    back = plan_rollback(registry, "AC", "Production")
+    assert (back.old_version, back.new_version) == ("3", "1")
+    assert unaccounted(trail.last("AC", "Production"), "3") is None
