@@ -77,14 +77,6 @@ async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
     assert figures.ok > 0
 
 
-OOM_BUG = (
-    "redis-py turns Redis's OOM reply into OutOfMemoryError and strips the 'OOM ' from its message, and a "
-    "refusal inside a script reads 'Error running script ... -OOM ...': adapters.redis.translated matches "
-    "neither against TRANSIENT_REPLIES, so a write refusal is not StoreUnavailable: the bridge's sweep loop "
-    "dies of it (the bridge exits) and the recorder drops the batch it was writing (answered jobs unrecorded)"
-)
-
-
 @pytest.mark.skipif(not LONG, reason="long only: the short suite shows the bug with the two tests below")
 async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(cluster: Cluster, report: Reporter) -> None:
     history = History()
