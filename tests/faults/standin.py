@@ -5,7 +5,8 @@ It answers ``POST /infer-pipeline/infer`` as serving does (model, alias, version
 With ``fail`` every prediction is a 500 ``inference_failed`` (the model raised): what the retrain trigger counts.
 Its start costs a second where the real serving's costs tens (MLflow, the predict pool), so the short
 scenarios, which fault the bus, Redis and the bridges, put it behind the bridges; the real serving is
-faulted on its own (``test_serving_faults``). Being a process, it can be SIGKILLed and restarted.
+faulted in ``test_process_faults`` (long runs), ``test_model_faults`` and ``test_overload_faults``. Being a
+process, it can be SIGKILLed and restarted.
 """
 
 from __future__ import annotations

@@ -3,14 +3,16 @@
 Every job fails (the serving stand-in answers 500 ``inference_failed``), so the failure windows the four
 bridges' recorders share fill at once and each recorder tries to claim the model's retrain. Two bridges run
 under libfaketime (``LD_PRELOAD``, their wall clock read from a file each call; ``FAKETIME_DONT_FAKE_MONOTONIC``
-keeps their monotonic clock real): mid-load one steps ``STEP_S`` forward (past the cooldown) and one as far
-back (long runs: back and forth, four times, with a cooldown of 15 s). Prefect is unreachable, so every
+keeps their monotonic clock real): mid-load one steps forward (3600 s, past the cooldown; long runs also 400 s)
+and one as far back (long runs: back and forth, four times, with a cooldown of 15 s); a process started with the
+same environment shows the step, so libfaketime is known to have loaded. Prefect is unreachable, so every
 request made stays in the retrain outbox, where the test counts them and watches when each appears (on its
 own real clock).
 
 Must hold: at most one retrain request per cooldown across the four bridges despite the step (the cooldown
 is a Redis key with a TTL, on Redis's clock, taken in one script); every job answered once and recorded
-once (the checker's figures all zero), whatever the step: the bus judges deadlines on Redis's clock
+once (the checker's figures all zero) and every reply the stand-in's ``inference_failed`` (never a
+``deadline_exceeded`` the step caused), whatever the step: the bus judges deadlines on Redis's clock
 (``examlops.bus.clock``), and the stepped bridges' monotonic clocks stay real.
 """
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,10 +49,14 @@ JOBS, CONCURRENCY = (3000, 16) if LONG else (200, 8)
 COOLDOWN_S = 15.0 if LONG else 300.0
 """Long: four cooldowns in the run, each with a step; short: one cooldown longer than the run."""
 STEP_S = 400
-"""Past the short run's 300 s cooldown."""
+"""Past the short run's 300 s cooldown (long runs only: with 30 s job timeouts, a bridge judging deadlines on its
+own wall clock would answer ``deadline_exceeded`` after such a step, which the checker alone does not count as
+lost; the reply-code check below catches it)."""
 BIG_STEP_S = 3600
 """Past what a bridge judging jobs on its own wall clock could bear (a job expired 600 s ago, or due more than
 3600 s ahead, is dead-lettered): the bus's deadlines are on Redis's clock, so no step of a bridge's matters."""
+EXPECTED_CODE = "inference_failed"
+"""The only reply the stand-in gives; any other code (``deadline_exceeded``...) is a job the step spoiled."""
 WINDOW = 10
 
 
@@ -63,14 +71,29 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def faked(clock_file: Path) -> dict[str, str]:
-    """The environment of a bridge whose wall clock is ``clock_file``'s offset ("+0", "+3600"...)."""
+    """The environment of a bridge whose wall clock is ``clock_file``'s offset ("+0", "+3600"...), from +0."""
     clock_file.write_text("+0\n")
+    return faked_env(clock_file)
+
+
+def faked_env(clock_file: Path) -> dict[str, str]:
     return {
         "LD_PRELOAD": str(LIBFAKETIME),
         "FAKETIME_TIMESTAMP_FILE": str(clock_file),
         "FAKETIME_NO_CACHE": "1",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }
+
+
+async def faked_offset(clock_file: Path) -> float:
+    """How far a process started with ``faked(clock_file)``'s environment sees its wall clock from ours: proves
+    libfaketime really loaded and reads the file."""
+    env = {**os.environ, **faked_env(clock_file)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; print(time.time())", env=env, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await child.communicate()
+    return float(out) - time.time()
 
 
 async def watch(url: str, seen: dict[str, float], stop: asyncio.Event) -> None:
@@ -85,7 +108,7 @@ async def watch(url: str, seen: dict[str, float], stop: asyncio.Event) -> None:
             await asyncio.sleep(0.05)
 
 
-STEPS = [STEP_S, BIG_STEP_S] if LONG else [STEP_S]
+STEPS = [STEP_S, BIG_STEP_S] if LONG else [BIG_STEP_S]
 
 
 @pytest.mark.parametrize("step_s", STEPS)
@@ -108,14 +131,17 @@ async def test_four_bridges_and_a_clock_step_ask_for_one_retrain_per_cooldown(
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(cluster.redis.url, seen, stop))
     started = time.monotonic()
+    offsets: list[tuple[float, float]] = []
     async with cluster.client() as client:
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
         for k in range(steps):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (steps + 1))
             history.mark(f"fault:clock_step_{k}")
             sign = 1 if k % 2 == 0 else -1  # long runs step back and forth
-            clocks[0].write_text(f"+{step_s if sign > 0 else 0}\n")
-            clocks[1].write_text(f"-{step_s if sign > 0 else 0}\n")
+            ahead = step_s if sign > 0 else 0
+            clocks[0].write_text(f"+{ahead}\n")
+            clocks[1].write_text(f"-{ahead}\n")
+            offsets += [(ahead, await faked_offset(clocks[0])), (-ahead, await faked_offset(clocks[1]))]
         await load
     elapsed = time.monotonic() - started
     await asyncio.sleep(1.0)  # the last recorder batch's claim
@@ -135,6 +161,9 @@ async def test_four_bridges_and_a_clock_step_ask_for_one_retrain_per_cooldown(
         figures,
     )
     assert figures.violations() == []
+    assert all(abs(seen_s - wanted_s) < 60 for wanted_s, seen_s in offsets), offsets
+    codes = {(op.value or {}).get("code", str(op.outcome)) for op in history.operations}
+    assert codes == {EXPECTED_CODE}, codes
     assert 1 <= requests <= math.floor(elapsed / COOLDOWN_S) + 1
     assert len(seen) == requests
     assert all(bridge.alive() for bridge in bridges)

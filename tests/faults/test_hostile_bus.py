@@ -35,12 +35,6 @@ from tests.faults.history import History
 pytestmark = pytest.mark.timeout(600 if LONG else 180)
 
 HOSTILE = 600 if LONG else 60
-UTF8_BUG = (
-    "a job entry holding bytes that are not UTF-8 makes redis-py's strict decoding raise UnicodeDecodeError "
-    "in the bridge's read loop, which only handles StoreUnavailable: the bridge exits; the entry stays pending, "
-    "and every bridge that reclaims it (XAUTOCLAIM in the sweep loop, after the reclaim idle time) exits too: "
-    "one XADD stops the bus's model address for good"
-)
 
 
 @pytest.fixture
@@ -148,13 +142,6 @@ async def test_an_entry_that_is_not_utf8_is_dead_lettered_and_the_bridge_lives_o
     assert reply["error"] is None
     assert raw.xlen(wire.DEAD_STREAM) == 1
     raw.close()
-
-
-RECORDS_UTF8_BUG = (
-    "a record entry holding bytes that are not UTF-8 makes the recorder's read raise UnicodeDecodeError: the "
-    "recording child exits, the bridge restarts it, it reads the same entry and exits again, every few seconds; "
-    "no answered job is recorded (snapshot, audit event) from then on"
-)
 
 
 async def test_unreadable_records_are_dropped_and_later_jobs_still_recorded(shared: Cluster) -> None:

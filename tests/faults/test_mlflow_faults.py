@@ -36,7 +36,7 @@ import pytest
 from examlops.core.settings import Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.demo import seed_demo
-from tests.faults.cluster import CATALOG
+from tests.faults.catalog import jpcp_only
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 from tests.faults.http_load import figures, steady
@@ -74,7 +74,8 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("mlflow-faults")
     settings = Settings(home=home)
-    seed_demo(settings, CATALOG)  # Production 1, Canary 2, in the SQLite store the server then serves
+    folder, catalog = jpcp_only(home / "catalog")
+    seed_demo(settings, catalog)  # JPCP's Production 1, Canary 2, in the SQLite store the server then serves
     store = settings.mlflow_tracking_uri
     redis = EmbeddedRedis(home / "redis", free_port())
     redis.start()
@@ -83,6 +84,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     through = f"http://127.0.0.1:{proxy.port}"
     limits = {
         "EXAMLOPS_REDIS__URL": redis.url,
+        "EXAMLOPS_CATALOG_DIR": str(folder),
         "EXAMLOPS_MLFLOW__TRACKING_URI": through,
         "EXAMLOPS_MLFLOW__TIMEOUT_S": str(MLFLOW_TIMEOUT_S),
         "EXAMLOPS_MLFLOW__MAX_RETRIES": str(MLFLOW_RETRIES),
