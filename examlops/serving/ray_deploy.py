@@ -37,9 +37,10 @@ INTERNAL_VERSION = "examlops-model-replica"
 them (Ray gives an unversioned deployment a new random version on every ``serve.run``)."""
 POLL_S = 0.2
 _SUBMIT = threading.Lock()
-"""One ``serve.run_many`` at a time in this process: Serve registers modules for pickling by value and
-unregisters them around each submission, process-wide, so two threads submitting at once make the later
-unregister fail (``ValueError: ... is not registered for pickle by value``). Waiting stays concurrent."""
+"""One application built and submitted at a time in this process: Serve registers modules for pickling by
+value and unregisters them around building a deployment's config and around each submission, process-wide,
+so two threads at once make the later unregister fail (``ValueError: ... is not registered for pickle by
+value``). Waiting stays concurrent."""
 REPLICA_WAIT_S = 0.0
 """The replicas' ``@serve.batch`` wait: batching happens once, in the ingress."""
 
@@ -82,8 +83,9 @@ def model_application(settings: Settings, model: str, versions: dict[str, str]) 
 
 def deploy_model(settings: Settings, model: str, versions: dict[str, str]) -> None:
     """Create or update the application of ``model``; return once it runs everywhere (contract above)."""
-    target = RunTarget(target=model_application(settings, model, versions), name=app_name(model), route_prefix=None)
-    with _SUBMIT:
+    with _SUBMIT:  # building the application serialises its config too (the request router, by value)
+        application = model_application(settings, model, versions)
+        target = RunTarget(target=application, name=app_name(model), route_prefix=None)
         serve.run_many([target], wait_for_applications_running=False)
     wait_running(app_name(model), settings.ray.deploy_timeout_s)
 
