@@ -62,17 +62,29 @@ class Exa:
         )
 
 
-@pytest.fixture
-def exa(tmp_path: Path) -> Iterator[Exa]:
+def platform_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of an `exa up` in ``home`` on free ports, with no EXAMLOPS_* of the caller's, plus
+    ``extra``. The services start in the state folder: PYTHONPATH keeps them on the code under test, not on
+    whatever checkout the environment's editable install points at."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env.update(
-        EXAMLOPS_HOME=str(tmp_path / "state"),
+        EXAMLOPS_HOME=str(home),
         EXAMLOPS_REDIS__PORT=str(_free_port()),
         EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
         EXAMLOPS_PREFECT__PORT=str(_free_port()),
         EXAMLOPS_SERVING__PORT=str(_free_port()),
         COLUMNS="200",
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
+        ),
+        **extra,
     )
+    return env
+
+
+@pytest.fixture
+def exa(tmp_path: Path) -> Iterator[Exa]:
+    env = platform_env(tmp_path / "state")
     runner = Exa(env)
     yield runner
     runner("down", timeout=90)  # whatever the test did, leave nothing running

@@ -43,7 +43,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.test_up_down import Exa, _free_port
+from tests.e2e.test_up_down import Exa, platform_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -75,22 +75,7 @@ not read yet (the HTTP keep-alive close race)."""
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("drain") / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
-    env.update(
-        EXAMLOPS_HOME=str(home),
-        EXAMLOPS_REDIS__PORT=str(_free_port()),
-        EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
-        EXAMLOPS_PREFECT__PORT=str(_free_port()),
-        EXAMLOPS_SERVING__PORT=str(_free_port()),
-        EXAMLOPS_PREDICT__WORKERS="2",
-        COLUMNS="200",
-        # The services start in the state folder: this keeps them on the code under test.
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
-        ),
-    )
-    return env
+    return platform_env(tmp_path_factory.mktemp("drain") / "state", EXAMLOPS_PREDICT__WORKERS="2")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import redis
 from examlops.bootstrap.bridge import bus_client
 from examlops.core.settings import Settings
 from examlops.platform.process import group_alive
-from tests.e2e.test_up_down import Exa, _free_port
+from tests.e2e.test_up_down import Exa, platform_env
 from tests.faults.checker import check, served_event_job_ids
 from tests.faults.cluster import ADDRESS, PAYLOAD
 from tests.faults.history import History
@@ -42,22 +42,7 @@ BUS_RATE = 10.0
 @pytest.fixture(scope="module")
 def exa(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exa]:
     home = tmp_path_factory.mktemp("resilience") / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
-    env.update(
-        EXAMLOPS_HOME=str(home),
-        EXAMLOPS_REDIS__PORT=str(_free_port()),
-        EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
-        EXAMLOPS_PREFECT__PORT=str(_free_port()),
-        EXAMLOPS_SERVING__PORT=str(_free_port()),
-        EXAMLOPS_PREDICT__WORKERS="2",
-        EXAMLOPS_UP__RESTART_BACKOFF_S="0.5",
-        COLUMNS="200",
-        # The services start in the state folder: this keeps them on the code under test, not on whatever
-        # checkout the environment's editable install points at.
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
-        ),
-    )
+    env = platform_env(home, EXAMLOPS_PREDICT__WORKERS="2", EXAMLOPS_UP__RESTART_BACKOFF_S="0.5")
     runner = Exa(env)
     up = runner("up", "--detach", "--skip", "prefect", "--skip", "flows", "--timeout", "240", timeout=400)
     assert up.returncode == 0, up.stdout + up.stderr
