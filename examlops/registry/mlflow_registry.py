@@ -174,7 +174,7 @@ class MlflowRegistry:
     def list_versions(self, name: str) -> list[VersionInfo]:
         """Every version of the model, oldest first."""
         model = self._model(name)
-        # search_model_versions leaves ModelVersion.aliases empty in 3.17: invert the model's map instead.
+        # search_model_versions leaves ModelVersion.aliases empty (in the locked MLflow): invert the model's map.
         by_version: dict[str, list[str]] = {}
         for raw, version in dict(model.aliases).items():
             by_version.setdefault(str(version), []).append(canonical_alias(raw))
