@@ -192,6 +192,7 @@ def down(timeout: TimeoutOption = 180.0) -> None:
     """Stop what `exa up` started: SIGTERM its supervisor, which stops each service in turn (serving drains its
     requests in flight first), then end anything left behind: each main process first, then its group.
     The default wait covers every service's stop grace one after another."""
+    from examlops.platform.leftovers import ours
     from examlops.platform.process import group_alive, kill_group, pid_alive
     from examlops.platform.up_state import STATE_FILE, UpState, supervisor_running
 
@@ -211,7 +212,7 @@ def down(timeout: TimeoutOption = 180.0) -> None:
         if pid_alive(state.supervisor_pid):
             err_console.print(f"exa up (pid {state.supervisor_pid}) did not stop in {timeout:.0f} s: killing it")
             os.kill(state.supervisor_pid, signal.SIGKILL)
-    leftovers = [r for r in state.services if r.pgid is not None and group_alive(r.pgid)]
+    leftovers = [r for r in state.services if r.pgid is not None and ours(r.pgid, r.stamp)]
     for record in leftovers:  # the main process first, as the supervisor does: serving drains, then its workers go
         err_console.print(f"{record.name} (group {record.pgid}) was left running: stopping it")
         if record.pid is not None and pid_alive(record.pid):

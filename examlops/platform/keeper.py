@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from examlops.core.control_sections import UpSettings
 from examlops.core.errors import ServiceExited, ServiceStartFailed
+from examlops.platform.leftovers import stamp
 from examlops.platform.restarts import RestartBudget
 from examlops.platform.services import ServiceSpec
 from examlops.platform.up_state import ServiceRecord
@@ -150,5 +151,6 @@ class Keeper:
             return
         record = self.records[spec.name]
         record.pid, record.pgid, record.state = spec.process.pid, spec.process.pgid, "starting"
+        record.stamp = stamp(record.pgid)
         phase.starting_since = self.clock()
         self.save()

@@ -49,6 +49,7 @@ from examlops.core.errors import ExamlopsError, ServiceStartFailed
 from examlops.core.settings import Settings
 from examlops.db import upgrade
 from examlops.platform.keeper import Keeper
+from examlops.platform.leftovers import stamp
 from examlops.platform.process import ensure_port_free
 from examlops.platform.services import LOCALHOST, ServiceSpec, build_specs
 from examlops.platform.stop_signals import StopRequested, StopSignals
@@ -196,6 +197,7 @@ class Supervisor:
                     pending.remove(spec)
                     continue
                 record.pid, record.pgid = spec.process.pid, spec.process.pgid
+                record.stamp = stamp(record.pgid)
             self._save()
         with self.console.status("") as status:
             while pending:

@@ -19,7 +19,7 @@ from typing import IO, Any
 from rich.table import Table
 
 from examlops.core.errors import AlreadyRunning
-from examlops.platform.process import group_alive
+from examlops.platform.leftovers import ours
 
 STATE_FILE = "up.json"
 LOCK_FILE = "up.lock"
@@ -36,6 +36,9 @@ class ServiceRecord:
     """pending, starting, running, restarting, failed, stopped, or external."""
     pid: int | None = None
     pgid: int | None = None
+    stamp: str | None = None
+    """Its group leader's ``leftovers.stamp``: tells a later ``exa up`` or ``exa down`` that a live group is
+    still this service's, not a stranger's under a reused id."""
     port: int | None = None
     log: str | None = None
     health_url: str | None = None
@@ -111,7 +114,7 @@ def supervisor_running(run_dir: Path) -> bool:
 def claim(run_dir: Path, state_dir: Path) -> IO[str]:
     """Take this state folder's ``exa up`` lock and clear a dead supervisor's ``up.json``; the open lock file
     (closing it releases the lock). ``AlreadyRunning`` while another supervisor holds the lock, or while a
-    dead one's ``up.json`` names process groups still alive (`exa down` ends them)."""
+    dead one's ``up.json`` names process groups still alive and still its own (`exa down` ends them)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = (run_dir / LOCK_FILE).open("w")
     try:
@@ -125,7 +128,7 @@ def claim(run_dir: Path, state_dir: Path) -> IO[str]:
         ) from None
     stale = UpState.read(run_dir)
     if stale is not None:
-        alive = [r.name for r in stale.services if r.pgid is not None and group_alive(r.pgid)]
+        alive = [r.name for r in stale.services if r.pgid is not None and ours(r.pgid, r.stamp)]
         if alive:
             lock.close()
             raise AlreadyRunning(
