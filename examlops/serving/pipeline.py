@@ -15,8 +15,9 @@ says: one predict call per loaded version, a bad payload fails alone, a failed p
 and only transport errors re-route (up to ``settings.traffic.route_retries`` times).
 
 Replies: a success carries model, alias, version, run id and prediction; a request pinned to a raw
-version reports the alias ``"pinned"``. ``start`` loads the hot set; models whose default alias failed
-keep loading behind (``upkeep``), and ``ready`` turns true once every default alias is loaded.
+version reports the alias ``"pinned"``. ``start`` loads the hot set; every alias whose load failed (and
+a default alias not in the registry yet) keeps loading behind (``upkeep``), and ``ready`` turns true
+once every default alias is loaded (an alias still failing is listed, with its reason, in ``hot_set``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
-from examlops.serving.upkeep import load_missing_defaults, poll_reload
+from examlops.serving.upkeep import load_unloaded, poll_reload
 
 
 def _late(req: InferenceRequest) -> Refused:
@@ -122,7 +123,7 @@ class Pipeline:
         return self._ready and not self._closed and self._batcher.running
 
     async def start(self) -> None:
-        """Start batching and load the hot set; models whose default alias failed keep retrying behind."""
+        """Start batching and load the hot set; aliases whose load failed keep retrying behind."""
         if self._started:
             return
         self._started = True
@@ -130,8 +131,8 @@ class Pipeline:
         self._batcher.start()
         await self._hotset.load_all()
         self._ready = not self._hotset.missing_defaults()
-        if not self._ready:
-            self._spawn(self._load_missing(), "hotset-retry")
+        if self._hotset.unloaded_models():
+            self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
         if self.settings.hotset.reload_poll_s > 0:
             self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
 
@@ -165,7 +166,7 @@ class Pipeline:
         """Follow moved aliases now (load, swap, release); what changed, refused ones included. ``actor`` (the
         identity that asked; the poll by default) is named in every event."""
         changes = await self._hotset.reload(model)
-        self._ready = self._ready or not self._hotset.missing_defaults()
+        self._note_loaded()
         await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
 
@@ -289,6 +290,5 @@ class Pipeline:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _load_missing(self) -> None:
-        await load_missing_defaults(self._hotset, self._load_backoff)
-        self._ready = True
+    def _note_loaded(self) -> None:
+        self._ready = self._ready or not self._hotset.missing_defaults()
