@@ -76,7 +76,9 @@ class ArtifactStore:
     """The blobs of the versions the ingress holds, by key, and what each replica made of them.
 
     ``put``, ``get`` (by key and token), ``drop``; ``report(replica, key, token, reason)`` records one
-    replica's outcome for a version (``reason`` None: loaded), ``outcomes(key, token)`` reads them.
+    replica's outcome for a version (``reason`` None: loaded), ``outcomes(key, token)`` reads them. ``put``
+    forgets the key's outcomes: a version shipped again is a new attempt, which a failure reported for the
+    last one must not refuse before the replicas tried again.
     """
 
     def __init__(self) -> None:
@@ -85,6 +87,7 @@ class ArtifactStore:
 
     def put(self, key: str, token: str, blob: bytes) -> None:
         self._blobs[key] = (token, blob)
+        self._forget(key)
 
     def get(self, key: str, token: str) -> bytes | None:
         held = self._blobs.get(key)
@@ -92,6 +95,9 @@ class ArtifactStore:
 
     def drop(self, key: str) -> None:
         self._blobs.pop(key, None)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
         for pair in [p for p in self._outcomes if p[0] == key]:
             del self._outcomes[pair]
 

@@ -80,3 +80,13 @@ def test_a_store_that_cannot_be_found_is_looked_up_again(tmp_path: Path) -> None
     artifacts = StoreArtifacts(connect=lambda: handles.append(FakeHandle()) or handles[-1], get=get)
     token = artifacts.ship("M/1", model(tmp_path / "1", "one"))
     assert len(handles) == 2 and handles[1].store.get("M/1", token) is not None
+
+
+def test_a_version_shipped_again_forgets_the_failures_reported_for_the_last_attempt(tmp_path: Path) -> None:
+    handle = FakeHandle()
+    artifacts = StoreArtifacts(connect=lambda: handle, get=lambda reply: reply())
+    folder = model(tmp_path / "1", "one")
+    token = artifacts.ship("M/1", folder)
+    handle.store.report("r1", "M/1", token, "OSError: the node was busy")
+    assert artifacts.ship("M/1", folder) == token  # the same bytes: the same token, a new attempt
+    assert artifacts.outcomes("M/1", token) == {}
