@@ -30,6 +30,13 @@ def test_autoscaling_bounds_are_checked(monkeypatch: pytest.MonkeyPatch) -> None
         Settings()
 
 
+def test_scaling_a_model_to_zero_is_refused_with_the_setting_to_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_RAY__MIN_REPLICAS", "0")
+    monkeypatch.setenv("EXAMLOPS_RAY__MAX_REPLICAS", "2")
+    with pytest.raises(ValidationError, match="EXAMLOPS_RAY__MIN_REPLICAS=1"):
+        Settings()
+
+
 def test_rays_folder_is_under_the_state_folder_and_a_path_too_long_for_its_sockets_is_refused() -> None:
     short = Path("/tmp/h")  # nothing is created: only the paths are checked
     assert ray_temp_dir(Settings(home=short)) == short / "ray"
