@@ -90,3 +90,25 @@ def test_a_version_shipped_again_forgets_the_failures_reported_for_the_last_atte
     handle.store.report("r1", "M/1", token, "OSError: the node was busy")
     assert artifacts.ship("M/1", folder) == token  # the same bytes: the same token, a new attempt
     assert artifacts.outcomes("M/1", token) == {}
+
+
+def test_a_confirmed_version_is_told_to_a_new_store_and_forgotten_when_shipped_again_or_dropped(
+    tmp_path: Path,
+) -> None:
+    handles: list[FakeHandle] = []
+
+    def connect() -> FakeHandle:
+        handles.append(FakeHandle())
+        return handles[-1]
+
+    artifacts = StoreArtifacts(connect=connect, get=lambda reply: reply())
+    one = artifacts.ship("M/1", model(tmp_path / "1", "one"))
+    artifacts.confirm("M/1", one)
+    two = artifacts.ship("M/2", model(tmp_path / "2", "two"))
+    assert handles[0].store.confirmed("M/1", one) and not handles[0].store.confirmed("M/2", two)
+    handles[0].dead = True
+
+    artifacts.drop("M/2")  # reaches a new store, which is told M/1 is confirmed
+    assert handles[1].store.confirmed("M/1", one)
+    artifacts.ship("M/1", str(tmp_path / "1"))  # shipped again: on trial again
+    assert not handles[1].store.confirmed("M/1", one)
