@@ -47,6 +47,10 @@ from examlops.serving.router import Router, validate_split
 from examlops.serving.upkeep import load_unloaded, poll_reload
 
 
+def _model_of(req: InferenceRequest) -> str:
+    return req.model.lower()  # names match case-insensitively
+
+
 def _late(req: InferenceRequest) -> Refused:
     return Refused("the budget ran out while the call was queued; it was not run", reason="late")
 
@@ -86,9 +90,10 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        # Ray's replicas serve one model each: in flight, a batch per replica of every model; the pool, shared.
-        capacity = predict_capacity(runtime, settings.predict.workers, len(catalog))
-        workers = capacity.total
+        # Ray's replicas serve one model each: batches, in flight and the estimate are per model, over that
+        # model's replicas; the pool's workers are shared by every model.
+        capacity = predict_capacity(runtime, settings.predict.workers)
+        per_model, workers = capacity.per_model, capacity.workers
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
@@ -99,9 +104,12 @@ class Pipeline:
             horizon_s=settings.admission.horizon_s,
             expired=_late,
             lead=self._lead_s,
+            group=_model_of if per_model else None,
             name="feature-transformer",
         )
-        self.estimator = Estimator(settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size)
+        self.estimator = Estimator(
+            settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size, per_model=per_model
+        )
         self._dispatcher = Dispatcher(
             catalog,
             self._router,

@@ -18,8 +18,8 @@ versions every replica holds, each by the token of its artifact in the store (``
   application. Returns the input columns the model declares.
 - ``unload(key)`` takes the version out of the config (every replica drops it) and out of the store.
 - ``model_capacity``: the predict calls one model's replicas run at once (the pipeline gives each model
-  that many predict slots, and sizes its in-flight batches and admission estimate by their sum over the
-  models instead of ``predict.workers``).
+  that many predict slots and batches in flight, and estimates a call's wait from its own model's work
+  over them, instead of every model's over ``predict.workers``).
 - ``predict(key, rows)`` calls one replica through the model's deployment handle (Ray's router picks
   it); the replica batches calls (``@serve.batch``). Past ``timeout_s`` the call is cancelled and
   ``InferenceTimeout`` raised (the HTTP layer's 504). A replica that died under the call, or a handle

@@ -342,7 +342,7 @@ def test_replicas_come_from_settings_fixed_or_autoscaled() -> None:
 def test_the_pipeline_sizes_its_batches_in_flight_by_the_replicas_not_the_pool(fake: FakeDeployments) -> None:
     settings = Settings(predict={"workers": 1}, ray={"num_replicas": 2})
     rt = RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle)
-    assert predict_capacity(rt, settings.predict.workers, models=3) == Capacity(2, 6)
+    assert predict_capacity(rt, settings.predict.workers) == Capacity(2, per_model=True)
 
 
 def test_a_shipped_folder_unpacks_to_the_same_files_under_a_token_of_its_content(tmp_path: Path) -> None:
