@@ -81,7 +81,9 @@ class ArtifactStore:
     last one must not refuse before the replicas tried again. ``confirm(key, token)`` marks a version the
     ingress serves (every running replica loaded it), ``confirmed`` asks: a replica started later that
     cannot load a confirmed version is broken (``ray_replica``), while one that fails a version still on
-    trial only refuses it. ``put`` and ``drop`` forget the confirmation too.
+    trial only refuses it. ``put`` and ``drop`` forget the confirmation too. A report for a version the
+    store does not hold under that token (dropped, or shipped anew, before a slow replica answered) is
+    ignored, so nothing outlives the versions held.
     """
 
     def __init__(self) -> None:
@@ -113,6 +115,9 @@ class ArtifactStore:
         self._confirmed = {pair for pair in self._confirmed if pair[0] != key}
 
     def report(self, replica: str, key: str, token: str, reason: str | None) -> None:
+        held = self._blobs.get(key)
+        if held is None or held[0] != token:  # a late report of a version dropped or shipped anew: kept nowhere
+            return
         self._outcomes.setdefault((key, token), {})[replica] = reason
 
     def outcomes(self, key: str, token: str) -> dict[str, str | None]:

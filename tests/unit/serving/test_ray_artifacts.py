@@ -112,3 +112,14 @@ def test_a_confirmed_version_is_told_to_a_new_store_and_forgotten_when_shipped_a
     assert handles[1].store.confirmed("M/1", one)
     artifacts.ship("M/1", str(tmp_path / "1"))  # shipped again: on trial again
     assert not handles[1].store.confirmed("M/1", one)
+
+
+def test_a_report_that_comes_after_its_version_was_dropped_is_not_kept() -> None:
+    store = ArtifactStore()
+    store.put("M/1", "t1", b"blob")
+    store.report("r1", "M/1", "t1", None)
+    store.drop("M/1")
+    store.report("r2", "M/1", "t1", "ValueError: late")  # a slow replica, after the ingress gave up
+    store.report("r2", "M/9", "t9", None)  # never shipped at all
+    assert store.outcomes("M/1", "t1") == {} and store.outcomes("M/9", "t9") == {}
+    assert store._outcomes == {}
