@@ -11,13 +11,16 @@ error bodies, metrics, limits) with the predict runtime ``RayPredictRuntime`` in
 pool; the ingress creates one application per catalog model as its hot set loads (readiness, as on
 uvicorn, is ``/readyz``: every default alias loaded). It serves until SIGTERM/SIGINT or ``close()``: then
 Serve shuts down (replicas finish the calls they hold), a local cluster stops, and ``run`` returns; on a
-cluster it joined, it deletes its own applications only and leaves Serve running. One examlops driver
-per cluster: a driver that joins a cluster holds the lease ``examlops-driver`` (a named actor that is not
-detached, so Ray ends it with the driver, crashed or not); joining while another driver holds it is
-refused (``AlreadyRunning``), since both would serve at ``/`` and either one's stop would delete the
-other's applications. Examlops applications found without a lease are a stopped driver's: they are
-deleted (logged) and served anew. The ingress is deployed with the model deployments' deadline
-(``settings.ray.deploy_timeout_s``): ``RayUnavailable`` with Ray's status when it is not running by then.
+cluster it joined, it deletes its own applications and artifact store only and leaves Serve running. One
+examlops driver per cluster: a driver that joins a cluster holds the lease ``examlops-driver``
+(``ray_lease``: an actor that ends with the driver, pinned to its node); joining while another driver
+holds it is refused (``AlreadyRunning``), since both would serve at ``/`` and either one's stop would
+delete the other's applications. Having taken the lease, a driver deletes the examlops applications a
+stopped driver left (logged) and always kills the artifact store it may have left, then serves anew. It
+checks the lease every ``LEASE_CHECK_S`` while serving (taking it again if its actor died): when another
+driver holds it, this one stops; it deletes applications only while it holds the lease. The ingress is
+deployed with the model deployments' deadline (``settings.ray.deploy_timeout_s``): ``RayUnavailable`` with
+Ray's status when it is not running by then.
 
 The ingress stays at one replica: its pipeline owns the traffic-rule cache, the admission estimate and
 the hot set that ``/admin/reload`` (and so ``exa promote``) moves, which a second ingress replica would
@@ -36,12 +39,12 @@ import os
 import secrets
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
-from examlops.core.errors import AlreadyRunning, DependencyUnavailable
+from examlops.bootstrap.ray_lease import Lease, take_lease
+from examlops.core.errors import DependencyUnavailable
 from examlops.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -52,7 +55,7 @@ log = logging.getLogger(__name__)
 
 INGRESS_APP = "examlops"
 MODEL_APP_PREFIX = "examlops-model-"
-LEASE = "examlops-driver"
+LEASE_CHECK_S = 10.0
 MAX_TEMP_DIR_CHARS = 43
 """Ray's socket paths (``<temp>/session_<date>_<time>_<micros>_<pid>/sockets/plasma_store``, 64 characters
 past the folder) must fit in the 107 bytes of a Unix socket address."""
@@ -89,20 +92,6 @@ def replica_settings(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
-class DriverLease:
-    """The lease's actor: it holds nothing; that it runs says a driver does (``RayServingProcess``)."""
-
-    def held(self) -> bool:
-        return True
-
-
-def take_lease() -> Any:
-    """The driver lease, owned by this driver; ``ValueError`` (Ray's ``ActorAlreadyExistsError``) when taken."""
-    import ray
-
-    return ray.remote(num_cpus=0)(DriverLease).options(name=LEASE, namespace="examlops").remote()
-
-
 class ExamlopsIngress:
     """The ingress deployment's class: Ray builds its ASGI app on the replica (``__serve_build_asgi_app__``)."""
 
@@ -137,7 +126,7 @@ class RayServingProcess:
         self.host = host or settings.serving.host
         self.port = port or settings.serving.port
         self._stop = threading.Event()
-        self._lease: Any = None  # held while serving on a joined cluster; Ray ends it with this process
+        self._lease: Lease | None = None  # held while serving on a joined cluster; Ray ends it with this process
 
     def run(self) -> None:
         import ray
@@ -146,7 +135,10 @@ class RayServingProcess:
         owned = self._connect(ray)
         if not owned:
             try:
-                self._claim_cluster()
+                node = ray.get_runtime_context().get_node_id()
+                self._claim_cluster(
+                    Lease(lambda: take_lease(node), where=f"the Ray cluster at {self.settings.ray.address}")
+                )
             except BaseException:
                 ray.shutdown()
                 raise
@@ -169,36 +161,33 @@ class RayServingProcess:
             else:
                 self._delete_applications()
 
-    def _claim_cluster(self, lease: Callable[[], Any] = take_lease) -> None:
+    def _claim_cluster(self, lease: Lease) -> None:
         """Take the driver lease (``AlreadyRunning`` when a live driver holds it), then delete the examlops
-        applications a stopped driver left behind, if any."""
+        applications and the artifact store a stopped driver left behind, if any."""
         from ray import serve
 
-        try:
-            self._lease = lease()
-        except ValueError as exc:
-            raise AlreadyRunning(
-                f"another examlops driver serves on the Ray cluster at {self.settings.ray.address} (it holds the "
-                f"actor {LEASE}): run one examlops driver per cluster (stop the other first)"
-            ) from exc
+        lease.take()
+        self._lease = lease
         ours = sorted(n for n in serve.status().applications if n == INGRESS_APP or n.startswith(MODEL_APP_PREFIX))
         if ours:
             log.warning(
-                "the Ray cluster at %s runs the examlops application(s) %s with no driver holding %s (it stopped): "
-                "deleting them to serve anew",
+                "the Ray cluster at %s runs the examlops application(s) %s with no driver holding the lease (it "
+                "stopped): deleting them to serve anew",
                 self.settings.ray.address,
                 ", ".join(ours),
-                LEASE,
             )
-            self._delete_applications()
+        self._delete_applications()  # the store too, even with no application left: its blobs are stale
 
     def _delete_applications(self) -> None:
-        """On a cluster this process joined: remove its applications and artifact store only; Serve and the
-        cluster stay."""
+        """On a cluster this process joined, while it holds the lease: remove its applications and artifact
+        store only; Serve and the cluster stay. Without the lease, nothing (another driver's, or in doubt)."""
         from ray import serve
 
         from examlops.serving.ray_artifacts import kill_store
 
+        if self._lease is None or not self._lease.held():
+            log.error("not deleting the examlops applications: this driver does not hold the lease (any more)")
+            return
         for name in serve.status().applications:
             if name == INGRESS_APP or name.startswith(MODEL_APP_PREFIX):
                 try:
@@ -288,4 +277,12 @@ class RayServingProcess:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-        self._stop.wait()
+        self.watch_lease()
+
+    def watch_lease(self, every_s: float = LEASE_CHECK_S) -> None:
+        """Wait for the stop; on a joined cluster, check the lease every ``every_s`` and stop once another
+        driver holds it."""
+        while not self._stop.wait(every_s):
+            if self._lease is not None and not self._lease.keep():
+                log.error("another examlops driver holds the lease: stopping, and leaving its applications")
+                self._stop.set()

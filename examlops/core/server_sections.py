@@ -58,8 +58,10 @@ class RaySettings(Section):
     stay under 108 bytes: serving refuses to start when this folder's path is longer than 43 characters."""
     num_replicas: int = Field(1, ge=1)
     """Replicas of each model deployment when ``max_replicas`` is unset (no autoscaling)."""
-    min_replicas: int = Field(1, ge=0)
-    """With ``max_replicas`` set: the fewest replicas autoscaling keeps per model."""
+    min_replicas: int = 1
+    """With ``max_replicas`` set: the fewest replicas autoscaling keeps per model; at least 1 (no scaling to
+    zero: a version counts as loaded once running replicas confirm it, and a request must not wait for a
+    cold replica to load every version within the predict limit)."""
     max_replicas: int | None = Field(None, ge=1)
     """Set, each model deployment autoscales between ``min_replicas`` and this."""
     target_ongoing_requests: float = Field(2.0, gt=0)
@@ -77,6 +79,12 @@ class RaySettings(Section):
 
     @model_validator(mode="after")
     def _min_below_max(self) -> RaySettings:
+        if self.min_replicas < 1:
+            raise ValueError(
+                f"ray.min_replicas is {self.min_replicas}: it must be at least 1, since examlops does not scale a "
+                "model to zero (a version counts as loaded once running replicas confirm it, and a cold replica "
+                "could not load every version within the predict limit); set EXAMLOPS_RAY__MIN_REPLICAS=1"
+            )
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:
             raise ValueError("ray.min_replicas must not exceed ray.max_replicas")
         return self

@@ -8,6 +8,9 @@ and how long they have run. The estimate of a call is::
 
     (work queued ahead + work left in flight) / workers  +  its own batch's predict time  +  overhead
 
+With ``per_model`` (the Ray engine: each model's replicas serve it alone, ``workers`` of them per model),
+only the work of the call's own model counts, queued and in flight, over that model's workers.
+
 A call that fits its own budget is still refused when it would push a call already admitted, queued
 behind it (a later deadline), past a deadline that call can still meet (``endangers``): under EDF a tight
 call jumps the queue, so without this test admitted calls would miss their budgets under overload.
@@ -91,28 +94,38 @@ class CostModel:
 class Estimator:
     """Estimates a call's answer time from the cost model and the queue; decides admission."""
 
-    def __init__(self, settings: AdmissionSettings, queue: Queue, *, workers: int, max_size: int) -> None:
+    def __init__(
+        self, settings: AdmissionSettings, queue: Queue, *, workers: int, max_size: int, per_model: bool = False
+    ) -> None:
         self.settings = settings
         self.costs = CostModel(settings.prior_ms)
         self._queue = queue
         self._workers = max(1, workers)
         self._max_size = max_size
+        self._per_model = per_model
+
+    def _counts(self, model: str, other: str) -> bool:
+        """Whether work for ``other`` delays a call to ``model``: always on a shared pool; on Ray, its own only."""
+        return not self._per_model or other.lower() == model.lower()
 
     def estimate_ms(self, model: str, due: float, now: float, rows: int = 1) -> tuple[float, float]:
         """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
         part of it spent waiting for the calls ahead), in milliseconds from ``now``."""
-        ahead = Counter(request.model for request in self._queue.queued(due))
+        ahead = Counter(r.model for r in self._queue.queued(due) if self._counts(model, r.model))
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
-        wait_ms = (queued_ms + self._running_ms(now)) / self._workers
+        wait_ms = (queued_ms + self._running_ms(now, model)) / self._workers
         own_ms = self.costs.predict_ms(model, min(ahead[model] + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
-    def _running_ms(self, now: float) -> float:
-        """Predict time left in the batches being handled."""
+    def _running_ms(self, now: float, model: str) -> float:
+        """Predict time left in the batches being handled (their ``model`` part only, per model)."""
         running_ms = 0.0
         for batch in self._queue.in_flight():
+            items = [r for r in batch.items if self._counts(model, r.model)]
+            if not items:
+                continue
             elapsed_ms = (now - batch.started) * 1000.0
-            expected_ms = self.costs.lead_ms(batch.items)
+            expected_ms = self.costs.lead_ms(items)
             # A batch past its expected time is not about to end: count a quarter of it still to come.
             running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
         return running_ms
@@ -129,8 +142,10 @@ class Estimator:
             return per_row[name]
 
         extra_ms = rows * row_ms(model) / self._workers
-        work_ms = self._running_ms(now)
+        work_ms = self._running_ms(now, model)
         for key, queued_due, request in self._queue.waiting():
+            if not self._counts(model, request.model):
+                continue  # another model's replicas: this call does not delay it
             work_ms += row_ms(request.model)
             if key <= due or key == math.inf or queued_due == math.inf:
                 continue

@@ -16,6 +16,9 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
   batches are being handled: an idle handler never makes a lone request wait, and under load batches
   fill while earlier ones run. With ``max_in_flight=M > 0``
   no batch is formed while M are being handled: the rest wait here, in deadline order, not behind them.
+  With ``group`` (an item's group: on Ray, its model, whose replicas serve it alone), a batch holds the
+  items of one group, and ``eager_below`` and ``max_in_flight`` count that group's batches: a group with
+  M batches being handled waits here while the others' items are batched.
 - An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
   ``expired(item)``. Items whose caller gave up (cancelled) are dropped too, and a batch left with none
   is not sent.
@@ -39,7 +42,8 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
@@ -66,6 +70,7 @@ class MicroBatcher(Generic[T, R]):
         horizon_s: float = 30.0,
         expired: Callable[[T], BaseException] | None = None,
         lead: Callable[[Sequence[T]], float] | None = None,
+        group: Callable[[T], Hashable] | None = None,
         name: str = "batcher",
     ):
         if max_size < 1 or max_wait_s < 0 or eager_below < 0 or max_in_flight < 0 or horizon_s < 0:
@@ -78,6 +83,7 @@ class MicroBatcher(Generic[T, R]):
         self._horizon_s = horizon_s
         self._expired = expired or (lambda item: NotReady("the deadline passed while the item was queued"))
         self._lead = lead
+        self._group = group
         self._name = name
         self._heap: list[Waiter[T, R]] = []
         self._seq = itertools.count()
@@ -86,6 +92,8 @@ class MicroBatcher(Generic[T, R]):
         self._task: asyncio.Task[None] | None = None
         self._collecting: list[Waiter[T, R]] = []
         self._in_flight: dict[asyncio.Task[None], InFlight[T]] = {}
+        self._groups: dict[asyncio.Task[None], Hashable] = {}
+        self._busy: Counter[Hashable] = Counter()  # batches being handled, by group (all in None without)
         self._closed = False
         self._died: BaseException | None = None
 
@@ -168,11 +176,20 @@ class MicroBatcher(Generic[T, R]):
             if timer is not None:
                 timer.cancel()
 
-    def _full(self) -> bool:
-        return self._max_in_flight > 0 and len(self._in_flight) >= self._max_in_flight
+    def _group_of(self, waiter: Waiter[T, R]) -> Hashable:
+        return None if self._group is None else self._group(waiter.item)
 
-    def _take(self, now: float) -> Waiter[T, R] | None:
-        """The next live item of the queue; items already answered are dropped, expired ones failed."""
+    def _full(self, group: Hashable) -> bool:
+        return self._max_in_flight > 0 and self._busy[group] >= self._max_in_flight
+
+    def _take(self, now: float, first: Waiter[T, R] | None = None) -> tuple[Waiter[T, R] | None, bool]:
+        """The next live item that may open a batch (``first`` None: of a group not full) or join the batch
+        ``first`` opened (of its group); items already answered are dropped, expired ones failed. Also
+        whether the batch must close now (background work is next: it never rides in an interactive batch)."""
+        group = None if first is None else self._group_of(first)
+        passed: list[Waiter[T, R]] = []
+        found: Waiter[T, R] | None = None
+        close = False
         while self._heap:
             waiter = heapq.heappop(self._heap)
             if waiter.future.done():
@@ -180,29 +197,38 @@ class MicroBatcher(Generic[T, R]):
             if waiter.due <= now:
                 waiter.future.set_exception(self._expired(waiter.item))
                 continue
-            return waiter
-        return None
+            if first is not None and waiter.key == math.inf and first.key != math.inf:
+                passed.append(waiter)
+                close = True
+                break
+            mine = self._group_of(waiter)
+            if (first is None and self._full(mine)) or (first is not None and mine != group):
+                passed.append(waiter)  # another group's, or a full one's: it stays queued
+                continue
+            found = waiter
+            break
+        for waiter in passed:
+            heapq.heappush(self._heap, waiter)
+        return found, close
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while not self._heap or self._full():
-                await self._sleep(math.inf)
-            first = self._take(loop.time())
+            first, _ = self._take(loop.time())
             if first is None:
+                await self._sleep(math.inf)  # until a submit or a batch that ends
                 continue
+            group = self._group_of(first)
             batch = self._collecting = [first]
             opened = loop.time()
             flush_at = flush_time(batch, opened, self._max_wait_s, self._lead)
             while len(batch) < self._max_size:
                 now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
-                if self._heap:
-                    if self._heap[0].key == math.inf and first.key != math.inf:
-                        break  # background work never rides in an interactive batch
-                    waiter = self._take(now)
-                    if waiter is None:
-                        continue
+                waiter, close = self._take(now, first)
+                if close:
+                    break
+                if waiter is not None:
                     if not fits(batch, waiter, now, self._lead):
                         heapq.heappush(self._heap, waiter)  # it waits for the next batch
                         break
@@ -210,7 +236,7 @@ class MicroBatcher(Generic[T, R]):
                     if waiter.due < flush_at:
                         flush_at = flush_time(batch, opened, self._max_wait_s, self._lead)
                     continue
-                if len(self._in_flight) < self._eager_below or now >= flush_at:
+                if self._busy[group] < self._eager_below or now >= flush_at:
                     break
                 await self._sleep(flush_at)
             self._collecting = []
@@ -218,10 +244,14 @@ class MicroBatcher(Generic[T, R]):
             if live:
                 task = loop.create_task(self._handle(live), name=f"{self._name}-batch")
                 self._in_flight[task] = InFlight(loop.time(), [waiter.item for waiter in live])
+                self._groups[task] = group
+                self._busy[group] += 1
                 task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)
+        if task in self._groups:
+            self._busy[self._groups.pop(task)] -= 1
         self._poke()
 
     async def _handle(self, batch: list[Waiter[T, R]]) -> None:

@@ -77,19 +77,19 @@ def _late() -> Refused:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """Predict calls the runtime runs at once: ``per_model`` for each model apart (Ray: a model's replicas
-    serve it alone), None when one pool serves every model; ``total``, over all models (in-flight batches)."""
+    """Predict calls the runtime runs at once: ``workers`` for each model apart when ``per_model`` (Ray: a
+    model's replicas serve it alone), else ``workers`` shared by every model (the predict pool)."""
 
-    per_model: int | None
-    total: int
+    workers: int
+    per_model: bool = False
 
 
-def predict_capacity(runtime: PredictRuntime, workers: int, models: int) -> Capacity:
-    """The runtime's ``model_capacity`` for each of ``models`` when it has one (Ray), else ``workers`` shared."""
+def predict_capacity(runtime: PredictRuntime, workers: int) -> Capacity:
+    """The runtime's ``model_capacity`` for each model when it has one (Ray), else ``workers`` shared."""
     per_model = getattr(runtime, "model_capacity", None)
     if isinstance(per_model, int) and per_model > 0:
-        return Capacity(per_model, per_model * max(1, models))
-    return Capacity(None, workers)
+        return Capacity(per_model, per_model=True)
+    return Capacity(workers)
 
 
 @dataclass(slots=True)
@@ -136,19 +136,19 @@ class Dispatcher:
         # its deadlines: time spent waiting for a worker counts, and an expired request never reaches one.
         self._capacity = capacity
         self._shared: asyncio.Semaphore | None = (
-            asyncio.Semaphore(capacity.total) if capacity is not None and capacity.per_model is None else None
+            asyncio.Semaphore(capacity.workers) if capacity is not None and not capacity.per_model else None
         )
         self._per_model: dict[str, asyncio.Semaphore] = {}
 
     def _slot(self, model: str) -> asyncio.Semaphore | contextlib.nullcontext[None]:
         if self._capacity is None:
             return contextlib.nullcontext()
-        if self._capacity.per_model is None:
+        if not self._capacity.per_model:
             assert self._shared is not None
             return self._shared
         slot = self._per_model.get(model)
         if slot is None:
-            slot = self._per_model[model] = asyncio.Semaphore(self._capacity.per_model)
+            slot = self._per_model[model] = asyncio.Semaphore(self._capacity.workers)
         return slot
 
     async def handle(self, batch: Sequence[InferenceRequest]) -> list[Reply]:

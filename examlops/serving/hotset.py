@@ -5,7 +5,8 @@ Contracts:
 - ``load_all`` resolves, for every catalog model, every configured alias that exists (Production,
   Canary, Staging, plus the model's default alias) and loads its version. One model or alias failing
   does not stop the others: it is recorded with state ``error`` and the reason; an alias the registry
-  does not have is ``missing``. ``load_model`` retries one model's aliases that are not loaded.
+  does not have is ``missing``. ``load_model`` retries one model's aliases that are not loaded;
+  ``unloaded_models`` names the models to retry (a failed load of any alias, or a default alias not held).
 - Versions are loaded once and unloaded when the last user lets go (``residency.Residency``);
   pinned versions live in an LRU of ``version_cache_size`` (``pinned.PinnedVersions``).
 - ``get`` / ``acquire`` answer by alias (case-insensitive; the default alias when none is named) or by
@@ -148,6 +149,16 @@ class HotSet:
         return [
             spec.name for spec in self._catalog if spec.default_alias_canonical not in self.available_aliases(spec.name)
         ]
+
+    def unloaded_models(self) -> list[str]:
+        """Catalog models with an alias whose load failed (state ``error``) or whose default alias is not loaded."""
+        failed = {
+            slot.model
+            for slots in self._slots.values()
+            for slot in slots
+            if slot.entry is None and slot.state == "error"
+        }
+        return [spec.name for spec in self._catalog if spec.name in failed or spec.name in self.missing_defaults()]
 
     def entries(self) -> list[EntryInfo]:
         """Every configured alias of every model (loaded or not, with why), then the pinned versions."""

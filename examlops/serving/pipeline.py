@@ -15,8 +15,9 @@ says: one predict call per loaded version, a bad payload fails alone, a failed p
 and only transport errors re-route (up to ``settings.traffic.route_retries`` times).
 
 Replies: a success carries model, alias, version, run id and prediction; a request pinned to a raw
-version reports the alias ``"pinned"``. ``start`` loads the hot set; models whose default alias failed
-keep loading behind (``upkeep``), and ``ready`` turns true once every default alias is loaded.
+version reports the alias ``"pinned"``. ``start`` loads the hot set; every alias whose load failed (and
+a default alias not in the registry yet) keeps loading behind (``upkeep``), and ``ready`` turns true
+once every default alias is loaded (an alias still failing is listed, with its reason, in ``hot_set``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
-from examlops.serving.upkeep import load_missing_defaults, poll_reload
+from examlops.serving.upkeep import load_unloaded, poll_reload
+
+
+def _model_of(req: InferenceRequest) -> str:
+    return req.model.lower()  # names match case-insensitively
 
 
 def _late(req: InferenceRequest) -> Refused:
@@ -85,9 +90,10 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        # Ray's replicas serve one model each: in flight, a batch per replica of every model; the pool, shared.
-        capacity = predict_capacity(runtime, settings.predict.workers, len(catalog))
-        workers = capacity.total
+        # Ray's replicas serve one model each: batches, in flight and the estimate are per model, over that
+        # model's replicas; the pool's workers are shared by every model.
+        capacity = predict_capacity(runtime, settings.predict.workers)
+        per_model, workers = capacity.per_model, capacity.workers
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
             self._handle_batch,
             max_size=settings.batch.max_size,
@@ -98,9 +104,12 @@ class Pipeline:
             horizon_s=settings.admission.horizon_s,
             expired=_late,
             lead=self._lead_s,
+            group=_model_of if per_model else None,
             name="feature-transformer",
         )
-        self.estimator = Estimator(settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size)
+        self.estimator = Estimator(
+            settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size, per_model=per_model
+        )
         self._dispatcher = Dispatcher(
             catalog,
             self._router,
@@ -122,7 +131,7 @@ class Pipeline:
         return self._ready and not self._closed and self._batcher.running
 
     async def start(self) -> None:
-        """Start batching and load the hot set; models whose default alias failed keep retrying behind."""
+        """Start batching and load the hot set; aliases whose load failed keep retrying behind."""
         if self._started:
             return
         self._started = True
@@ -130,8 +139,8 @@ class Pipeline:
         self._batcher.start()
         await self._hotset.load_all()
         self._ready = not self._hotset.missing_defaults()
-        if not self._ready:
-            self._spawn(self._load_missing(), "hotset-retry")
+        if self._hotset.unloaded_models():
+            self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
         if self.settings.hotset.reload_poll_s > 0:
             self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
 
@@ -165,7 +174,7 @@ class Pipeline:
         """Follow moved aliases now (load, swap, release); what changed, refused ones included. ``actor`` (the
         identity that asked; the poll by default) is named in every event."""
         changes = await self._hotset.reload(model)
-        self._ready = self._ready or not self._hotset.missing_defaults()
+        self._note_loaded()
         await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
 
@@ -289,6 +298,5 @@ class Pipeline:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _load_missing(self) -> None:
-        await load_missing_defaults(self._hotset, self._load_backoff)
-        self._ready = True
+    def _note_loaded(self) -> None:
+        self._ready = self._ready or not self._hotset.missing_defaults()

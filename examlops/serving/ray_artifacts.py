@@ -76,15 +76,24 @@ class ArtifactStore:
     """The blobs of the versions the ingress holds, by key, and what each replica made of them.
 
     ``put``, ``get`` (by key and token), ``drop``; ``report(replica, key, token, reason)`` records one
-    replica's outcome for a version (``reason`` None: loaded), ``outcomes(key, token)`` reads them.
+    replica's outcome for a version (``reason`` None: loaded), ``outcomes(key, token)`` reads them. ``put``
+    forgets the key's outcomes: a version shipped again is a new attempt, which a failure reported for the
+    last one must not refuse before the replicas tried again. ``confirm(key, token)`` marks a version the
+    ingress serves (every running replica loaded it), ``confirmed`` asks: a replica started later that
+    cannot load a confirmed version is broken (``ray_replica``), while one that fails a version still on
+    trial only refuses it. ``put`` and ``drop`` forget the confirmation too. A report for a version the
+    store does not hold under that token (dropped, or shipped anew, before a slow replica answered) is
+    ignored, so nothing outlives the versions held.
     """
 
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[str, bytes]] = {}
         self._outcomes: dict[tuple[str, str], dict[str, str | None]] = {}
+        self._confirmed: set[tuple[str, str]] = set()
 
     def put(self, key: str, token: str, blob: bytes) -> None:
         self._blobs[key] = (token, blob)
+        self._forget(key)
 
     def get(self, key: str, token: str) -> bytes | None:
         held = self._blobs.get(key)
@@ -92,10 +101,23 @@ class ArtifactStore:
 
     def drop(self, key: str) -> None:
         self._blobs.pop(key, None)
+        self._forget(key)
+
+    def confirm(self, key: str, token: str) -> None:
+        self._confirmed.add((key, token))
+
+    def confirmed(self, key: str, token: str) -> bool:
+        return (key, token) in self._confirmed
+
+    def _forget(self, key: str) -> None:
         for pair in [p for p in self._outcomes if p[0] == key]:
             del self._outcomes[pair]
+        self._confirmed = {pair for pair in self._confirmed if pair[0] != key}
 
     def report(self, replica: str, key: str, token: str, reason: str | None) -> None:
+        held = self._blobs.get(key)
+        if held is None or held[0] != token:  # a late report of a version dropped or shipped anew: kept nowhere
+            return
         self._outcomes.setdefault((key, token), {})[replica] = reason
 
     def outcomes(self, key: str, token: str) -> dict[str, str | None]:
@@ -151,6 +173,15 @@ class ShippedLoader:
         return load_sklearn_model(str(target))
 
 
+async def is_confirmed(key: str, token: str) -> bool:
+    """Whether the ingress serves ``key`` as ``token`` (the store's word); False when the store cannot say."""
+    try:
+        return bool(await ray.get_actor(STORE, namespace=NAMESPACE).confirmed.remote(key, token))
+    except Exception as exc:
+        log.error("could not ask the artifact store whether %s is confirmed: %s", key, exc)
+        return False
+
+
 async def report_outcome(key: str, token: str, reason: str | None) -> None:
     """A replica tells the store its outcome for one version; logged, never raised (the ingress then waits
     for this replica's word until its deadline)."""
@@ -163,10 +194,11 @@ async def report_outcome(key: str, token: str, reason: str | None) -> None:
 
 class StoreArtifacts:
     """The ingress's side: ``ship(key, folder)`` packs and stores a version, returning its token; ``drop(key)``;
-    ``outcomes(key, token)``, the replicas' reports.
+    ``outcomes(key, token)``, the replicas' reports; ``confirm(key, token)`` once the version serves.
 
     A store that died or vanished (``RayActorError``, ``ValueError``) is looked up again (or created again)
-    and every version shipped so far is shipped again, from its folder, before the call is retried once.
+    and every version shipped so far is shipped (and confirmed) again, from its folder, before the call is
+    retried once.
     ``connect`` and ``get`` stand for ``store_handle`` and ``ray.get`` (tests pass fakes).
     """
 
@@ -174,17 +206,24 @@ class StoreArtifacts:
         self._connect, self._get = connect, get
         self._store: Any = None
         self._shipped: dict[str, str] = {}  # key -> folder: what a new store must be given again
+        self._confirmed: dict[str, str] = {}  # key -> token: what a new store must be told again
         self._lock = threading.Lock()  # one handle, one re-ship, whatever threads call at once
 
     def ship(self, key: str, folder: str) -> str:
         blob, token = pack(folder)
         self._call(lambda store: store.put.remote(key, token, blob))
         self._shipped[key] = folder
+        self._confirmed.pop(key, None)  # the store forgot it too: a new attempt
         return token
 
     def drop(self, key: str) -> None:
         self._shipped.pop(key, None)
+        self._confirmed.pop(key, None)
         self._call(lambda store: store.drop.remote(key))
+
+    def confirm(self, key: str, token: str) -> None:
+        self._confirmed[key] = token
+        self._call(lambda store: store.confirm.remote(key, token))
 
     def outcomes(self, key: str, token: str) -> dict[str, str | None]:
         return cast("dict[str, str | None]", self._call(lambda store: store.outcomes.remote(key, token)))
@@ -211,6 +250,8 @@ class StoreArtifacts:
                     try:
                         blob, token = pack(folder)
                         self._get(self._store.put.remote(key, token, blob))
+                        if self._confirmed.get(key) == token:
+                            self._get(self._store.confirm.remote(key, token))
                     except (OSError, RayActorError, ValueError) as exc:  # its replicas report the miss
                         log.error("could not ship %s again: %s", key, exc)
             return self._store

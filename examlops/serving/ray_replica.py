@@ -11,7 +11,9 @@ replica whose reconfigure raised and start new ones with the same config until t
 taking the model's healthy versions offline): each replica reports its outcome for every version it
 loaded or failed to load (``report``: to the artifact store) and keeps it for ``state``; the ingress
 reads the reports of every running replica before it calls a version loaded, and refuses and takes out
-a version that failed on one.
+a version that failed on one. A replica started later (Ray replacing one, or autoscaling) gets the same
+``reconfigure`` with the config's versions before it takes calls; one that cannot load a version the
+ingress already serves fails its health check (after one more try) and Ray starts another.
 
 ``predict((key, rows))`` is batched with ``@serve.batch``: calls queue until their rows reach the
 batch size or the batch wait passes (the Ray engine binds a wait of 0, as the ingress already batched:
@@ -40,7 +42,7 @@ from ray import serve
 
 from examlops.registry.loader import expected_features
 from examlops.serving.ports import Predictor, Rows
-from examlops.serving.ray_artifacts import ShippedLoader, report_outcome
+from examlops.serving.ray_artifacts import ShippedLoader, is_confirmed, report_outcome
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,8 @@ class ModelReplica:
     """One replica's versions and its batched predict (contract above).
 
     ``loader`` turns ``(key, token)`` into a model (``ShippedLoader``), ``report`` tells the store each
-    version's outcome (``report_outcome``); tests pass their own.
+    version's outcome (``report_outcome``), ``confirmed`` asks it whether the ingress serves a version
+    (``is_confirmed``); tests pass their own.
     """
 
     def __init__(
@@ -104,12 +107,15 @@ class ModelReplica:
         timeout_s: float = 30.0,
         loader: Callable[[str, str], Predictor] | None = None,
         report: Callable[[str, str, str | None], Awaitable[None]] = report_outcome,
+        confirmed: Callable[[str, str], Awaitable[bool]] = is_confirmed,
     ) -> None:
         self._model = model
         self._timeout_s = timeout_s
         self._stuck: str | None = None
         self._loader = loader if loader is not None else ShippedLoader()
         self._report = report
+        self._confirmed = confirmed
+        self._versions: dict[str, str] = {}  # the config's, as the last reconfigure named them
         self._models: dict[str, Predictor] = {}
         self._locations: dict[str, str] = {}
         self._failed: dict[str, tuple[str, str]] = {}  # key -> (location, reason)
@@ -120,23 +126,32 @@ class ModelReplica:
 
     async def reconfigure(self, config: Mapping[str, Any]) -> None:
         versions: dict[str, str] = dict(config.get("versions", {}))
+        self._versions = versions
         for key, token in versions.items():
-            if self._locations.get(key) == token:
-                continue
-            try:
-                self._models[key] = await asyncio.to_thread(self._loader, key, token)
-                self._locations[key] = token
-                self._failed.pop(key, None)
-                await self._report(key, token, None)
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("could not load %s (%s): %s", key, token, reason)
-                self._failed[key] = (token, reason)
-                await self._report(key, token, reason)
+            if self._locations.get(key) != token:
+                await self._load(key, token)
         for key in [k for k in self._models if k not in versions]:
             del self._models[key], self._locations[key]
         for key in [k for k in self._failed if k not in versions]:
             del self._failed[key]
+
+    async def _load(self, key: str, token: str) -> bool:
+        """Load one version and report the outcome; True when it loaded (and the config still names it)."""
+        try:
+            model = await asyncio.to_thread(self._loader, key, token)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("could not load %s (%s): %s", key, token, reason)
+            if self._versions.get(key) == token:
+                self._failed[key] = (token, reason)
+            await self._report(key, token, reason)
+            return False
+        if self._versions.get(key) != token:  # a reconfigure took it out meanwhile
+            return False
+        self._models[key], self._locations[key] = model, token
+        self._failed.pop(key, None)
+        await self._report(key, token, None)
+        return True
 
     async def state(self, key: str) -> tuple[bool, int | None, str | None]:
         """``(loaded, input columns the model declares, why it failed)`` of one version on this replica."""
@@ -147,9 +162,17 @@ class ModelReplica:
         return False, None, failed[1] if failed else f"{key} is not in the deployment's versions"
 
     async def check_health(self) -> None:
-        """Ray's health check: fails once a prediction outlived its limit, so that Ray replaces this process."""
+        """Ray's health check: fails once a prediction outlived its limit, or while a version the ingress
+        serves (confirmed in the store) failed to load here and fails again when tried once more, so that Ray
+        replaces this process. A failed version still on trial does not count: the ingress refuses it."""
         if self._stuck is not None:
             raise RuntimeError(self._stuck)
+        for key, (token, _) in list(self._failed.items()):
+            if not await self._confirmed(key, token) or await self._load(key, token):
+                continue
+            failed = self._failed.get(key)
+            if failed is not None:
+                raise RuntimeError(f"{key} is served but could not be loaded here ({failed[1]}); replacing the replica")
 
     @serve.batch(max_batch_size=DEFAULT_MAX_ROWS, batch_wait_timeout_s=DEFAULT_WAIT_S, batch_size_fn=rows_in)
     async def predict(self, calls: list[Call]) -> list[Outcome]:

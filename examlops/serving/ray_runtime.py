@@ -18,13 +18,15 @@ versions every replica holds, each by the token of its artifact in the store (``
   application. Returns the input columns the model declares.
 - ``unload(key)`` takes the version out of the config (every replica drops it) and out of the store.
 - ``model_capacity``: the predict calls one model's replicas run at once (the pipeline gives each model
-  that many predict slots, and sizes its in-flight batches and admission estimate by their sum over the
-  models instead of ``predict.workers``).
+  that many predict slots and batches in flight, and estimates a call's wait from its own model's work
+  over them, instead of every model's over ``predict.workers``).
 - ``predict(key, rows)`` calls one replica through the model's deployment handle (Ray's router picks
   it); the replica batches calls (``@serve.batch``). Past ``timeout_s`` the call is cancelled and
   ``InferenceTimeout`` raised (the HTTP layer's 504). A replica that died under the call, or a handle
-  that cannot reach one, is ``WorkerLost`` (retryable); a replica without the version,
-  ``VersionNotFound``; a failed model, ``InferenceFailed``.
+  that cannot reach one, is ``WorkerLost`` (retryable), and so is a replica without the version (one
+  started later that could not load it: it fails its health check and Ray replaces it, see
+  ``ray_replica``); a failed model, ``InferenceFailed``. A version every running replica confirmed is
+  marked confirmed in the store (``Artifacts.confirm``).
 
 Redeploys of one model are serialised and coalesced: loads that arrive while one redeploy runs are
 applied together by the next. The deployments keep a fixed internal version, so Ray never restarts a
@@ -49,7 +51,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
-from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
+from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, WorkerLost
 from examlops.core.settings import Settings
 from examlops.registry.loader import expected_features, load_sklearn_model
 from examlops.serving.ports import Predictor, Rows
@@ -67,6 +69,8 @@ class Artifacts(Protocol):
     def drop(self, key: str) -> None: ...
 
     def outcomes(self, key: str, token: str) -> dict[str, str | None]: ...
+
+    def confirm(self, key: str, token: str) -> None: ...
 
 
 def model_of(key: str) -> str:
@@ -123,16 +127,19 @@ class RayPredictRuntime:
         token = await asyncio.to_thread(self._artifacts.ship, key, location)
         if self._wanted.get(model, {}).get(key) == token:
             await self._apply(model)
+            await asyncio.to_thread(self._artifacts.confirm, key, token)  # shipping again forgot it
             return width
         self._wanted.setdefault(model, {})[key] = token
         try:
             await self._apply(model)
             await self._confirm(model, key, token)
+            await asyncio.to_thread(self._artifacts.confirm, key, token)
             return width
         except Exception:
             self._wanted[model].pop(key, None)
             with contextlib.suppress(Exception):  # the first error is the one to report
                 await self._apply(model)
+            with contextlib.suppress(Exception):  # even when the redeploy failed: no replica may fetch it now
                 await asyncio.to_thread(self._artifacts.drop, key)
             raise
 
@@ -141,9 +148,12 @@ class RayPredictRuntime:
         if self._wanted.get(model, {}).pop(key, None) is not None:
             try:
                 await self._apply(model)
-                await asyncio.to_thread(self._artifacts.drop, key)
             except Exception as exc:  # the replicas keep one version too many until the next redeploy
                 log.error("could not drop %s from its replicas: %s", key, exc)
+            try:  # the ingress routes nothing to it any more, redeployed or not
+                await asyncio.to_thread(self._artifacts.drop, key)
+            except Exception as exc:
+                log.error("could not drop %s from the artifact store: %s", key, exc)
 
     async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]:
         response = self._handle(model_of(key)).predict.remote((key, rows))
@@ -159,8 +169,8 @@ class RayPredictRuntime:
         kind, value = outcome
         if kind == "ok":
             return np.asarray(value, dtype=np.float64)
-        if kind == "missing":
-            raise VersionNotFound(str(value))
+        if kind == "missing":  # the ingress holds it, so that replica failed to load it: it is being replaced
+            raise WorkerLost(f"the replica that answered does not hold {key}: {value}")
         if kind == "timeout":
             raise InferenceTimeout(str(value))
         raise InferenceFailed(str(value))

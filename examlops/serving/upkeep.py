@@ -1,13 +1,15 @@
-"""The hot set's background upkeep: default aliases that failed at start, and the reload poll.
+"""The hot set's background upkeep: aliases that failed to load at start, and the reload poll.
 
-Contracts: ``load_missing_defaults`` retries the models whose default alias is not loaded until none
-is missing, waiting by a ``Backoff`` between rounds. ``poll_reload`` follows moved aliases every
-``every_s``, one reload at a time (the next wait starts when the last reload ended, so a registry that
-hangs never piles calls up); each poll that finds the registry unreachable doubles the wait, up to
-``poll_backoff_ceiling(every_s)``, and the first poll that reaches it resets it.
+Contracts: ``load_unloaded`` retries the models with an alias whose load failed (any alias: a Staging
+that failed once at start would otherwise stay out until an alias moves) or whose default alias is not
+loaded, until none is left, waiting by a ``Backoff`` between rounds and calling ``after_round`` after each.
+``poll_reload`` follows moved aliases every ``every_s``, one reload at a time (the next wait starts when
+the last reload ended, so a registry that hangs never piles calls up); each poll that finds the registry
+unreachable doubles the wait, up to ``poll_backoff_ceiling(every_s)``, and the first poll that reaches it
+resets it.
 
 Failure mode: neither loop ever raises for a failed round (it is logged); both end only when cancelled,
-``load_missing_defaults`` also when nothing is missing.
+``load_unloaded`` also when nothing is left to load.
 """
 
 from __future__ import annotations
@@ -28,13 +30,17 @@ def poll_backoff_ceiling(every_s: float) -> float:
     return max(every_s, min(every_s * 8, 600.0))
 
 
-async def load_missing_defaults(hotset: HotSet, backoff: Backoff) -> None:
-    """Load the models whose default alias is not loaded, until none is; returns when all are."""
+async def load_unloaded(hotset: HotSet, backoff: Backoff, after_round: Callable[[], None]) -> None:
+    """Retry the models ``hotset.unloaded_models`` names until it names none (contract above)."""
     failures = 0
-    while missing := hotset.missing_defaults():
+    while unloaded := hotset.unloaded_models():
         failures += 1
         await asyncio.sleep(backoff.delay(failures))
-        await asyncio.gather(*(hotset.load_model(name) for name in missing))
+        await asyncio.gather(*(hotset.load_model(name) for name in unloaded))
+        after_round()
+        left = hotset.unloaded_models()
+        if left:
+            log.warning("aliases still not loaded after %d retries: %s (retrying)", failures, ", ".join(left))
 
 
 async def poll_reload(reload: Callable[[], Awaitable[list[ReloadChange]]], every_s: float) -> None:

@@ -87,14 +87,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]
             "EXAMLOPS_SERVING__ENGINE": "ray",
             "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
             "EXAMLOPS_PREDICT__WORKERS": "2",
+            # The 504 test needs a short predict limit; a loaded CI machine needs a long deploy deadline (a
+            # replica's start and load share the 2 CPUs with every other one).
             "EXAMLOPS_PREDICT__TIMEOUT_S": "1.5",
+            "EXAMLOPS_RAY__DEPLOY_TIMEOUT_S": "200",
             "EXAMLOPS_RAY__NUM_CPUS": "2",
             "EXAMLOPS_RAY__NUM_REPLICAS": str(REPLICAS),
             "EXAMLOPS_RAY__REPLICA_CPUS": "0.1",
         },
     )
     try:
-        proc.wait_ready(timeout_s=240)
+        proc.wait_ready(timeout_s=300)
         yield proc
     finally:
         code = proc.stop(timeout_s=60)

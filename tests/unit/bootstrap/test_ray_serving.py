@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from examlops.bootstrap.ray_serving import RayUnavailable, cluster_token, ray_temp_dir, replica_settings
 from examlops.cli.main import app as exa
-from examlops.core.errors import DependencyUnavailable
+from examlops.core.errors import AlreadyRunning, DependencyUnavailable
 from examlops.core.settings import Settings
 
 
@@ -27,6 +27,13 @@ def test_autoscaling_bounds_are_checked(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("EXAMLOPS_RAY__MIN_REPLICAS", "4")
     monkeypatch.setenv("EXAMLOPS_RAY__MAX_REPLICAS", "2")
     with pytest.raises(ValidationError, match="min_replicas"):
+        Settings()
+
+
+def test_scaling_a_model_to_zero_is_refused_with_the_setting_to_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_RAY__MIN_REPLICAS", "0")
+    monkeypatch.setenv("EXAMLOPS_RAY__MAX_REPLICAS", "2")
+    with pytest.raises(ValidationError, match="EXAMLOPS_RAY__MIN_REPLICAS=1"):
         Settings()
 
 
@@ -59,31 +66,71 @@ def test_serve_start_refuses_an_unknown_engine() -> None:
     assert "unknown engine" in result.output
 
 
-def test_joining_a_cluster_whose_driver_holds_the_lease_is_refused_and_a_stopped_drivers_apps_are_taken_over(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class FakeLease:
+    """A ``Lease`` that the test steers: taken or not, held or lost to another driver."""
+
+    def __init__(self, *, taken: bool = False) -> None:
+        self.taken, self.mine, self.checks = taken, False, 0
+
+    def take(self) -> None:
+        if self.taken:
+            raise AlreadyRunning("another examlops driver serves on the Ray cluster at ray-head:6379")
+        self.taken = self.mine = True
+
+    def held(self) -> bool:
+        return self.mine
+
+    def keep(self) -> bool:
+        self.checks += 1
+        return self.mine
+
+
+@pytest.fixture
+def joined(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, None], list[str]]:
+    """A driver of a joined cluster, with Serve's applications and the artifact store as dicts and lists."""
     pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
     from ray import serve
-    from ray.exceptions import ActorAlreadyExistsError
 
     from examlops.bootstrap.ray_serving import RayServingProcess
-    from examlops.core.errors import AlreadyRunning
+    from examlops.serving import ray_artifacts
 
-    def taken() -> Any:
-        raise ActorAlreadyExistsError("The name examlops-driver (namespace=examlops) is already taken")
-
-    apps = {"examlops": None, "examlops-model-JPCP": None, "other": None}
+    apps: dict[str, None] = {"examlops": None, "examlops-model-JPCP": None, "other": None}
+    gone: list[str] = []
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # what the process would set, undone after the test
     monkeypatch.setattr(serve, "status", lambda: type("Status", (), {"applications": dict(apps)}))
-    proc = RayServingProcess(Settings(ray={"address": "ray-head:6379"}))
-    deleted: list[str] = []
-    monkeypatch.setattr(proc, "_delete_applications", lambda: deleted.append("ours"))
-    with pytest.raises(AlreadyRunning, match=r"ray-head:6379 \(it holds the actor examlops-driver\)"):
-        proc._claim_cluster(taken)
-    assert deleted == []
+    monkeypatch.setattr(serve, "delete", lambda name: (gone.append(name), apps.pop(name)))
+    monkeypatch.setattr(ray_artifacts, "kill_store", lambda: gone.append("store"))
+    return RayServingProcess(Settings(ray={"address": "ray-head:6379"})), apps, gone
 
-    proc._claim_cluster(lambda: "lease")  # no lease: the applications are a stopped driver's
-    assert deleted == ["ours"]
-    apps.pop("examlops"), apps.pop("examlops-model-JPCP")
-    proc._claim_cluster(lambda: "lease")  # another team's application is not ours to delete
-    assert deleted == ["ours"]
+
+def test_joining_a_cluster_whose_driver_holds_the_lease_is_refused_and_deletes_nothing(joined: Any) -> None:
+    proc, _, gone = joined
+    with pytest.raises(AlreadyRunning, match="ray-head:6379"):
+        proc._claim_cluster(FakeLease(taken=True))
+    proc._delete_applications()  # what ``run`` would do on its way out: not without the lease
+    assert gone == []
+
+
+def test_a_stopped_drivers_applications_are_deleted_and_its_store_is_killed_even_with_no_application(
+    joined: Any,
+) -> None:
+    proc, apps, gone = joined
+    proc._claim_cluster(FakeLease())
+    assert gone == ["examlops", "examlops-model-JPCP", "store"]  # another team's application stays
+    assert list(apps) == ["other"]
+    gone.clear()
+    proc._claim_cluster(FakeLease())  # nothing of ours runs: the store may still have been left
+    assert gone == ["store"]
+
+
+def test_a_driver_that_lost_the_lease_to_another_stops_and_leaves_the_applications(joined: Any) -> None:
+    proc, apps, gone = joined
+    lease = FakeLease()
+    proc._claim_cluster(lease)
+    apps["examlops"] = None  # the other driver's ingress, once this one lost the lease
+    gone.clear()
+    lease.mine = False
+    proc.watch_lease(every_s=0.001)  # returns once it saw the lease gone
+    assert lease.checks == 1
+    proc._delete_applications()
+    assert gone == [] and "examlops" in apps

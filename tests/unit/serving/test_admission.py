@@ -187,10 +187,15 @@ async def test_a_queued_call_is_refused_late_at_its_deadline_not_when_a_worker_f
 
 
 class FakeQueue:
-    """What the estimate reads: calls waiting (key, due, request) and nothing running."""
+    """What the estimate reads: calls waiting (key, due, request) and the batches ``running``."""
 
-    def __init__(self, waiting: list[tuple[float, float, InferenceRequest]]) -> None:
+    def __init__(
+        self,
+        waiting: list[tuple[float, float, InferenceRequest]],
+        running: list[InFlight[InferenceRequest]] | None = None,
+    ) -> None:
         self._waiting = waiting
+        self._running = running or []
 
     def queued(self, key: float = math.inf) -> list[InferenceRequest]:
         return [request for queued_key, _, request in self._waiting if queued_key <= key]
@@ -199,7 +204,7 @@ class FakeQueue:
         return list(self._waiting)
 
     def in_flight(self) -> list[InFlight[InferenceRequest]]:
-        return []
+        return list(self._running)
 
 
 @pytest.mark.parametrize(("queued_due_s", "admitted"), [(0.1, True), (0.07, False)])
@@ -218,3 +223,20 @@ def test_a_tight_call_is_refused_when_it_would_make_an_admitted_call_behind_it_m
         with pytest.raises(Refused) as refused:
             estimator.admit("JPCP", now + 0.05, now)
         assert refused.value.reason == "budget"
+
+
+def test_on_ray_a_call_waits_only_for_its_own_models_work_over_that_models_replicas() -> None:
+    now = 100.0
+    crcp = [(now + 1.0, now + 1.0, req(1, model="CRCP")) for _ in range(8)]  # ahead of it, another model
+    running = [InFlight(now, [req(1, model="CRCP")] * 4), InFlight(now, [req(1)])]
+    settings = AdmissionSettings(overhead_ms=2.0)
+    shared = Estimator(settings, FakeQueue(crcp, running), workers=2, max_size=1)
+    per_model = Estimator(settings, FakeQueue(crcp, running), workers=2, max_size=1, per_model=True)
+    for estimator in (shared, per_model):
+        estimator.costs.observe("JPCP", 1, 10.0)
+        estimator.costs.observe("CRCP", 1, 100.0)
+    # Its own model: half of the 10 ms JPCP batch in flight (2 replicas), then its own 10 ms and 2 ms.
+    assert per_model.estimate_ms("JPCP", now + 5.0, now) == (pytest.approx(17.0), pytest.approx(5.0))
+    # On one pool, CRCP's 8 queued and 100 ms in flight count too: (800 + 100 + 10) / 2 + 12.
+    assert shared.estimate_ms("JPCP", now + 5.0, now)[0] == pytest.approx(467.0)
+    assert not per_model.endangers("JPCP", now + 0.05, now)  # CRCP's callers are not delayed by it

@@ -170,3 +170,37 @@ async def test_no_item_is_lost_when_arrivals_race_the_flush_timer(eager_below: i
         answers = await asyncio.gather(*(client(k * 1000) for k in range(24)))
     assert [a for part in answers for a in part] == [2 * i for k in range(24) for i in range(k * 1000, k * 1000 + 40)]
     await batcher.close()
+
+
+class Gated:
+    """A handler that records its batches and holds those of the groups in ``held`` until released."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.held: dict[int, asyncio.Event] = {0: asyncio.Event()}
+
+    async def __call__(self, items: Sequence[int]) -> list[int | BaseException]:
+        self.batches.append(list(items))
+        gate = self.held.get(items[0] % 2)
+        if gate is not None:
+            await gate.wait()
+        return [i * 2 for i in items]
+
+
+async def test_a_group_with_its_batches_in_flight_waits_while_another_groups_items_are_batched() -> None:
+    handler = Gated()  # even items are one group (one model), odd ones another
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        handler, max_size=4, max_wait_s=60, eager_below=1, max_in_flight=1, group=lambda i: i % 2
+    )
+    first = asyncio.ensure_future(batcher.submit(0))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    waiting = [asyncio.ensure_future(batcher.submit(i)) for i in (2, 4, 1, 3)]
+    async with asyncio.timeout(5):
+        assert await asyncio.gather(*waiting[2:]) == [2, 6]  # the odd group is not behind the even one
+    assert handler.batches == [[0], [1, 3]]  # a batch holds one group's items
+    handler.held[0].set()
+    async with asyncio.timeout(5):
+        assert await asyncio.gather(first, *waiting[:2]) == [0, 4, 8]
+    assert handler.batches[2] == [2, 4]
+    await batcher.close()

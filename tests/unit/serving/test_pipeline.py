@@ -120,6 +120,21 @@ async def test_a_missing_default_alias_keeps_loading_in_the_background(world: Wo
     assert (await pipeline.infer(req(model="crcp"))).version == "7"
 
 
+async def test_an_alias_that_failed_to_load_at_start_is_retried_behind_so_a_reload_finds_nothing_to_do(
+    world: World,
+) -> None:
+    world.runtime.fail_load.add("JPCP/2")  # Canary: a load that fails once, e.g. a replica busy at start
+    pipeline = world.pipeline(load_retry_s=0.01)
+    await pipeline.start()
+    assert pipeline.ready  # the default alias answers; the failed one is listed with its reason
+    [canary] = [e for e in pipeline.hot_set() if e.alias == "Canary"]
+    assert canary.state == "error" and canary.reason is not None and "corrupt" in canary.reason
+    world.runtime.fail_load.clear()
+    await eventually(lambda: any(e.alias == "Canary" and e.state == "ready" for e in pipeline.hot_set()))
+    assert await pipeline.reload() == []
+    assert (await pipeline.infer(req(alias="Canary"))).version == "2"
+
+
 async def test_concurrent_requests_to_one_version_share_one_predict_call(world: World) -> None:
     pipeline = world.pipeline(max_wait_ms=50)
     await pipeline.start()

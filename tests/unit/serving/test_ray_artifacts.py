@@ -80,3 +80,46 @@ def test_a_store_that_cannot_be_found_is_looked_up_again(tmp_path: Path) -> None
     artifacts = StoreArtifacts(connect=lambda: handles.append(FakeHandle()) or handles[-1], get=get)
     token = artifacts.ship("M/1", model(tmp_path / "1", "one"))
     assert len(handles) == 2 and handles[1].store.get("M/1", token) is not None
+
+
+def test_a_version_shipped_again_forgets_the_failures_reported_for_the_last_attempt(tmp_path: Path) -> None:
+    handle = FakeHandle()
+    artifacts = StoreArtifacts(connect=lambda: handle, get=lambda reply: reply())
+    folder = model(tmp_path / "1", "one")
+    token = artifacts.ship("M/1", folder)
+    handle.store.report("r1", "M/1", token, "OSError: the node was busy")
+    assert artifacts.ship("M/1", folder) == token  # the same bytes: the same token, a new attempt
+    assert artifacts.outcomes("M/1", token) == {}
+
+
+def test_a_confirmed_version_is_told_to_a_new_store_and_forgotten_when_shipped_again_or_dropped(
+    tmp_path: Path,
+) -> None:
+    handles: list[FakeHandle] = []
+
+    def connect() -> FakeHandle:
+        handles.append(FakeHandle())
+        return handles[-1]
+
+    artifacts = StoreArtifacts(connect=connect, get=lambda reply: reply())
+    one = artifacts.ship("M/1", model(tmp_path / "1", "one"))
+    artifacts.confirm("M/1", one)
+    two = artifacts.ship("M/2", model(tmp_path / "2", "two"))
+    assert handles[0].store.confirmed("M/1", one) and not handles[0].store.confirmed("M/2", two)
+    handles[0].dead = True
+
+    artifacts.drop("M/2")  # reaches a new store, which is told M/1 is confirmed
+    assert handles[1].store.confirmed("M/1", one)
+    artifacts.ship("M/1", str(tmp_path / "1"))  # shipped again: on trial again
+    assert not handles[1].store.confirmed("M/1", one)
+
+
+def test_a_report_that_comes_after_its_version_was_dropped_is_not_kept() -> None:
+    store = ArtifactStore()
+    store.put("M/1", "t1", b"blob")
+    store.report("r1", "M/1", "t1", None)
+    store.drop("M/1")
+    store.report("r2", "M/1", "t1", "ValueError: late")  # a slow replica, after the ingress gave up
+    store.report("r2", "M/9", "t9", None)  # never shipped at all
+    assert store.outcomes("M/1", "t1") == {} and store.outcomes("M/9", "t9") == {}
+    assert store._outcomes == {}

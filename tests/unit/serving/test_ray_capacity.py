@@ -73,6 +73,6 @@ async def test_the_predict_pool_of_one_worker_still_predicts_one_call_at_a_time_
     assert await peak_of_two_models(tmp_path, Overlapping()) == 1
 
 
-def test_in_flight_batches_are_the_sum_over_models_on_ray_and_the_workers_on_the_pool() -> None:
-    assert predict_capacity(Overlapping(model_capacity=2), workers=1, models=3) == Capacity(2, 6)
-    assert predict_capacity(Overlapping(), workers=4, models=3) == Capacity(None, 4)
+def test_slots_are_per_model_on_ray_and_the_shared_workers_on_the_pool() -> None:
+    assert predict_capacity(Overlapping(model_capacity=2), workers=1) == Capacity(2, per_model=True)
+    assert predict_capacity(Overlapping(), workers=4) == Capacity(4)

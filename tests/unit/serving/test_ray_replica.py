@@ -128,3 +128,51 @@ async def test_a_batch_cancelled_by_its_caller_still_fails_the_health_check_once
     await asyncio.sleep(0.1)
     with pytest.raises(RuntimeError, match="ran past"):
         await replica.check_health()
+
+
+class Flaky:
+    """A loader whose fetch fails while ``down`` (the store unreachable from a new node, say)."""
+
+    def __init__(self) -> None:
+        self.down, self.tries = True, 0
+
+    def __call__(self, key: str, token: str) -> Scaled:
+        self.tries += 1
+        if self.down:
+            raise ConnectionError("the artifact store did not answer")
+        return Scaled(1.0)
+
+
+async def test_a_replica_that_cannot_load_a_served_version_fails_its_health_check_after_one_more_try() -> None:
+    loader, reports = Flaky(), []
+
+    async def report(key: str, token: str, reason: str | None) -> None:
+        reports.append((key, reason is None))
+
+    async def served(key: str, token: str) -> bool:
+        return True  # the ingress confirmed it before this replica started
+
+    replica = ModelReplica("M", loader=loader, report=report, confirmed=served)
+    await replica.reconfigure({"versions": {"M/1": "x1"}})  # a replica Ray started later: never raises
+    with pytest.raises(RuntimeError, match="M/1 is served but could not be loaded here"):
+        await replica.check_health()
+    assert loader.tries == 2
+
+    loader.down = False  # the next try heals it in place
+    await replica.check_health()
+    assert await replica.state("M/1") == (True, 3, None)
+    assert reports == [("M/1", False), ("M/1", False), ("M/1", True)]
+    await replica.check_health()
+    assert loader.tries == 3
+
+
+async def test_a_version_on_trial_that_fails_here_does_not_fail_the_health_check() -> None:
+    loader = Flaky()
+
+    async def on_trial(key: str, token: str) -> bool:
+        return False  # the ingress is still waiting for the reports: it refuses the version itself
+
+    replica = ModelReplica("M", loader=loader, report=quiet, confirmed=on_trial)
+    await replica.reconfigure({"versions": {"M/2": "x2"}})
+    await replica.check_health()
+    assert loader.tries == 1

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
 
-from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, VersionNotFound, WorkerLost
+from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, WorkerLost
 from examlops.core.settings import Settings
 from examlops.serving.dispatch import Capacity, predict_capacity
 from examlops.serving.ray_artifacts import pack, unpack
@@ -100,6 +100,7 @@ class FakeArtifacts:
     def __init__(self) -> None:
         self.held: dict[str, str] = {}
         self.reports: dict[tuple[str, str], dict[str, str | None]] = {}
+        self.confirmed: set[tuple[str, str]] = set()
 
     def ship(self, key: str, folder: str) -> str:
         self.held[key] = token = f"t:{folder.rsplit('/', 1)[-1]}"
@@ -107,6 +108,10 @@ class FakeArtifacts:
 
     def drop(self, key: str) -> None:
         self.held.pop(key, None)
+        self.confirmed = {pair for pair in self.confirmed if pair[0] != key}
+
+    def confirm(self, key: str, token: str) -> None:
+        self.confirmed.add((key, token))
 
     def outcomes(self, key: str, token: str) -> dict[str, str | None]:
         return dict(self.reports.get((key, token), {}))
@@ -150,6 +155,7 @@ async def test_a_load_redeploys_the_model_with_the_version_and_an_unload_without
         ("JPCP", {"JPCP/2": "t:2"}),
     ]
     assert store.held == {"JPCP/2": "t:2"}
+    assert store.confirmed == {("JPCP/2", "t:2")}  # what a replica started later must load
 
 
 async def test_the_replicas_config_names_artifact_tokens_never_a_local_path(fake: FakeDeployments) -> None:
@@ -189,6 +195,7 @@ async def test_a_version_a_replica_cannot_load_is_refused_with_its_reason_and_ta
         await rt.load("JPCP/2", "/a/2")
     assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
     assert store.held == {"JPCP/1": "t:1"}
+    assert store.confirmed == {("JPCP/1", "t:1")}  # a refused version was never confirmed
 
 
 async def test_a_version_is_loaded_only_once_every_running_replica_reported_it(fake: FakeDeployments) -> None:
@@ -215,6 +222,24 @@ async def test_a_deploy_that_fails_is_refused_and_taken_out_again(fake: FakeDepl
     with pytest.raises(ModelLoadError, match="could not load JPCP/2"):
         await rt.load("JPCP/2", "/a/2")
     assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
+
+
+async def test_a_refused_version_leaves_the_store_even_when_taking_it_out_of_the_replicas_fails(
+    fake: FakeDeployments,
+) -> None:
+    store = FakeArtifacts()
+    rt = runtime(fake, store)
+    await rt.load("JPCP/1", "/a/1")
+
+    def down(settings: Settings, model: str, versions: dict[str, str]) -> None:
+        raise ModelLoadError("Serve's controller did not answer")
+
+    rt._deploy = down
+    with pytest.raises(ModelLoadError, match="did not answer"):
+        await rt.load("JPCP/2", "/a/2")
+    assert store.held == {"JPCP/1": "t:1"}
+    await rt.unload("JPCP/1")  # logged, not raised; the blob goes all the same
+    assert store.held == {}
 
 
 class FakeStatus:
@@ -276,7 +301,8 @@ async def test_outcomes_become_our_errors(fake: FakeDeployments) -> None:
     rows = np.zeros((2, 385))
     fake.answer = ("ok", [1.0, 2.0])
     assert list(await rt.predict("JPCP/1", rows)) == [1.0, 2.0]
-    for kind, error in (("missing", VersionNotFound), ("failed", InferenceFailed), ("timeout", InferenceTimeout)):
+    # A replica without a version the ingress holds failed to load it: re-routed, as a lost worker is.
+    for kind, error in (("missing", WorkerLost), ("failed", InferenceFailed), ("timeout", InferenceTimeout)):
         fake.answer = (kind, "why")
         with pytest.raises(error, match="why"):
             await rt.predict("JPCP/1", rows)
@@ -316,7 +342,7 @@ def test_replicas_come_from_settings_fixed_or_autoscaled() -> None:
 def test_the_pipeline_sizes_its_batches_in_flight_by_the_replicas_not_the_pool(fake: FakeDeployments) -> None:
     settings = Settings(predict={"workers": 1}, ray={"num_replicas": 2})
     rt = RayPredictRuntime(settings, deploy=fake.deploy, handle=fake.handle)
-    assert predict_capacity(rt, settings.predict.workers, models=3) == Capacity(2, 6)
+    assert predict_capacity(rt, settings.predict.workers) == Capacity(2, per_model=True)
 
 
 def test_a_shipped_folder_unpacks_to_the_same_files_under_a_token_of_its_content(tmp_path: Path) -> None:
