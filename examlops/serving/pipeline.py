@@ -90,8 +90,7 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        # Ray's replicas serve one model each: batches, in flight and the estimate are per model, over that
-        # model's replicas; the pool's workers are shared by every model.
+        # Ray's replicas serve one model each (batches, in flight, estimate per model); the pool's are shared.
         capacity = predict_capacity(runtime, settings.predict.workers)
         per_model, workers = capacity.per_model, capacity.workers
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
@@ -207,9 +206,8 @@ class Pipeline:
     def _labels(self, req: InferenceRequest) -> tuple[str, str]:
         """The model's catalog name and the alias label of ``req``; ``ModelNotFound`` for an unknown model."""
         spec = self.catalog.get(req.model)
-        return spec.name, self._label(
-            spec.name, PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias
-        )
+        alias = PINNED_ALIAS if req.version is not None else req.alias or spec.default_alias
+        return spec.name, self._label(spec.name, alias)
 
     def _enter(self, req: InferenceRequest) -> None:
         """Raise what keeps ``req`` out (the contract above); nothing when it may enter."""
