@@ -7,8 +7,10 @@ node while its driver still serves and let a second driver in beside it.
 
 ``Lease.take`` creates it (``AlreadyRunning`` when a live driver holds it). ``held`` asks Ray who holds the
 name now: this driver's actor, or not (it died, or another driver took the name since). ``keep`` is the
-driver's periodic check: True while held, or once taken again when the name is free; False when another
-driver holds it (that driver's applications are then not this one's to delete).
+driver's periodic check: True while held, or once taken again when the name is free; False only when Ray
+names another actor as the holder (that driver's applications are then not this one's to delete). A name
+that is taken while the lookup said free (Ray's lookup fails with the same error as an absent name) is
+looked up again, and kept in doubt: the handle is never dropped then, as that would let Ray end our actor.
 
 ``take``, ``holder`` and ``ident`` stand for Ray (``take_lease``, ``lease_holder``, ``actor_ident``); tests
 pass their own. Imports ray only inside the functions that call it.
@@ -101,19 +103,30 @@ class Lease:
 
     def keep(self) -> bool:
         """True while held (or Ray cannot say now), or once taken again when its actor died and the name is
-        free; False when another driver holds it."""
+        free; False when Ray names another actor as the holder."""
         if self._check() in (True, None):
             return True
         try:
             self.take()
         except AlreadyRunning:
-            log.error("another examlops driver took the lease %s on %s", LEASE, self._where)
-            self._handle, self._id = None, None
-            return False
+            return self._taken_meanwhile()
         except Exception as exc:  # Ray unreachable for now: checked again next time
             log.error("could not take the driver lease %s again: %s", LEASE, exc)
             return True
         log.warning("the driver lease %s was lost (its actor died) and is taken again", LEASE)
+        return True
+
+    def _taken_meanwhile(self) -> bool:
+        """The name is taken though the check said it was not ours: False only when another actor holds it."""
+        try:
+            holder = self._holder()
+        except Exception as exc:
+            log.error("could not check the driver lease %s: %s", LEASE, exc)
+            return True
+        if holder is not None and holder != self._id:
+            log.error("another examlops driver took the lease %s on %s", LEASE, self._where)
+            return False
+        log.warning("the driver lease %s is taken, its holder read as %s: kept, checked again", LEASE, holder)
         return True
 
     def _check(self) -> bool | None:

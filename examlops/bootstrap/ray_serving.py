@@ -12,15 +12,13 @@ pool; the ingress creates one application per catalog model as its hot set loads
 uvicorn, is ``/readyz``: every default alias loaded). It serves until SIGTERM/SIGINT or ``close()``: then
 Serve shuts down (replicas finish the calls they hold), a local cluster stops, and ``run`` returns; on a
 cluster it joined, it deletes its own applications and artifact store only and leaves Serve running. One
-examlops driver per cluster: a driver that joins a cluster holds the lease ``examlops-driver``
-(``ray_lease``: an actor that ends with the driver, pinned to its node); joining while another driver
-holds it is refused (``AlreadyRunning``), since both would serve at ``/`` and either one's stop would
-delete the other's applications. Having taken the lease, a driver deletes the examlops applications a
-stopped driver left (logged) and always kills the artifact store it may have left, then serves anew. It
-checks the lease every ``LEASE_CHECK_S`` while serving (taking it again if its actor died): when another
-driver holds it, this one stops; it deletes applications only while it holds the lease. The ingress is
-deployed with the model deployments' deadline (``settings.ray.deploy_timeout_s``): ``RayUnavailable`` with
-Ray's status when it is not running by then.
+examlops driver per cluster, by the driver lease (its contract: ``ray_lease``): joining while another
+driver holds it is refused (``AlreadyRunning``), since both would serve at ``/`` and either one's stop
+would delete the other's. Having taken it, a driver deletes the examlops applications a stopped driver
+left (logged) and kills the artifact store it may have left; it keeps the lease every ``LEASE_CHECK_S``
+while serving, stops when another driver holds it, and deletes applications only while it holds it. The
+ingress is deployed with the model deployments' deadline (``settings.ray.deploy_timeout_s``):
+``RayUnavailable`` with Ray's status when it is not running by then.
 
 The ingress stays at one replica: its pipeline owns the traffic-rule cache, the admission estimate and
 the hot set that ``/admin/reload`` (and so ``exa promote``) moves, which a second ingress replica would

@@ -1,13 +1,11 @@
 """The one error family of examlops.
 
-Adapters translate third-party exceptions (MLflow's ``MlflowException``,
-redis-py's and httpx's errors) into these, chained with ``from exc``. HTTP
-status codes live only in ``api/`` and exit codes only in ``cli/``; what an
-error *means* lives here, as class attributes:
+Adapters translate third-party exceptions (MLflow's ``MlflowException``, redis-py's and httpx's errors)
+into these, chained with ``from exc``. HTTP status codes live only in ``api/`` and exit codes only in
+``cli/``; what an error *means* lives here, as class attributes:
 
-- ``model_failure``: the model failed while predicting. Seed 000's table: only
-  these count toward the retrain trigger (a 422 does not, nor does a model
-  that is not found or a pipeline that is unreachable).
+- ``model_failure``: the model failed while predicting. Seed 000's table: only these count toward the
+  retrain trigger (a 422 does not, nor does a model that is not found or a pipeline that is unreachable).
 - ``retryable``: doing the same thing again may succeed (a dependency that
   was down, a transport error). Validation never is.
 
@@ -33,6 +31,7 @@ error *means* lives here, as class attributes:
     ├── InferenceFailed                 the model raised or returned nothing  [model_failure]
     │   └── InferenceTimeout            the prediction ran past the hard limit [model_failure]
     ├── ModelLoadError                  a version could not be loaded; the old one keeps serving
+    │   └── ModelLoadTimeout            it did not load within its deadline (a busy cluster)  [retryable]
     ├── PromotionIncomplete             an alias moved, but some serving instance does not serve it yet
     ├── SchemaNotCurrent                the SQL database is not at this release's schema revision
     ├── ServiceError                    `exa up` could not run a service
@@ -211,6 +210,10 @@ class ModelLoadError(ExamlopsError):
     code = "model_load_error"
 
 
+class ModelLoadTimeout(ModelLoadError):
+    retryable = True
+
+
 class PromotionIncomplete(ExamlopsError):
     """The alias moved in the registry (that stays done), but some serving instances did not confirm it.
 
@@ -284,12 +287,9 @@ class AlreadyRunning(ServiceError, Conflict):
 
 def error_class(code: object) -> type[ExamlopsError] | None:
     """The error class whose ``code`` is ``code`` (a reply's), or None when no class has it."""
-    if not isinstance(code, str):
-        return None
-    pending: list[type[ExamlopsError]] = [ExamlopsError]
+    pending: list[type[ExamlopsError]] = [ExamlopsError] if isinstance(code, str) else []
     while pending:
-        kind = pending.pop()
-        if kind.code == code:
+        if (kind := pending.pop()).code == code:
             return kind
         pending += kind.__subclasses__()
     return None

@@ -80,10 +80,9 @@ class RaySettings(Section):
     @model_validator(mode="after")
     def _min_below_max(self) -> RaySettings:
         if self.min_replicas < 1:
+            # A version counts as loaded once running replicas confirm it: with none, no version could load.
             raise ValueError(
-                f"ray.min_replicas is {self.min_replicas}: it must be at least 1, since examlops does not scale a "
-                "model to zero (a version counts as loaded once running replicas confirm it, and a cold replica "
-                "could not load every version within the predict limit); set EXAMLOPS_RAY__MIN_REPLICAS=1"
+                f"ray.min_replicas={self.min_replicas}: a model never scales to zero; set EXAMLOPS_RAY__MIN_REPLICAS=1"
             )
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:
             raise ValueError("ray.min_replicas must not exceed ray.max_replicas")

@@ -104,14 +104,13 @@ class Estimator:
         self._max_size = max_size
         self._per_model = per_model
 
-    def _counts(self, model: str, other: str) -> bool:
-        """Whether work for ``other`` delays a call to ``model``: always on a shared pool; on Ray, its own only."""
-        return not self._per_model or other.lower() == model.lower()
-
     def estimate_ms(self, model: str, due: float, now: float, rows: int = 1) -> tuple[float, float]:
         """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
         part of it spent waiting for the calls ahead), in milliseconds from ``now``."""
-        ahead = Counter(r.model for r in self._queue.queued(due) if self._counts(model, r.model))
+        queued = self._queue.queued(due)
+        if self._per_model:  # on Ray a model's replicas serve it alone: only its own calls are ahead
+            queued = [request for request in queued if request.model.lower() == model.lower()]
+        ahead = Counter(request.model for request in queued)
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
         wait_ms = (queued_ms + self._running_ms(now, model)) / self._workers
         own_ms = self.costs.predict_ms(model, min(ahead[model] + rows, self._max_size))
@@ -121,8 +120,8 @@ class Estimator:
         """Predict time left in the batches being handled (their ``model`` part only, per model)."""
         running_ms = 0.0
         for batch in self._queue.in_flight():
-            items = [r for r in batch.items if self._counts(model, r.model)]
-            if not items:
+            items = batch.items
+            if self._per_model and not (items := [r for r in items if r.model.lower() == model.lower()]):
                 continue
             elapsed_ms = (now - batch.started) * 1000.0
             expected_ms = self.costs.lead_ms(items)
@@ -143,9 +142,10 @@ class Estimator:
 
         extra_ms = rows * row_ms(model) / self._workers
         work_ms = self._running_ms(now, model)
-        for key, queued_due, request in self._queue.waiting():
-            if not self._counts(model, request.model):
-                continue  # another model's replicas: this call does not delay it
+        waiting = self._queue.waiting()
+        if self._per_model:  # another model's calls, on its own replicas: this call does not delay them
+            waiting = [entry for entry in waiting if entry[2].model.lower() == model.lower()]
+        for key, queued_due, request in waiting:
             work_ms += row_ms(request.model)
             if key <= due or key == math.inf or queued_due == math.inf:
                 continue

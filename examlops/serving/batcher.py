@@ -18,7 +18,9 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
   no batch is formed while M are being handled: the rest wait here, in deadline order, not behind them.
   With ``group`` (an item's group: on Ray, its model, whose replicas serve it alone), a batch holds the
   items of one group, and ``eager_below`` and ``max_in_flight`` count that group's batches: a group with
-  M batches being handled waits here while the others' items are batched.
+  M batches being handled waits here while the others' items are batched. Each group has its own queue,
+  and a batch opens from the group with the earliest head among those not full: the cost of a wake-up
+  grows with the number of groups, never with the number of waiting items.
 - An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
   ``expired(item)``. Items whose caller gave up (cancelled) are dropped too, and a batch left with none
   is not sent.
@@ -85,7 +87,7 @@ class MicroBatcher(Generic[T, R]):
         self._lead = lead
         self._group = group
         self._name = name
-        self._heap: list[Waiter[T, R]] = []
+        self._heaps: dict[Hashable, list[Waiter[T, R]]] = {None: []}  # by group (all in None without)
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
@@ -105,12 +107,13 @@ class MicroBatcher(Generic[T, R]):
         """The items waiting (not yet in a batch) whose key is at most ``key``: those a new item of that key
         would wait behind."""
         ahead = [waiter.item for waiter in self._collecting if waiter.key <= key]
-        ahead += [waiter.item for waiter in self._heap if waiter.key <= key and not waiter.future.done()]
+        for heap in self._heaps.values():
+            ahead += [waiter.item for waiter in heap if waiter.key <= key and not waiter.future.done()]
         return ahead
 
     def waiting(self) -> list[tuple[float, float, T]]:
         """``(key, due, item)`` of every item waiting, in the order they will be taken."""
-        live = sorted(waiter for waiter in self._heap if not waiter.future.done())
+        live = sorted(waiter for heap in self._heaps.values() for waiter in heap if not waiter.future.done())
         return [(waiter.key, waiter.due, waiter.item) for waiter in (*self._collecting, *live)]
 
     def in_flight(self) -> list[InFlight[T]]:
@@ -139,7 +142,8 @@ class MicroBatcher(Generic[T, R]):
         future: asyncio.Future[R] = self._loop.create_future()
         if key is None:
             key = due if due is not None else self._loop.time() + self._horizon_s
-        heapq.heappush(self._heap, Waiter(key, next(self._seq), item, future, math.inf if due is None else due))
+        waiter = Waiter(key, next(self._seq), item, future, math.inf if due is None else due)
+        heapq.heappush(self._heaps.setdefault(self._group_of(waiter), []), waiter)
         self._poke()
         return await future
 
@@ -182,41 +186,34 @@ class MicroBatcher(Generic[T, R]):
     def _full(self, group: Hashable) -> bool:
         return self._max_in_flight > 0 and self._busy[group] >= self._max_in_flight
 
-    def _take(self, now: float, first: Waiter[T, R] | None = None) -> tuple[Waiter[T, R] | None, bool]:
-        """The next live item that may open a batch (``first`` None: of a group not full) or join the batch
-        ``first`` opened (of its group); items already answered are dropped, expired ones failed. Also
-        whether the batch must close now (background work is next: it never rides in an interactive batch)."""
-        group = None if first is None else self._group_of(first)
-        passed: list[Waiter[T, R]] = []
-        found: Waiter[T, R] | None = None
-        close = False
-        while self._heap:
-            waiter = heapq.heappop(self._heap)
+    def _next(self) -> list[Waiter[T, R]] | None:
+        """The queue a batch opens from: the only one if not empty and not full (without groups), else the
+        group's, not full, with the earliest head; None when there is none."""
+        if self._group is None:
+            heap = self._heaps[None]
+            return heap if heap and not self._full(None) else None
+        heads = [(heap[0], heap) for group, heap in self._heaps.items() if heap and not self._full(group)]
+        return min(heads, key=lambda head: head[0])[1] if heads else None
+
+    def _take(self, heap: list[Waiter[T, R]], now: float) -> Waiter[T, R] | None:
+        """The next live item of ``heap``; items already answered are dropped, expired ones failed."""
+        while heap:
+            waiter = heapq.heappop(heap)
             if waiter.future.done():
                 continue
             if waiter.due <= now:
                 waiter.future.set_exception(self._expired(waiter.item))
                 continue
-            if first is not None and waiter.key == math.inf and first.key != math.inf:
-                passed.append(waiter)
-                close = True
-                break
-            mine = self._group_of(waiter)
-            if (first is None and self._full(mine)) or (first is not None and mine != group):
-                passed.append(waiter)  # another group's, or a full one's: it stays queued
-                continue
-            found = waiter
-            break
-        for waiter in passed:
-            heapq.heappush(self._heap, waiter)
-        return found, close
+            return waiter
+        return None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            first, _ = self._take(loop.time())
-            if first is None:
+            while (heap := self._next()) is None:
                 await self._sleep(math.inf)  # until a submit or a batch that ends
+            first = self._take(heap, loop.time())
+            if first is None:
                 continue
             group = self._group_of(first)
             batch = self._collecting = [first]
@@ -225,12 +222,14 @@ class MicroBatcher(Generic[T, R]):
             while len(batch) < self._max_size:
                 now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
-                waiter, close = self._take(now, first)
-                if close:
-                    break
-                if waiter is not None:
+                if heap:
+                    if heap[0].key == math.inf and first.key != math.inf:
+                        break  # background work never rides in an interactive batch
+                    waiter = self._take(heap, now)
+                    if waiter is None:
+                        continue
                     if not fits(batch, waiter, now, self._lead):
-                        heapq.heappush(self._heap, waiter)  # it waits for the next batch
+                        heapq.heappush(heap, waiter)  # it waits for the next batch
                         break
                     batch.append(waiter)
                     if waiter.due < flush_at:
@@ -276,8 +275,9 @@ class MicroBatcher(Generic[T, R]):
 
     def _fail_waiting(self, error: BaseException) -> None:
         waiting, self._collecting = self._collecting, []
-        waiting += self._heap
-        self._heap = []
+        for heap in self._heaps.values():
+            waiting += heap
+            heap.clear()
         fail_all(waiting, error)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:

@@ -6,7 +6,8 @@ Contracts:
   Canary, Staging, plus the model's default alias) and loads its version. One model or alias failing
   does not stop the others: it is recorded with state ``error`` and the reason; an alias the registry
   does not have is ``missing``. ``load_model`` retries one model's aliases that are not loaded;
-  ``unloaded_models`` names the models to retry (a failed load of any alias, or a default alias not held).
+  ``unloaded_models`` names the models to retry (a failed load of any alias, or a default alias not held),
+  but not for a version of a non-default alias that failed ``LOAD_TRIES`` loads for reasons not ``retryable``.
 - Versions are loaded once and unloaded when the last user lets go (``residency.Residency``);
   pinned versions live in an LRU of ``version_cache_size`` (``pinned.PinnedVersions``).
 - ``get`` / ``acquire`` answer by alias (case-insensitive; the default alias when none is named) or by
@@ -19,9 +20,8 @@ Contracts:
   but marks the model's entries stale (in ``reason``, with the time of the first failed reload),
   until a reload reaches it again.
 
-Errors: ``ModelNotFound``, ``AliasNotFound`` (the model does not have or serve that alias),
-``VersionNotFound``, ``NotReady`` (the alias exists but its load failed), ``ModelLoadError``,
-``RegistryUnavailable`` (pinned versions only).
+Errors: ``ModelNotFound``, ``AliasNotFound`` (the model does not have or serve that alias), ``VersionNotFound``,
+``NotReady`` (the alias exists but its load failed), ``ModelLoadError``, ``RegistryUnavailable`` (pinned only).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from examlops.core.errors import AliasNotFound, NotReady
+from examlops.core.errors import AliasNotFound, ExamlopsError, NotReady
 from examlops.core.messages import KNOWN_ALIASES, ModelRef, canonical_alias
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.serving.pinned import PinnedVersions
@@ -45,6 +45,7 @@ from examlops.serving.residency import Entry, EntryState, Residency, describe
 log = logging.getLogger(__name__)
 
 NOT_LOADED = "not loaded yet"
+LOAD_TRIES = 4  # a version that fails for its own reasons: the first load and three retries
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +77,28 @@ class ReloadChange:
 class _Slot:
     model: str
     alias: str
+    default: bool  # the model's default alias: retried without limit, as the service is not ready without it
     entry: Entry | None = None
     state: EntryState = "missing"
     reason: str | None = NOT_LOADED
     stale: str | None = None
     stale_since: float | None = None
+    failed: tuple[str, int] | None = None  # (version, its loads that failed for its own reasons)
+    given_up: bool = False  # on ``failed``'s version: LOAD_TRIES loads failed, left to reloads
+
+    @property
+    def due(self) -> bool:
+        """Worth a background retry: not held, the default alias or a failed load, not given up on."""
+        return self.entry is None and (self.default or self.state == "error") and not self.given_up
+
+    def count_failure(self, version: str, exc: Exception) -> None:
+        """Count a failed load of ``version`` unless ``exc`` is retryable; log once when retries stop."""
+        if self.default or (isinstance(exc, ExamlopsError) and exc.retryable):
+            return  # the default alias, or a registry, worker or deadline that may pass: retried without limit
+        tries = self.failed[1] + 1 if self.failed is not None and self.failed[0] == version else 1
+        self.failed, self.given_up = (version, tries), tries >= LOAD_TRIES
+        if tries == LOAD_TRIES:
+            log.warning("%s@%s: version %s failed %d loads; left to reloads", self.model, self.alias, version, tries)
 
 
 class HotSet:
@@ -107,7 +125,8 @@ class HotSet:
             names = [canonical_alias(alias) for alias in aliases]
             if spec.default_alias_canonical.lower() not in {name.lower() for name in names}:
                 names.insert(0, spec.default_alias_canonical)
-            self._slots[spec.name.lower()] = [_Slot(spec.name, name) for name in names]
+            default = spec.default_alias_canonical.lower()
+            self._slots[spec.name.lower()] = [_Slot(spec.name, name, name.lower() == default) for name in names]
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def load_all(self) -> None:
@@ -118,7 +137,7 @@ class HotSet:
         """Load the aliases of one model that are not loaded yet; failures are recorded, not raised."""
         spec, slots = self._model(model)
         async with self._lock(spec):
-            todo = [slot for slot in slots if slot.entry is None]
+            todo = [slot for slot in slots if slot.entry is None and not slot.given_up]
             if not todo:
                 return
             try:
@@ -151,14 +170,8 @@ class HotSet:
         ]
 
     def unloaded_models(self) -> list[str]:
-        """Catalog models with an alias whose load failed (state ``error``) or whose default alias is not loaded."""
-        failed = {
-            slot.model
-            for slots in self._slots.values()
-            for slot in slots
-            if slot.entry is None and slot.state == "error"
-        }
-        return [spec.name for spec in self._catalog if spec.name in failed or spec.name in self.missing_defaults()]
+        """Catalog models with an alias worth retrying: a failed load or a default alias not held (contract above)."""
+        return [spec.name for spec in self._catalog if any(slot.due for slot in self._model(spec.name)[1])]
 
     def entries(self) -> list[EntryInfo]:
         """Every configured alias of every model (loaded or not, with why), then the pinned versions."""
@@ -277,8 +290,10 @@ class HotSet:
             else:
                 slot.state = "error"
             slot.reason = reason
+            slot.count_failure(ref.version, exc)
             return ReloadChange(slot.model, slot.alias, old_version, ref.version, "refused", reason)
         slot.entry, slot.state, slot.reason = Entry(ref, key, slot.alias, self._clock()), "ready", None
+        slot.failed, slot.given_up = None, False
         if old is not None:
             self._residency.drop(old.key)
         return ReloadChange(slot.model, slot.alias, old_version, ref.version, "swapped" if old else "loaded")

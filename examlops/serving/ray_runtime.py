@@ -12,8 +12,9 @@ versions every replica holds, each by the token of its artifact in the store (``
   change of ``user_config`` alone is applied in place (Ray calls each replica's ``reconfigure``; no
   replica restarts, traffic keeps flowing). Once Ray reports the application running, it waits until
   every running replica (Serve's details) reported its outcome for the version to the store: one that
-  failed refuses the version with that replica's reason (``ModelLoadError``), and the version is taken
-  out of the config again (replicas drop it in place; none stops). ``settings.ray.deploy_timeout_s`` at
+  failed refuses the version with that replica's reason (``ModelLoadError``), reports missing at the
+  deadline with ``ModelLoadTimeout`` (retryable), and the version is taken out of the config again
+  (replicas drop it in place; none stops). ``settings.ray.deploy_timeout_s`` at
   most for the deploy, and again for the replicas' reports. The first load of a model creates its
   application. Returns the input columns the model declares.
 - ``unload(key)`` takes the version out of the config (every replica drops it) and out of the store.
@@ -51,7 +52,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 
-from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, WorkerLost
+from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, ModelLoadTimeout, WorkerLost
 from examlops.core.settings import Settings
 from examlops.registry.loader import expected_features, load_sklearn_model
 from examlops.serving.ports import Predictor, Rows
@@ -203,7 +204,8 @@ class RayPredictRuntime:
 
     async def _confirm(self, model: str, key: str, token: str) -> None:
         """Return once every running replica of ``model`` reported ``key`` loaded; ``ModelLoadError`` when
-        one reported a failure, or the reports did not all come within the deploy deadline."""
+        one reported a failure, ``ModelLoadTimeout`` (retryable) when the reports did not all come within the
+        deploy deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._deploy_timeout_s
         while True:
@@ -217,7 +219,7 @@ class RayPredictRuntime:
             if running and not silent:
                 return
             if loop.time() >= deadline:
-                raise ModelLoadError(
+                raise ModelLoadTimeout(
                     f"{len(silent)} of {len(running)} running replicas of {model} did not report loading {key} "
                     f"within {self._deploy_timeout_s:g} s"
                 )

@@ -3,6 +3,8 @@
 Contracts: ``load_unloaded`` retries the models with an alias whose load failed (any alias: a Staging
 that failed once at start would otherwise stay out until an alias moves) or whose default alias is not
 loaded, until none is left, waiting by a ``Backoff`` between rounds and calling ``after_round`` after each.
+Errors that may pass (``retryable``) are retried without limit; a version that failed for its own reasons
+only ``hotset.LOAD_TRIES`` times in all, then reloads take it over (``HotSet.unloaded_models``).
 ``poll_reload`` follows moved aliases every ``every_s``, one reload at a time (the next wait starts when
 the last reload ended, so a registry that hangs never piles calls up); each poll that finds the registry
 unreachable doubles the wait, up to ``poll_backoff_ceiling(every_s)``, and the first poll that reaches it

@@ -15,6 +15,7 @@ class FakeNames:
         self.holder: str | None = None
         self.taken = 0
         self.unreachable = False
+        self.blind = 0  # lookups left that answer "nobody" while the name is taken (Ray's lookup failing)
 
     def take(self) -> str:
         if self.holder is not None:
@@ -26,6 +27,9 @@ class FakeNames:
     def lookup(self) -> str | None:
         if self.unreachable:
             raise ConnectionError("the GCS did not answer")
+        if self.blind > 0:
+            self.blind -= 1
+            return None
         return self.holder
 
 
@@ -71,3 +75,22 @@ def test_the_lease_actor_is_pinned_to_the_drivers_node_with_no_fallback() -> Non
     strategy = options["scheduling_strategy"]
     assert (options["name"], options["namespace"]) == (LEASE, "examlops")
     assert (strategy.node_id, strategy.soft) == ("a" * 56, False)
+
+
+def test_a_lease_whose_holder_reads_as_nobody_once_while_its_name_is_ours_is_kept() -> None:
+    names = FakeNames()
+    ours = lease(names)
+    ours.take()
+    names.blind = 1  # the lookup fails once; taking the name again fails, as our actor still holds it
+    assert ours.keep()
+    assert ours.held() and ours.keep() and names.taken == 1  # still ours, and no second actor
+    assert ours._handle == "actor-1"  # the handle that keeps our actor alive was never dropped
+
+
+def test_a_lease_whose_holder_cannot_be_read_twice_is_kept_in_doubt() -> None:
+    names = FakeNames()
+    ours = lease(names)
+    ours.take()
+    names.blind = 2  # our actor holds the name, yet the lookup says nobody both times
+    assert ours.keep()
+    assert ours._handle == "actor-1" and ours.held()

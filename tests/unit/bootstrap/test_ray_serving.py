@@ -82,6 +82,8 @@ class FakeLease:
 
     def keep(self) -> bool:
         self.checks += 1
+        if self.checks > 3:  # a watch that does not stop would otherwise loop until pytest's timeout
+            raise AssertionError(f"the lease was checked {self.checks} times: the watch did not stop")
         return self.mine
 
 

@@ -204,3 +204,49 @@ async def test_a_group_with_its_batches_in_flight_waits_while_another_groups_ite
         assert await asyncio.gather(first, *waiting[:2]) == [0, 4, 8]
     assert handler.batches[2] == [2, 4]
     await batcher.close()
+
+
+async def test_eager_below_counts_the_batches_of_the_items_own_group() -> None:
+    handler = Gated()  # the even group's batches are held
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        handler, max_size=4, max_wait_s=60, eager_below=1, max_in_flight=2, group=lambda i: i % 2
+    )
+    held = asyncio.ensure_future(batcher.submit(0))
+    await asyncio.sleep(0.001)
+    async with asyncio.timeout(5):  # an idle group flushes a lone item at once, not after 60 s
+        assert await batcher.submit(1) == 2
+    even = asyncio.ensure_future(batcher.submit(2))
+    await asyncio.sleep(1)
+    assert handler.batches == [[0], [1]], "a lone item of a group with a batch in flight waits to be joined"
+    handler.held[0].set()
+    async with asyncio.timeout(5):  # flushed as soon as its group's batch ends
+        assert await asyncio.gather(held, even) == [0, 4]
+    assert handler.batches == [[0], [1], [2]]
+    await batcher.close()
+
+
+async def test_a_batch_opens_from_the_group_whose_head_is_due_first() -> None:
+    handler = Doubler()
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=4, max_wait_s=0, group=lambda i: i < 10)
+    # Submitted in one turn of the loop: all are queued before the batching task first runs.
+    calls = [asyncio.ensure_future(batcher.submit(i, key=key)) for i, key in ((2, 2.0), (11, 3.0), (12, 1.0))]
+    assert await asyncio.gather(*calls) == [4, 22, 24]
+    assert handler.batches == [[12, 11], [2]]
+    await batcher.close()
+
+
+async def test_queued_and_waiting_merge_every_groups_queue() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        handler, max_size=4, max_wait_s=0, max_in_flight=1, group=lambda i: i < 10
+    )
+    held = [asyncio.ensure_future(batcher.submit(i)) for i in (10, 1)]  # one batch in flight per group
+    await asyncio.sleep(0.001)
+    calls = [asyncio.ensure_future(batcher.submit(i, key=key)) for i, key in ((2, 2.0), (11, 3.0), (12, 1.0))]
+    await asyncio.sleep(0.001)
+    assert sorted(batcher.queued(2.0)) == [2, 12]  # what a call of key 2 waits behind, over both groups
+    assert [item for _, _, item in batcher.waiting()] == [12, 2, 11]  # in the order they will be taken
+    gate.set()
+    assert await asyncio.gather(*held, *calls) == [20, 2, 4, 22, 24]
+    await batcher.close()

@@ -119,3 +119,22 @@ async def test_an_item_that_would_make_the_batch_miss_its_tightest_deadline_wait
     # At 10 s two items take 200 ms and fit before 10.25 s; a third would not.
     assert handler.batches == [[0], [1, 2], [3, 4, 5]]
     await batcher.close()
+
+
+async def test_a_full_batcher_leaves_the_queue_alone_until_a_slot_frees() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=4, max_wait_s=0, max_in_flight=1, expired=late)
+    first = await hold_one_batch(batcher, handler)
+    now = asyncio.get_running_loop().time()
+    doomed = asyncio.ensure_future(batcher.submit(7, due=now + 0.5))
+    await asyncio.sleep(1)
+    later = asyncio.ensure_future(batcher.submit(8, due=now + 5))  # wakes the full batcher
+    await asyncio.sleep(0.001)
+    assert not doomed.done(), "a full batcher sleeps: it does not scan the queue on each submit"
+    assert batcher.queued() == [7, 8]
+    gate.set()
+    with pytest.raises(Refused):
+        await doomed  # failed when the next batch is formed, as before
+    assert await asyncio.gather(first, later) == [0, 16]
+    await batcher.close()

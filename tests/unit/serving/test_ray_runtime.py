@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray engine needs the ray extra (pip install 'examlops[ray]')")
 
-from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, WorkerLost
+from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelLoadError, ModelLoadTimeout, WorkerLost
 from examlops.core.settings import Settings
 from examlops.serving.dispatch import Capacity, predict_capacity
 from examlops.serving.ray_artifacts import pack, unpack
@@ -191,8 +191,10 @@ async def test_a_version_a_replica_cannot_load_is_refused_with_its_reason_and_ta
     rt = runtime(fake, store)
     await rt.load("JPCP/1", "/a/1")
     fake.broken.add("JPCP/2")
-    with pytest.raises(ModelLoadError, match=r"JPCP/2 could not be loaded on replica r[12]: ValueError: bad artifact"):
+    refused = r"JPCP/2 could not be loaded on replica r[12]: ValueError: bad artifact"
+    with pytest.raises(ModelLoadError, match=refused) as e:
         await rt.load("JPCP/2", "/a/2")
+    assert not e.value.retryable  # the version's own failure: trying again loads the same artifact
     assert fake.deployed["JPCP"] == {"JPCP/1": "t:1"}
     assert store.held == {"JPCP/1": "t:1"}
     assert store.confirmed == {("JPCP/1", "t:1")}  # a refused version was never confirmed
@@ -201,8 +203,8 @@ async def test_a_version_a_replica_cannot_load_is_refused_with_its_reason_and_ta
 async def test_a_version_is_loaded_only_once_every_running_replica_reported_it(fake: FakeDeployments) -> None:
     rt = runtime(fake, settings=Settings(ray={"deploy_timeout_s": 0.3}))
     fake.reporting = {"r1"}  # r2 runs but never says
-    with pytest.raises(ModelLoadError, match=r"1 of 2 running replicas of JPCP did not report loading JPCP/1"):
-        await rt.load("JPCP/1", "/a/1")
+    with pytest.raises(ModelLoadTimeout, match=r"1 of 2 running replicas of JPCP did not report loading JPCP/1"):
+        await rt.load("JPCP/1", "/a/1")  # retryable: the replica may report on a later try
     assert fake.deployed["JPCP"] == {}
     fake.replicas = {"r1"}  # a replica that stopped is not waited for
     assert await rt.load("JPCP/1", "/a/1") == 385
