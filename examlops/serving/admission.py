@@ -45,6 +45,8 @@ class Queue(Protocol):
 
     def waiting(self) -> list[tuple[float, float, InferenceRequest]]: ...
 
+    def behind(self, key: float) -> bool: ...
+
     def in_flight(self) -> list[InFlight[InferenceRequest]]: ...
 
 
@@ -104,35 +106,45 @@ class Estimator:
         self._max_size = max_size
         self._per_model = per_model
 
-    def estimate_ms(self, model: str, due: float, now: float, rows: int = 1) -> tuple[float, float]:
+    def estimate_ms(
+        self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None
+    ) -> tuple[float, float]:
         """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
-        part of it spent waiting for the calls ahead), in milliseconds from ``now``."""
+        part of it spent waiting for the calls ahead), in milliseconds from ``now``. ``running_ms``: the
+        work left in flight, when the caller has it already (``_running_ms``)."""
         queued = self._queue.queued(due)
         if self._per_model:  # on Ray a model's replicas serve it alone: only its own calls are ahead
             queued = [request for request in queued if request.model.lower() == model.lower()]
         ahead = Counter(request.model for request in queued)
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
-        wait_ms = (queued_ms + self._running_ms(now, model)) / self._workers
+        if running_ms is None:
+            running_ms = self._running_ms(now, model)
+        wait_ms = (queued_ms + running_ms) / self._workers
         own_ms = self.costs.predict_ms(model, min(ahead[model] + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
     def _running_ms(self, now: float, model: str) -> float:
         """Predict time left in the batches being handled (their ``model`` part only, per model)."""
         running_ms = 0.0
+        part = model.lower() if self._per_model else ""
         for batch in self._queue.in_flight():
-            items = batch.items
-            if self._per_model and not (items := [r for r in items if r.model.lower() == model.lower()]):
+            expected_ms = batch.expected_ms.get(part)
+            if expected_ms is None:  # the first estimate that sees the batch fixes its expected time
+                items = [r for r in batch.items if r.model.lower() == part] if part else batch.items
+                expected_ms = batch.expected_ms[part] = self.costs.lead_ms(items) if items else 0.0
+            if not expected_ms:
                 continue
             elapsed_ms = (now - batch.started) * 1000.0
-            expected_ms = self.costs.lead_ms(items)
             # A batch past its expected time is not about to end: count a quarter of it still to come.
             running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
         return running_ms
 
-    def endangers(self, model: str, due: float, now: float, rows: int = 1) -> bool:
+    def endangers(self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None) -> bool:
         """Whether a call of ``rows`` rows to ``model`` due at ``due`` would make a call already admitted,
         queued behind it (a later deadline), miss a deadline it can still meet: the EDF admission test. Every
         call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count."""
+        if not self._queue.behind(due):
+            return False  # it goes last: no admitted call waits behind it
         per_row: dict[str, float] = {}
 
         def row_ms(name: str) -> float:
@@ -141,7 +153,7 @@ class Estimator:
             return per_row[name]
 
         extra_ms = rows * row_ms(model) / self._workers
-        work_ms = self._running_ms(now, model)
+        work_ms = self._running_ms(now, model) if running_ms is None else running_ms
         waiting = self._queue.waiting()
         if self._per_model:  # another model's calls, on its own replicas: this call does not delay them
             waiting = [entry for entry in waiting if entry[2].model.lower() == model.lower()]
@@ -158,9 +170,12 @@ class Estimator:
         """The estimate (ms) of a call of ``rows`` rows (a stream's first chunk; one for a single call) that
         can be answered within its budget without making an admitted call miss its own (``endangers``);
         ``Refused`` (reason ``budget``) naming the estimate otherwise."""
-        estimate, wait_ms = self.estimate_ms(model, due, now, rows)
+        running_ms = self._running_ms(now, model)
+        estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
         left_ms = (due - now) * 1000.0
-        if self.settings.enabled and (estimate > left_ms or self.endangers(model, due, now, rows)):
+        if self.settings.enabled and (
+            estimate > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)
+        ):
             retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
             raise Refused(
                 f"no placement can answer within the budget without another call missing its own: "

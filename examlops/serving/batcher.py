@@ -44,6 +44,7 @@ import heapq
 import itertools
 import logging
 import math
+import operator
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
@@ -52,6 +53,7 @@ from examlops.core.errors import ExamlopsError, NotReady
 from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time
 
 log = logging.getLogger(__name__)
+_ORDER = operator.attrgetter("key", "seq")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -113,8 +115,14 @@ class MicroBatcher(Generic[T, R]):
 
     def waiting(self) -> list[tuple[float, float, T]]:
         """``(key, due, item)`` of every item waiting, in the order they will be taken."""
-        live = sorted(waiter for heap in self._heaps.values() for waiter in heap if not waiter.future.done())
+        waiters = (waiter for heap in self._heaps.values() for waiter in heap if not waiter.future.done())
+        live = sorted(waiters, key=_ORDER)  # compared in C, not by the dataclass's __lt__
         return [(waiter.key, waiter.due, waiter.item) for waiter in (*self._collecting, *live)]
+
+    def behind(self, key: float) -> bool:
+        """Whether an item waiting with a deadline would be taken after a new item of ``key``."""
+        queues = itertools.chain(self._collecting, *self._heaps.values())
+        return any(key < w.key < math.inf and w.due < math.inf and not w.future.done() for w in queues)
 
     def in_flight(self) -> list[InFlight[T]]:
         """The batches being handled now, oldest first."""

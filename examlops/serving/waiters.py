@@ -45,6 +45,8 @@ class InFlight(Generic[T]):
 
     started: float
     items: list[T]
+    expected_ms: dict[str, float] = field(default_factory=dict)
+    """The admission estimate's memo: the batch's expected predict time, per model asked for (``""``: all)."""
 
 
 def fail_all(waiters: Sequence[Waiter[Any, Any]], error: BaseException) -> None:

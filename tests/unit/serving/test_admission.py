@@ -203,6 +203,9 @@ class FakeQueue:
     def waiting(self) -> list[tuple[float, float, InferenceRequest]]:
         return list(self._waiting)
 
+    def behind(self, key: float) -> bool:
+        return any(key < queued_key < math.inf and due < math.inf for queued_key, due, _ in self._waiting)
+
     def in_flight(self) -> list[InFlight[InferenceRequest]]:
         return list(self._running)
 
@@ -240,3 +243,15 @@ def test_on_ray_a_call_waits_only_for_its_own_models_work_over_that_models_repli
     # On one pool, CRCP's 8 queued and 100 ms in flight count too: (800 + 100 + 10) / 2 + 12.
     assert shared.estimate_ms("JPCP", now + 5.0, now)[0] == pytest.approx(467.0)
     assert not per_model.endangers("JPCP", now + 0.05, now)  # CRCP's callers are not delayed by it
+
+
+def test_a_batch_in_flight_keeps_the_expected_time_it_had_when_the_estimate_first_saw_it() -> None:
+    now = 100.0
+    running = [InFlight(now, [req(1)] * 4)]
+    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([], running), workers=1, max_size=4)
+    estimator.costs.observe("JPCP", 4, 40.0)
+    assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.01)[1] == pytest.approx(30.0)  # 40 ms, 10 gone
+    estimator.costs.observe("JPCP", 4, 1040.0)  # batches of 4 now take 240 ms on average
+    assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.02)[1] == pytest.approx(20.0)  # still 40 ms
+    running.append(InFlight(now + 0.02, [req(1)] * 4))  # a batch started after the change: 240 ms expected
+    assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.02)[1] == pytest.approx(260.0)

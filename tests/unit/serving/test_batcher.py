@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -249,4 +250,25 @@ async def test_queued_and_waiting_merge_every_groups_queue() -> None:
     assert [item for _, _, item in batcher.waiting()] == [12, 2, 11]  # in the order they will be taken
     gate.set()
     assert await asyncio.gather(*held, *calls) == [20, 2, 4, 22, 24]
+    await batcher.close()
+
+
+async def test_behind_names_only_waiting_items_with_a_deadline_taken_after_the_key() -> None:
+    gate = asyncio.Event()
+    batcher: MicroBatcher[int, int] = MicroBatcher(Doubler(gate=gate), max_size=4, max_wait_s=0, max_in_flight=1)
+    held = asyncio.ensure_future(batcher.submit(0))  # in flight: the rest wait
+    await asyncio.sleep(0.001)
+    calls = [
+        asyncio.ensure_future(batcher.submit(1, due=5.0e9)),  # a deadline, key 5e9
+        asyncio.ensure_future(batcher.submit(2, key=9.0e9)),  # no deadline: never endangered
+        asyncio.ensure_future(batcher.submit(3, key=math.inf, due=8.0e9)),  # background: after everything
+    ]
+    await asyncio.sleep(0.001)
+    assert batcher.behind(4.0e9)
+    assert not batcher.behind(5.0e9)  # an equal key goes after it
+    calls[0].cancel()  # its caller gave up: nobody is behind any more
+    await asyncio.sleep(0.001)
+    assert not batcher.behind(4.0e9)
+    gate.set()
+    assert await asyncio.gather(held, *calls[1:]) == [0, 4, 6]
     await batcher.close()
