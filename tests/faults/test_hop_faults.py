@@ -97,3 +97,4 @@ async def test_hops_behind_latency_a_black_hole_and_resets_lose_and_double_nothi
         figures,
     )
     assert figures.violations() == []
+    assert history.load_around_faults() == []

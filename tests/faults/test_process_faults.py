@@ -51,7 +51,7 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
 ) -> None:
     kills = 3 if LONG else 1
     doomed = cluster.bridge(concurrency=4, wait=False)
-    cluster.bridge(concurrency=16)
+    survivor = cluster.bridge(concurrency=16)
     doomed.wait_logged(" ready:")
     history = History()
     async with cluster.client() as client:
@@ -73,32 +73,42 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
     )
     assert figures.violations() == []
     assert figures.answered_with_error == 0
+    # The kill landed on jobs the doomed bridge held: the survivor took them over, and answers came before and
+    # after it.
+    assert "reclaimed job" in survivor.logged()
+    assert history.load_around_faults() == []
+
+
+STOPPED_S = 7.0
 
 
 async def test_a_bridge_stopped_past_the_reclaim_time_and_woken_answers_nothing_twice(
     cluster: Cluster, report: Reporter
 ) -> None:
     stalled = cluster.bridge(concurrency=4, wait=False)
-    cluster.bridge(concurrency=16)
+    survivor = cluster.bridge(concurrency=16)
     stalled.wait_logged(" ready:")
     history = History()
+    jobs = JOBS + int(50 * (STOPPED_S + 2))  # the load outlasts the stop: the woken bridge serves again
     async with cluster.client() as client:
-        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+        load = asyncio.create_task(drive(history, client, jobs=jobs, concurrency=CONCURRENCY))
         await until(lambda: history.count_closed() >= JOBS // 4)
         history.mark("fault:bridge_sigstop")
         stalled.signal(signal.SIGSTOP)
-        await asyncio.sleep(7.0)  # past the 5 s reclaim idle time: the other bridge takes its jobs over
+        await asyncio.sleep(STOPPED_S)  # past the 5 s reclaim idle time: the other bridge takes its jobs over
         stalled.signal(signal.SIGCONT)
         history.mark("heal:bridge_sigcont")
         await load
     figures = check(history, cluster.redis.url, cluster.settings)
     report(
         "bridge SIGSTOP past the reclaim time, then SIGCONT",
-        f"{JOBS} jobs, c={CONCURRENCY}, serving {DELAY_S * 1000:.0f} ms",
-        "SIGSTOP 7 s (reclaim after 5 s)",
+        f"{jobs} jobs, c={CONCURRENCY}, serving {DELAY_S * 1000:.0f} ms",
+        f"SIGSTOP {STOPPED_S:g} s (reclaim after 5 s)",
         figures,
     )
     assert figures.violations() == []
+    assert "reclaimed job" in survivor.logged()  # the stop held jobs, which the other bridge took over
+    assert history.load_around_faults() == []
 
 
 SERVINGS = ["stand-in", "real"] if LONG else ["stand-in"]
@@ -141,3 +151,4 @@ async def test_serving_sigkilled_and_restarted_with_jobs_in_flight_answers_each_
     # and recorded: the bridge does not retry a hop (it cannot know whether serving acted on it).
     assert figures.violations() == []
     assert figures.lost == [] and figures.answered_twice == []
+    assert history.load_around_faults() == []

@@ -67,6 +67,7 @@ async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis SIGKILL + restart", f"{JOBS} jobs, c={CONCURRENCY}", f"{kills} x SIGKILL, 1 s down", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []
     assert figures.ok > 0
 
 
@@ -103,6 +104,7 @@ async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(shared: 
         figures,
     )
     assert figures.violations() == []
+    assert history.load_around_faults() == []
     assert all(child.alive() for child in cluster.children)
 
 
@@ -152,6 +154,7 @@ async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Clu
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis CLIENT PAUSE ALL", f"{JOBS} jobs, c={CONCURRENCY}", f"{pauses} x 2 s pause", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []
 
 
 async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothing(
@@ -177,3 +180,4 @@ async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothin
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis SIGSTOP, then SIGCONT", f"{JOBS} jobs, c={CONCURRENCY}", f"{stops} x 3 s stopped", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []
