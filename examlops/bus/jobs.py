@@ -10,8 +10,8 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   dead letter.
 - A job whose done key exists (answered before: a client's retry, a copy) is acked without asking serving
   again, and the reply its job id got is sent again to the copy's reply stream, marked ``resent``
-  (``scripts.RESEND_SCRIPT``), if that reply is still on its stream and was signed for the copy's key id;
-  else the copy gets no reply.
+  (``scripts.RESEND_SCRIPT``), if that reply is still on its stream and was signed for the copy's key id and
+  the copy is still pending (not the same entry, answered by a bridge that reclaimed it); else no reply.
 - A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
   call the address's model (or task, or the model the task maps to now) a ``forbidden`` reply naming the
   permission; neither reaches serving nor is recorded, so neither counts in the failure windows.

@@ -54,9 +54,12 @@ RESEND_SCRIPT = """
 -- ARGV: group, entry id, the reply's entry id, the copy's key id, reply maxlen, reply ttl.
 -- The reply written for this job id, if it is still there and was signed for the copy's key id, goes to the
 -- copy's reply stream again with 'resent' '1' added (outside the signature): the same answer, never a second
--- one. XACKs and XDELs the copy either way. Returns 1 when it resent the reply.
+-- one. XACKs and XDELs the copy either way. Only a copy still pending is answered: an entry acked already (the
+-- same entry, reclaimed and answered by another bridge while this one stalled) had its reply. Returns 1 when it
+-- resent the reply.
 local sent = 0
-if KEYS[2] ~= '' then
+local pending = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if pending == 1 and KEYS[2] ~= '' then
   local found = redis.call('XRANGE', KEYS[2], ARGV[3], ARGV[3])
   if #found == 1 then
     local fields = found[1][2]
@@ -73,7 +76,6 @@ if KEYS[2] ~= '' then
     end
   end
 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 return sent
 """

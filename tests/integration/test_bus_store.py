@@ -108,7 +108,7 @@ async def test_resend_gives_a_copy_the_job_ids_one_reply_marked_resent_only_for_
 ) -> None:
     await store.ensure_groups([STREAM])
     first = await store.submit(ADDRESS, {"n": "1"})
-    copies = [await store.submit(ADDRESS, {"n": str(n)}) for n in (2, 3, 4)]
+    copies = [await store.submit(ADDRESS, {"n": str(n)}) for n in (2, 3, 4, 5)]
     await store.read("b-1", [STREAM], 10, None)
     reply_to, retry_to = wire.replies_stream("c-1"), wire.replies_stream("c-2")
     reply = {"job_id": "job-a", "status": "200", "body": "{}", "key": "k-1", "sig": "s"}
@@ -116,6 +116,8 @@ async def test_resend_gives_a_copy_the_job_ids_one_reply_marked_resent_only_for_
     done = (await store.done_among(["job-a"]))["job-a"]
     assert await store.resend(STREAM, copies[0], done=done, reply_to=retry_to, key_id="k-1")
     assert not await store.resend(STREAM, copies[1], done=done, reply_to=retry_to, key_id="another-key")
+    client.xack(STREAM, wire.GROUP, copies[3])  # answered already (by a bridge that reclaimed it): no resend
+    assert not await store.resend(STREAM, copies[3], done=done, reply_to=retry_to, key_id="k-1")
     client.delete(reply_to)  # expired: nothing left to resend
     assert not await store.resend(STREAM, copies[2], done=done, reply_to=retry_to, key_id="k-1")
     assert [fields for _id, fields in await store.replies(retry_to, "0-0", 10)] == [{**reply, "resent": "1"}]
