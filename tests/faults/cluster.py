@@ -299,6 +299,12 @@ async def drive(
     await asyncio.gather(*(one(i) for i in range(jobs)))
 
 
+async def busy(history: History, timeout_s: float = 60.0) -> None:
+    """Until some operation is in flight: a fault injected then lands on work, not in an idle moment (a fast
+    serving at a paced load is idle between jobs most of the time)."""
+    await until(lambda: history.in_flight_at(history.clock()) > 0, timeout_s)
+
+
 async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

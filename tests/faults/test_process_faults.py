@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.faults.checker import check
-from tests.faults.cluster import Child, Cluster, drive, until, wait_port, wait_ready
+from tests.faults.cluster import Child, Cluster, busy, drive, until, wait_port, wait_ready
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 
@@ -147,6 +147,7 @@ async def test_serving_sigkilled_and_restarted_with_jobs_in_flight_answers_each_
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix=f"serving-{kind}"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
+            await busy(history)  # the real serving answers in milliseconds: most instants hold no job
             history.mark(f"fault:serving_sigkill_{k}")
             serving.kill()
             await asyncio.sleep(1.0)

@@ -22,7 +22,7 @@ from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import AuditTrail, SqlCheckpointStore
 from tests.faults.checker import check
-from tests.faults.cluster import Cluster, drive, until
+from tests.faults.cluster import Cluster, busy, drive, until
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 
@@ -58,6 +58,7 @@ async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="kill"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
+            await busy(history)
             history.mark(f"fault:redis_sigkill_{k}")
             cluster.kill_redis()
             await asyncio.sleep(1.0)
@@ -86,6 +87,7 @@ async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(shared: 
             jobs = REFUSED_JOBS
             load = asyncio.create_task(drive(history, client, jobs=jobs, concurrency=CONCURRENCY, prefix="oom"))
             await until(lambda: history.count_closed() >= jobs // 3)
+            await busy(history)
             history.mark("fault:maxmemory_noeviction")
             refuse_writes(admin)
             try:
@@ -144,6 +146,7 @@ async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Clu
             load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="pause"))
             for k in range(pauses):
                 await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (pauses + 2))
+                await busy(history)
                 history.mark(f"fault:client_pause_{k}")
                 admin.execute_command("CLIENT", "PAUSE", 2000, "ALL")
                 await asyncio.sleep(2.0)
@@ -169,6 +172,7 @@ async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothin
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="stop"))
         for k in range(stops):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (stops + 2))
+            await busy(history)
             history.mark(f"fault:redis_sigstop_{k}")
             os.kill(pid, signal.SIGSTOP)  # hung, not gone: connections stay open and nothing answers
             try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checker import check
-from tests.faults.cluster import Cluster, drive, until
+from tests.faults.cluster import Cluster, busy, drive, until
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History, Outcome
 from tests.faults.proxy import FaultProxy
@@ -45,6 +45,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 async def blackhole(proxy: FaultProxy, history: History, name: str) -> None:
+    await busy(history)
     history.mark(f"fault:{name}:blackhole")
     proxy.blackhole = True
     await asyncio.sleep(BLACKHOLE_S)
