@@ -18,7 +18,8 @@ wraps its commands in ``translated(what)``:
 - ``RedisCommands``: the port the bus store speaks, raw RESP2 replies;
   ``RedisPyCommands`` is its adapter over redis-py.
 - ``translated(what)``: a refused, dropped or timed-out connection (and a
-  Redis still loading its AOF) becomes ``StoreUnavailable`` naming ``what``;
+  Redis still loading its AOF, and uvloop's ``RuntimeError`` for a write on a
+  connection already reset) becomes ``StoreUnavailable`` naming ``what``;
   other redis-py errors pass unchanged. It works around ``await`` too.
 """
 
@@ -273,3 +274,14 @@ def translated(what: str) -> Iterator[None]:
         if transient_reply(exc):
             raise StoreUnavailable(f"Redis cannot take this now ({what}): {exc}") from exc
         raise
+    except RuntimeError as exc:
+        if not closed_transport(exc):
+            raise
+        raise StoreUnavailable(f"Redis cannot be reached ({what}): the connection was closed under it") from exc
+
+
+def closed_transport(error: RuntimeError) -> bool:
+    """uvloop's error for a write on a connection the peer already reset (asyncio's loop raises an OSError
+    there); redis-py passes it on unwrapped, after dropping the connection. Seen killing bridges whose Redis
+    connections were reset (``tests/faults/test_retry_faults.py``)."""
+    return "handler is closed" in str(error)

@@ -44,7 +44,7 @@ from examlops.bus import wire
 from examlops.bus.addresses import Addresses
 from examlops.bus.clock import RedisClock, refresh, resync
 from examlops.bus.hop import ModelHandler
-from examlops.bus.jobs import JobRunner
+from examlops.bus.jobs import DoneCheck, JobRunner
 from examlops.bus.ports import BusKeys, TaskAddresses
 from examlops.bus.store import BusStore, Entry
 from examlops.core.backoff import Outage
@@ -226,7 +226,7 @@ class Bridge:
             for entry in await self.store.read(self.consumer, orphans, 100, None):  # BLOCK 0 would wait forever
                 self._spawn(entry, delivered=1)
 
-    def _check_done(self, entries: list[Entry]) -> asyncio.Task[set[str]]:
+    def _check_done(self, entries: list[Entry]) -> DoneCheck:
         """Which of these jobs were answered already, asked at once; the ids are not verified yet: a pre-check.
 
         Created before the jobs' tasks, so the MGET is on its way while they check signatures.
@@ -234,7 +234,7 @@ class Bridge:
         ids = [job_id for _s, _e, fields in entries if 0 < len(job_id := fields.get("job_id", "")) <= 128]
         return asyncio.create_task(self.jobs.done_among(ids))
 
-    def _spawn(self, entry: Entry, delivered: int, done: asyncio.Task[set[str]] | None = None) -> None:
+    def _spawn(self, entry: Entry, delivered: int, done: DoneCheck | None = None) -> None:
         key = (entry[0], entry[1])
         if key in self._in_flight:
             return

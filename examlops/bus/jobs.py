@@ -8,7 +8,10 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   the reply stream nor the done key it claims is written, so a tampered copy of a real job cannot take
   the real job's reply. A job delivered more than ``wire.MAX_DELIVERIES`` times gets an error reply and a
   dead letter.
-- A job whose done key exists (answered before) is acked without asking serving again.
+- A job whose done key exists (answered before: a client's retry, a copy) is acked without asking serving
+  again, and the reply its job id got is sent again to the copy's reply stream, marked ``resent``
+  (``scripts.RESEND_SCRIPT``), if that reply is still on its stream and was signed for the copy's key id and
+  the copy is still pending (not the same entry, answered by a bridge that reclaimed it); else no reply.
 - A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
   call the address's model (or task, or the model the task maps to now) a ``forbidden`` reply naming the
   permission; neither reaches serving nor is recorded, so neither counts in the failure windows.
@@ -46,6 +49,9 @@ from examlops.tracing import CallTrace, Tracer, trace_id_for_job
 
 log = logging.getLogger(__name__)
 
+DoneCheck = asyncio.Task[dict[str, str]]
+"""The pending check of a read's done keys (``JobRunner.done_among``): answered job id -> its done key's value."""
+
 
 class JobRunner:
     """Serves and finishes single jobs for one bridge (``consumer``). ``handler_of`` gives the handler of an
@@ -77,7 +83,7 @@ class JobRunner:
         self._finishes = itertools.count()
 
     async def process(
-        self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int, done: asyncio.Task[set[str]] | None
+        self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int, done: DoneCheck | None
     ) -> None:
         try:
             await self._serve(stream, entry_id, fields, delivered, done)
@@ -85,14 +91,15 @@ class JobRunner:
             # The job stays pending and is reclaimed; a job that keeps failing ends in the dead-letter stream.
             log.exception("job %s on %s failed in the bridge", entry_id, stream)
 
-    async def done_among(self, job_ids: list[str]) -> set[str]:
+    async def done_among(self, job_ids: list[str]) -> dict[str, str]:
+        """The answered ids among ``job_ids``, each with its done key's value (``BusStore.done_among``)."""
         try:
             return await self.store.done_among(job_ids)
         except StoreUnavailable:
-            return set()  # served then; the reply script still writes one reply per job id
+            return {}  # served then; the reply script still writes one reply per job id
 
     async def _serve(
-        self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int, done: asyncio.Task[set[str]] | None
+        self, stream: str, entry_id: str, fields: Mapping[str, str], delivered: int, done: DoneCheck | None
     ) -> None:
         address = wire.address_of(stream)
         try:
@@ -130,7 +137,11 @@ class JobRunner:
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
         if job.job_id in answered:
-            await self.finish(stream, entry_id, job, key, {})
+            resent = await self.store.resend(
+                stream, entry_id, done=answered[job.job_id], reply_to=job.reply_to, key_id=job.key_id
+            )
+            if not resent:
+                log.info("job %s was answered before and its reply is gone: acked without a reply", job.job_id)
             return
         outcome = await self._answer(job, caller, handler, trace.trace_id)
         if outcome.status == 0 or outcome.verdict:

@@ -43,6 +43,7 @@ class BusStore:
         self._finish = LuaScript(scripts.REPLY_SCRIPT)
         self._submit = LuaScript(scripts.SUBMIT_SCRIPT)
         self._prune = LuaScript(scripts.PRUNE_SCRIPT)
+        self._resend = LuaScript(scripts.RESEND_SCRIPT)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -83,13 +84,26 @@ class BusStore:
             raw = await (self.redis.execute(*command) if block_ms is None else self.redis.wait(*command))
         return _entries(raw)
 
-    async def done_among(self, job_ids: Sequence[str]) -> set[str]:
-        """The ids among ``job_ids`` whose reply was already written: one MGET for a whole read, not one per job."""
+    async def done_among(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The ids among ``job_ids`` whose reply was already written, each with its done key's value (where the
+        reply is: ``wire.reply_location``): one MGET for a whole read, not one per job."""
         if not job_ids:
-            return set()
+            return {}
         with translated("checking jobs"):
             found: Any = await self.redis.execute("MGET", *[wire.done_key(job_id) for job_id in job_ids])
-        return {job_id for job_id, value in zip(job_ids, found, strict=True) if value is not None}
+        return {job_id: str(value) for job_id, value in zip(job_ids, found, strict=True) if value is not None}
+
+    async def resend(self, stream: str, entry_id: str, *, done: str, reply_to: str, key_id: str) -> bool:
+        """A copy of an answered job: the job id's reply (where ``done``, its done key's value, says it is) goes to
+        ``reply_to`` again, marked ``resent``, when it is still there and signed for ``key_id``; the copy is acked
+        and deleted either way. True when the reply was resent."""
+        where = wire.reply_location(done)
+        original, reply_id = where if where is not None else ("", "")
+        keys = [stream, original, reply_to]
+        args: list[str | int] = [wire.GROUP, entry_id, reply_id or "0-0", key_id]
+        args += [wire.REPLY_STREAM_MAXLEN, self.reply_ttl_s]
+        with translated("resending a reply"):
+            return bool(await self.redis.evalsha(self._resend, keys, args))
 
     async def finish(
         self,

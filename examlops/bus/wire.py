@@ -6,7 +6,8 @@ Streams and keys::
 
     examlops:bus:jobs:{uuid}          jobs for one model, by its catalog ``seanerbus_uuid``; group ``bridges``
     examlops:bus:replies:{client_id}  one per client; capped (MAXLEN ~) and expiring, so abandoned ones vanish
-    examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id
+    examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id;
+                                      holds the finish's token, then where that reply is (``reply_location``)
     examlops:bus:dead                 dead letters: unverifiable, stale and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
     examlops:bus:addresses            set of the uuids with a job stream: bridges find orphans without a SCAN
@@ -127,6 +128,15 @@ def replies_stream(client_id: str) -> str:
 
 def done_key(job_id: str) -> str:
     return f"{PREFIX}:done:{job_id}"
+
+
+def reply_location(done: str) -> tuple[str, str] | None:
+    """Where a done key's reply is, (reply stream, entry id), read off its value (``token\\nstream\\nentry id``,
+    written by ``scripts.REPLY_SCRIPT``); None for a done key that names none (a dead letter's, an older one)."""
+    parts = done.split("\n")
+    if len(parts) < 3 or not parts[-2].startswith(REPLIES_PREFIX) or not parts[-1]:
+        return None
+    return parts[-2], parts[-1]
 
 
 def address_of(stream: str) -> str:

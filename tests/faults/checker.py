@@ -6,7 +6,9 @@ stream, the snapshot streams and the audit chain, and returns ``Figures``.
 empty (or, for a known bug, marks the test xfail). What it proves:
 
 - no bus job id was answered twice (two reply entries for one job id, on any
-  client's reply stream);
+  client's reply stream, not counting the copies a retry got: a bridge resends
+  a job id's one reply, marked ``resent``, to a retry of an answered job id);
+  every resent reply is the same answer as the first (``resent_differs``);
 - no job was lost: every job the client certainly submitted (an ``ok``
   operation, or an ``unknown`` one whose job reached Redis) has a reply, an
   answer or an error, once the bridges have settled;
@@ -14,8 +16,9 @@ empty (or, for a known bug, marks the test xfail). What it proves:
   one drift snapshot and exactly one ``inference.served`` audit event; replies
   that are never recorded (``NOT_RECORDED``: refused, unauthenticated,
   forbidden, past the deadline, no such model, undeliverable) have none;
-- no ``unknown`` operation was applied twice (a special case of the first,
-  counted on its own because it is the one a retrying client fears);
+- no ``unknown`` operation was applied twice: its job id answered twice, or
+  its snapshot or its ``inference.served`` event written twice (the case a
+  client that resends a job id after a timeout fears, counted on its own);
 - the audit chain verifies (``examlops.monitoring.audit.verify`` against the
   signed checkpoints in SQL).
 
@@ -52,6 +55,9 @@ _JOB_ID_AT = FIELDS.index("job_id")
 
 @dataclass(frozen=True)
 class Figures:
+    """A run's figures. A list of job ids, or a count, that is None was not measured (HTTP load has no job
+    ids to check for duplicates or records: ``http_load.figures``); a table shows it as n/a, never 0."""
+
     invoked: int
     ok: int
     failed: int
@@ -59,17 +65,21 @@ class Figures:
     answered_with_error: int
     """Ok operations whose reply was an error body (pipeline unreachable, deadline exceeded...)."""
     lost: list[str]
-    answered_twice: list[str]
-    unknown_applied_twice: list[str]
-    unrecorded: list[str]
-    recorded_twice: list[str]
-    recorded_unanswered: list[str]
+    answered_twice: list[str] | None
+    unknown_applied_twice: list[str] | None
+    unrecorded: list[str] | None
+    recorded_twice: list[str] | None
+    recorded_unanswered: list[str] | None
     """Snapshots or audit events for a job id with no recorded reply: recorded although never answered."""
-    audit_ok: bool
-    audit_events: int
+    audit_ok: bool | None
+    audit_events: int | None
     audit_problem: str
-    records_dropped: int
-    records_left: int
+    records_dropped: int | None
+    records_left: int | None
+    resent: int | None = None
+    """Reply entries a bridge resent to a retry of an answered job id (the same answer again, not a second)."""
+    resent_differs: list[str] | None = None
+    """Job ids with a resent reply that is not the first reply's answer."""
     max_latency_s: float = 0.0
     """The longest an ok operation waited for its reply (a reclaimed job waits out the reclaim idle time)."""
     recover_s: dict[str, float] = field(default_factory=dict)
@@ -81,36 +91,49 @@ class Figures:
 
     def violations(self) -> list[str]:
         found = []
-        for name in ("lost", "answered_twice", "unknown_applied_twice", "unrecorded", "recorded_twice"):
-            ids: list[str] = getattr(self, name)
+        for name in IDS:
+            ids: list[str] | None = getattr(self, name)
             if ids:
                 found.append(f"{name}: {len(ids)} ({', '.join(sorted(ids)[:5])})")
-        if self.recorded_unanswered:
-            found.append(f"recorded_unanswered: {len(self.recorded_unanswered)}")
-        if not self.audit_ok:
+        if self.audit_ok is False:
             found.append(f"audit chain broken: {self.audit_problem}")
         if self.records_left:
             found.append(f"records never drained: {self.records_left}")
         return found
 
     def summary(self) -> dict[str, Any]:
+        """Every figure the checker computed, as one JSON object; None where it was not measured."""
+        counted = {name: None if getattr(self, name) is None else len(getattr(self, name)) for name in IDS}
         return {
             "invoked": self.invoked,
             "ok": self.ok,
             "failed": self.failed,
             "unknown": self.unknown,
             "answered_with_error": self.answered_with_error,
-            "lost": len(self.lost),
-            "duplicated": len(self.answered_twice),
-            "unrecorded": len(self.unrecorded),
-            "recorded_twice": len(self.recorded_twice),
+            **counted,
+            "duplicated": counted["answered_twice"],  # the table's name for it
+            "resent": self.resent,
             "requests_failed": self.requests_failed,
             "audit_events": self.audit_events,
             "audit_ok": self.audit_ok,
+            "audit_problem": self.audit_problem,
             "records_dropped": self.records_dropped,
+            "records_left": self.records_left,
             "max_latency_s": round(self.max_latency_s, 2),
             "recover_s": {k: round(v, 2) for k, v in self.recover_s.items()},
         }
+
+
+IDS = (
+    "lost",
+    "answered_twice",
+    "unknown_applied_twice",
+    "resent_differs",
+    "unrecorded",
+    "recorded_twice",
+    "recorded_unanswered",
+)
+"""The figures that list job ids: each one a violation when not empty."""
 
 
 def _client(redis_url: str) -> redis.Redis:
@@ -144,14 +167,16 @@ def _xrange(client: redis.Redis, key: str) -> list[tuple[str, dict[str, str]]]:
     return list(entries)
 
 
-def replies(client: redis.Redis) -> dict[str, list[dict[str, Any]]]:
-    """Every reply on every client's reply stream: job id -> the reply bodies."""
+def replies(client: redis.Redis) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Every reply on every client's reply stream, (first replies, resent ones): job id -> the reply bodies."""
     found: dict[str, list[dict[str, Any]]] = {}
+    resent: dict[str, list[dict[str, Any]]] = {}
     for stream in _scan(client, wire.REPLIES_PREFIX + "*"):
         for _id, fields in _xrange(client, stream):
             body = orjson.loads(fields.get("body", "{}"))
-            found.setdefault(fields.get("job_id", ""), []).append(body if isinstance(body, dict) else {})
-    return found
+            into = resent if fields.get("resent") else found
+            into.setdefault(fields.get("job_id", ""), []).append(body if isinstance(body, dict) else {})
+    return found, resent
 
 
 def snapshot_job_ids(client: redis.Redis) -> Counter[str]:
@@ -193,7 +218,7 @@ def check(history: History, redis_url: str, settings: Settings, *, settle_s: flo
         raise ValueError(f"{len(still_open)} operations were never closed")
     left = settle(redis_url, settle_s)
     with _client(redis_url) as client:
-        answered = replies(client)
+        answered, resent = replies(client)
         snapshots = snapshot_job_ids(client)
         events = served_event_job_ids(client)
         dropped = int(client.get(RECORDS_DROPPED) or 0)
@@ -206,10 +231,12 @@ def check(history: History, redis_url: str, settings: Settings, *, settle_s: flo
     submitted = {op.key for op in ops if op.outcome is Outcome.OK or op.submitted}
     unknown = {op.key for op in ops if op.outcome is Outcome.UNKNOWN}
     twice = sorted(job for job, bodies in answered.items() if len(bodies) > 1)
+    differs = sorted(job for job, bodies in resent.items() if any(b not in answered.get(job, []) for b in bodies))
     should_record = {job for job, bodies in answered.items() if any(recorded(b) for b in bodies)}
     unrecorded = sorted(job for job in should_record if snapshots[job] == 0 or events[job] == 0)
     recorded_twice = sorted(job for job in should_record if snapshots[job] > 1 or events[job] > 1)
     stray = sorted((set(snapshots) | set(events)) - should_record)
+    applied_twice = set(twice) | {job for job in set(snapshots) | set(events) if snapshots[job] > 1 or events[job] > 1}
     return Figures(
         invoked=len(ops),
         ok=history.count(Outcome.OK),
@@ -218,7 +245,7 @@ def check(history: History, redis_url: str, settings: Settings, *, settle_s: flo
         answered_with_error=sum(1 for op in ops if op.outcome is Outcome.OK and not op.answered_ok),
         lost=sorted(job for job in submitted if job not in answered),
         answered_twice=twice,
-        unknown_applied_twice=sorted(set(twice) & unknown),
+        unknown_applied_twice=sorted(applied_twice & unknown),
         unrecorded=unrecorded,
         recorded_twice=recorded_twice,
         recorded_unanswered=stray,
@@ -232,4 +259,6 @@ def check(history: History, redis_url: str, settings: Settings, *, settle_s: flo
             default=0.0,
         ),
         recover_s=recovery(history),
+        resent=sum(len(bodies) for bodies in resent.values()),
+        resent_differs=differs,
     )

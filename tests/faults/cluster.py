@@ -34,7 +34,7 @@ from examlops.bus.client import BusClient
 from examlops.core.settings import HttpSettings, RecordingSettings, RedisSettings, ServingSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
-from tests.faults.history import History
+from tests.faults.history import History, Outcome
 from tests.integration.servers import examlops_env, free_port, known_token
 
 CATALOG = load_catalog(Settings().catalog_path)
@@ -274,9 +274,12 @@ async def drive(
     timeout_s: float = 30.0,
     prefix: str = "job",
     on_progress: Callable[[int], None] | None = None,
+    retries: int = 0,
 ) -> None:
     """``jobs`` requests, at most ``concurrency`` at a time, started at ``rate_per_s`` (so the load holds
-    through a fault instead of racing through it with fast errors); ``on_progress(closed)`` after each."""
+    through a fault instead of racing through it with fast errors); ``on_progress(closed)`` after each.
+    ``retries``: a request whose outcome is unknown is sent again with the same job id, up to this many
+    times, each try its own operation in the history (what a client does that must not lose a job)."""
     gate = asyncio.Semaphore(concurrency)
     closed = 0
     start = time.monotonic()
@@ -285,12 +288,21 @@ async def drive(
         nonlocal closed
         await asyncio.sleep(max(0.0, start + i / rate_per_s - time.monotonic()))
         async with gate:
-            await history.bus_request(client, ADDRESS, PAYLOAD, timeout_s, f"{prefix}-{i}")
+            for _ in range(retries + 1):
+                op = await history.bus_request(client, ADDRESS, PAYLOAD, timeout_s, f"{prefix}-{i}")
+                if op.outcome is not Outcome.UNKNOWN:
+                    break
         closed += 1
         if on_progress is not None:
             on_progress(closed)
 
     await asyncio.gather(*(one(i) for i in range(jobs)))
+
+
+async def busy(history: History, timeout_s: float = 60.0) -> None:
+    """Until some operation is in flight: a fault injected then lands on work, not in an idle moment (a fast
+    serving at a paced load is idle between jobs most of the time)."""
+    await until(lambda: history.in_flight_at(history.clock()) > 0, timeout_s)
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:

@@ -15,6 +15,10 @@ Contract:
   client itself (``InvalidInput``, ``ModelNotFound``) is ``failed``.
 - ``mark(name)`` stamps a fault or a heal on the same clock, so the checker
   can measure the time to recover. The clock is monotonic and injected.
+- ``load_around_faults()`` proves the faults hit work in flight: every
+  ``fault:`` mark with operations in flight at it, answers before the first
+  fault and after the last heal; a fault that lands in an idle moment, or a
+  load that ended before it, fails the scenario instead of passing unseen.
 
 Nothing here reads Redis: ``checker.check`` compares the history with what
 Redis holds after the run.
@@ -56,6 +60,10 @@ class Operation:
     def answered_ok(self) -> bool:
         """Ok, and the answer was not an error body."""
         return self.outcome is Outcome.OK and self.value is not None and self.value.get("error") is None
+
+
+def _answered_ok(op: Operation) -> bool:
+    return op.answered_ok
 
 
 @dataclass
@@ -101,6 +109,41 @@ class History:
 
     def count(self, outcome: Outcome) -> int:
         return sum(1 for op in self.operations if op.outcome is outcome)
+
+    def in_flight_at(self, t: float) -> int:
+        """Operations invoked before ``t`` and not closed by then: the work a fault at ``t`` lands on."""
+        return sum(1 for op in self.operations if op.invoked <= t and (op.completed is None or op.completed > t))
+
+    def answered_between(
+        self, start: float, end: float = float("inf"), good: Callable[[Operation], bool] | None = None
+    ) -> int:
+        """Operations ``good`` (by default: answered without an error body) that completed in [``start``, ``end``)."""
+        good = good or _answered_ok
+        return sum(1 for op in self.operations if good(op) and op.completed and start <= op.completed < end)
+
+    def marked(self, prefix: str) -> list[float]:
+        """The times of the marks whose name starts with ``prefix`` ("fault:", "heal:")."""
+        return [t for name, t in self.marks if name.startswith(prefix)]
+
+    def load_around_faults(self, good: Callable[[Operation], bool] | None = None) -> list[str]:
+        """What shows the faults missed the load, or [] when they hit it: each fault mark with no operation in
+        flight at it (it landed in an idle moment), no ``good`` answer (by default: without an error body)
+        before the first fault, none after the last heal (or the last fault, without a heal mark). A scenario
+        asserts it is empty."""
+        faults = self.marked("fault:")
+        if not faults:
+            return ["no fault was marked"]
+        found = [
+            f"nothing in flight at {name}"
+            for name, t in self.marks
+            if name.startswith("fault:") and self.in_flight_at(t) == 0
+        ]
+        if self.answered_between(0.0, faults[0], good) == 0:
+            found.append("no answer before the first fault")
+        last = max(self.marked("heal:") or faults)
+        if self.answered_between(last, good=good) == 0:
+            found.append("no answer after the last heal")
+        return found
 
     async def bus_request(
         self,

@@ -7,8 +7,9 @@ own dependencies (a model, MLflow) or overload it, where there is no bus job to 
   being answered through a fault.
 - ``figures``: the checker's ``Figures`` of such a history. A call is *failed* when ``expected(op)`` says
   its answer is not what was promised (by default: anything but a 200); ``lost`` lists calls never closed;
-  recovery runs from each ``heal:`` mark to the next good answer. There is no Redis to read: the bus's
-  columns (duplicated, unrecorded, audit) stay empty.
+  recovery runs from each ``heal:`` mark to the next good answer. There is no Redis to read: what only the
+  bus's history shows (duplicated, unrecorded, recorded twice, the audit chain, records) is None, not
+  measured, and the reliability table says n/a, not 0.
 """
 
 from __future__ import annotations
@@ -66,16 +67,16 @@ def figures(history: History, expected: Callable[[Operation], bool] = answered) 
         unknown=history.count(Outcome.UNKNOWN),
         answered_with_error=sum(1 for op in bad if op.outcome is Outcome.OK),
         lost=[op.key for op in history.operations if op.outcome is None],
-        answered_twice=[],
-        unknown_applied_twice=[],
-        unrecorded=[],
-        recorded_twice=[],
-        recorded_unanswered=[],
-        audit_ok=True,
-        audit_events=0,
+        answered_twice=None,
+        unknown_applied_twice=None,
+        unrecorded=None,
+        recorded_twice=None,
+        recorded_unanswered=None,
+        audit_ok=None,
+        audit_events=None,
         audit_problem="",
-        records_dropped=0,
-        records_left=0,
+        records_dropped=None,
+        records_left=None,
         max_latency_s=max(latencies, default=0.0),
         recover_s=recover,
     )

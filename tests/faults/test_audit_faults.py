@@ -22,9 +22,11 @@ import redis
 
 from examlops.bootstrap import sql_engine, upgrade_database
 from examlops.core.settings import RedisSettings, Settings
-from examlops.monitoring.audit import STREAM, SqlCheckpointStore, verify
+from examlops.monitoring.audit import STREAM, SqlCheckpointStore, VerifyReport, verify
+from tests.faults.checker import Figures
 from tests.faults.cluster import REPO
-from tests.faults.conftest import LONG
+from tests.faults.conftest import LONG, Reporter
+from tests.faults.history import History, Outcome
 
 pytestmark = pytest.mark.timeout(600 if LONG else 180)
 
@@ -36,7 +38,9 @@ def written_by(client: redis.Redis, subject: str) -> int:
     return sum(1 for _id, fields in client.xrange(STREAM) if fields["subject"] == subject)
 
 
-def test_eight_concurrent_writers_and_one_killed_leave_a_chain_that_verifies(tmp_path: Path, redis_url: str) -> None:
+def test_eight_concurrent_writers_and_one_killed_leave_a_chain_that_verifies(
+    tmp_path: Path, redis_url: str, report: Reporter
+) -> None:
     settings = Settings(home=tmp_path, redis=RedisSettings(url=redis_url))
     upgrade_database(settings)
     writers = [
@@ -59,7 +63,7 @@ def test_eight_concurrent_writers_and_one_killed_leave_a_chain_that_verifies(tmp
         events = [fields for _id, fields in client.xrange(STREAM)]
         engine = sql_engine(settings)
         try:
-            report = verify(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
+            verified = verify(client, settings.secret.get_secret_value().encode(), SqlCheckpointStore(engine))
         finally:
             engine.dispose()
     finally:
@@ -78,7 +82,46 @@ def test_eight_concurrent_writers_and_one_killed_leave_a_chain_that_verifies(tmp
     killed = by_writer["writer-0"]
     assert EVENTS // 4 <= len(killed) < EVENTS and killed == list(range(len(killed)))  # a prefix, nothing doubled
     assert sum(1 for fields in events if fields["type"] == "fault.once") == 1
-    assert report.ok, report.broken
-    assert report.events == len(events)
-    assert report.checkpoints > 0
-    print(json.dumps({"scenario": "8 concurrent audit writers, 1 SIGKILLed", "events": len(events), "ok": report.ok}))
+    assert verified.ok, verified.broken
+    assert verified.events == len(events)
+    assert verified.checkpoints > 0
+    report_figures(report, by_writer, verified, len(events))
+
+
+def report_figures(reporter: Reporter, by_writer: dict[str, list[int]], verified: VerifyReport, events: int) -> None:
+    """The run as a row of the reliability table: each event a writer meant to append is an operation; the
+    killed writer's are those it appended (the rest it never sent). No bus job, so no reply or record figures."""
+    history = History()
+    lost: list[str] = []
+    doubled: list[str] = []
+    for w in range(WRITERS):
+        seen = by_writer[f"writer-{w}"]
+        meant = range(EVENTS) if w else range(len(seen))
+        for n in meant:
+            history.ok(history.invoke("audit", f"writer-{w}:{n}"), {"error": None})
+        lost += [f"writer-{w}:{n}" for n in meant if n not in seen]
+        doubled += [f"writer-{w}:{n}" for n in set(seen) if seen.count(n) > 1]
+    figures = Figures(
+        invoked=len(history.operations),
+        ok=history.count(Outcome.OK),
+        failed=0,
+        unknown=0,
+        answered_with_error=0,
+        lost=lost,
+        answered_twice=doubled,
+        unknown_applied_twice=None,
+        unrecorded=None,
+        recorded_twice=None,
+        recorded_unanswered=None,
+        audit_ok=verified.ok,
+        audit_events=verified.events,
+        audit_problem="" if verified.broken is None else f"{verified.broken.kind} at {verified.broken.seq}",
+        records_dropped=None,
+        records_left=None,
+    )
+    reporter(
+        f"{WRITERS} concurrent audit writers, 1 SIGKILLed",
+        f"{WRITERS} processes x {EVENTS} events on one chain ({events} written)",
+        "SIGKILL of one writer after a quarter of its events",
+        figures,
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +18,10 @@ from examlops.core.records import ServedInference
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import STREAM, AuditTrail, SqlCheckpointStore
 from examlops.monitoring.recording.sink import AuditRecordSink
+from tests.faults import conftest as faults_conftest
+from tests.faults import http_load
 from tests.faults.checker import check
+from tests.faults.conftest import Reporter
 from tests.faults.history import History
 
 ADDRESS = "00000000-0000-0000-0000-000000000001"
@@ -31,8 +36,9 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
     return settings
 
 
-def reply(client: redis.Redis, job_id: str, body: dict[str, object] = OK_BODY) -> None:
-    client.xadd(wire.replies_stream("c1"), {"job_id": job_id, "status": "200", "body": orjson.dumps(body)})
+def reply(client: redis.Redis, job_id: str, body: dict[str, object] = OK_BODY, *, resent: bool = False) -> None:
+    fields = {"job_id": job_id, "status": "200", "body": orjson.dumps(body), **({"resent": "1"} if resent else {})}
+    client.xadd(wire.replies_stream("c1"), fields)
 
 
 def record(settings: Settings, client: redis.Redis, *job_ids: str) -> None:
@@ -87,6 +93,66 @@ def test_a_job_answered_twice_and_an_unknown_one_applied_twice_are_named(
     figures = check(history, settings.redis_url, settings, settle_s=1)
     assert figures.answered_twice == ["a", "u"]
     assert figures.unknown_applied_twice == ["u"]
+
+
+def test_a_resent_reply_to_a_retry_is_no_second_answer_unless_it_differs(
+    settings: Settings, client: redis.Redis
+) -> None:
+    history = History()
+    for job in ("same", "other"):
+        history.unknown(history.invoke("bus", job), "DeadlineExceeded", submitted=True)
+        answered(history, job)  # the retry, with the same job id
+        reply(client, job)
+    reply(client, "same", resent=True)
+    reply(client, "other", {**OK_BODY, "prediction": 0.9}, resent=True)
+    record(settings, client, "same", "other")
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.answered_twice == figures.unknown_applied_twice == []
+    assert figures.resent == 2 and figures.resent_differs == ["other"]
+    assert figures.violations() == ["resent_differs: 1 (other)"]
+
+
+def test_an_unknown_job_recorded_twice_is_applied_twice_with_one_reply(settings: Settings, client: redis.Redis) -> None:
+    history = History()
+    history.unknown(history.invoke("bus", "u"), "DeadlineExceeded", submitted=True)
+    answered(history, "u")
+    reply(client, "u")
+    record(settings, client, "u")
+    record(settings, client, "u")  # served again by a retry that missed the done key: a second snapshot and event
+    figures = check(history, settings.redis_url, settings, settle_s=1)
+    assert figures.answered_twice == [] and figures.unknown_applied_twice == ["u"]
+    assert figures.recorded_twice == ["u"]
+
+
+def test_the_summary_holds_every_figure_and_none_for_what_http_load_cannot_measure() -> None:
+    history = History()
+    history.ok(history.invoke("JPCP", "p-0"), {"status": 200, "error": None})
+    summary = http_load.figures(history).summary()
+    for name in ("duplicated", "unrecorded", "recorded_twice", "recorded_unanswered", "unknown_applied_twice"):
+        assert summary[name] is None
+    assert summary["audit_ok"] is None and summary["records_left"] is None and summary["lost"] == 0
+
+
+def test_the_table_names_each_run_and_says_n_a_for_what_was_not_measured(tmp_path: Path) -> None:
+    report = tmp_path / "report.jsonl"
+    history = History()
+    history.ok(history.invoke("JPCP", "p-0"), {"status": 200, "error": None})
+    figures = http_load.figures(history)
+    older = Reporter({"started": "2026-12-01T00:00:00Z", "commit": "aaaaaaa", "command": "pytest old"})
+    newer = Reporter({"started": "2026-12-06T00:00:00Z", "commit": "bbbbbbb", "command": "pytest new"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(faults_conftest, "REPORT", str(report))
+        older("http scenario", "1 call", "none", figures)
+        newer("http scenario", "1 call", "none", figures)
+    table = Path(__file__).resolve().parents[2] / "bench" / "faults_table.py"
+    last = subprocess.run([sys.executable, str(table), str(report)], capture_output=True, text=True, check=True)
+    assert "at commit bbbbbbb, command `pytest new`" in last.stdout and "aaaaaaa" not in last.stdout
+    [row] = [line for line in last.stdout.splitlines() if line.startswith("| http scenario")]
+    assert row.split(" | ")[4:8] == ["n/a", "n/a", "n/a", "n/a"]  # duplicated .. recorded unanswered
+    every = subprocess.run(
+        [sys.executable, str(table), str(report), "--all"], capture_output=True, text=True, check=True
+    )
+    assert every.stdout.index("aaaaaaa") < every.stdout.index("bbbbbbb")
 
 
 def test_a_submitted_job_without_a_reply_is_lost(settings: Settings, client: redis.Redis) -> None:

@@ -57,3 +57,38 @@ def test_a_refused_job_is_not_an_answer_without_error() -> None:
     history = History()
     op = history.ok(history.invoke("bus", "j"), {"error": "refused", "code": "refused"})
     assert not op.answered_ok
+
+
+def scripted(*times: float) -> History:
+    return History(clock=iter(times).__next__)
+
+
+def test_a_fault_on_work_in_flight_with_answers_before_and_after_is_a_hit() -> None:
+    history = scripted(0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0)
+    before = history.invoke("bus", "a")  # 0
+    history.ok(before, {"error": None})  # 1
+    held = history.invoke("bus", "b")  # 2
+    history.mark("fault:x")  # 2.5: b in flight
+    history.ok(held, {"error": None})  # 3
+    history.mark("heal:x")  # 4
+    after = history.invoke("bus", "c")  # 5
+    history.ok(after, {"error": None})  # 6
+    assert history.in_flight_at(2.5) == 1
+    assert history.load_around_faults() == []
+
+
+def test_a_fault_in_an_idle_moment_or_without_answers_around_it_is_named() -> None:
+    history = scripted(0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
+    early = history.invoke("bus", "a")  # 0
+    history.ok(early, {"error": None})  # 1
+    history.mark("fault:idle")  # 2: nothing in flight
+    late = history.invoke("bus", "b")  # 3
+    history.ok(late, {"error": "pipeline_unavailable", "code": "pipeline_unavailable"})  # 4: an error body
+    history.mark("heal:idle")  # 5
+    assert history.load_around_faults() == ["nothing in flight at fault:idle", "no answer after the last heal"]
+    assert scripted().load_around_faults() == ["no fault was marked"]
+    quiet = scripted(0.0, 1.0, 2.0)
+    op = quiet.invoke("bus", "a")  # 0
+    quiet.mark("fault:first")  # 1
+    quiet.ok(op, {"error": None})  # 2
+    assert quiet.load_around_faults() == ["no answer before the first fault"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.checker import check
-from tests.faults.cluster import Cluster, drive, until
+from tests.faults.cluster import Cluster, busy, drive, until
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 from tests.faults.proxy import FaultProxy
@@ -47,6 +47,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 async def inject(proxy: FaultProxy, history: History, hop: str) -> None:
     """Latency and jitter, a black hole ended by resets, new connections reset, then healed (FAULT_S)."""
+    await busy(history)  # so each fault starts on jobs in flight (a 20 ms serving leaves idle gaps)
     history.mark(f"fault:{hop}:latency")
     proxy.latency_s, proxy.jitter_s = 0.1, 0.05
     await asyncio.sleep(LATENCY_S)
@@ -97,3 +98,4 @@ async def test_hops_behind_latency_a_black_hole_and_resets_lose_and_double_nothi
         figures,
     )
     assert figures.violations() == []
+    assert history.load_around_faults() == []

@@ -19,7 +19,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,11 +26,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
-from examlops.core.settings import Settings
 from examlops.identity.tokens import parse_token
-from examlops.registry.demo import seed_demo
-from tests.faults.cluster import CATALOG
-from tests.faults.conftest import LONG
+from tests.faults.conftest import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, LONG, MAX_BODY
 from tests.integration.servers import ServingProcess
 
 pytestmark = [
@@ -39,28 +35,13 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning", "ignore::FutureWarning"),
 ]
 
-MAX_BODY = 64 * 1024
-HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 3.0
 PREDICT = {"model": "JPCP", "embedding": [0.01] * 384, "node_count": 12}
 
 
-@pytest.fixture(scope="module")
-def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
-    home = tmp_path_factory.mktemp("hostile-serving")
-    seed_demo(Settings(home=home), CATALOG)
-    env = {
-        "EXAMLOPS_SERVING__MAX_BODY_BYTES": str(MAX_BODY),
-        "EXAMLOPS_SERVING__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-        "EXAMLOPS_SERVING__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
-        "EXAMLOPS_PREDICT__WORKERS": "2" if LONG else "1",  # one worker process is enough for what is sent here
-        "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0",
-    }
-    proc = ServingProcess(home, env)
-    try:
-        proc.wait_ready(180)
-        yield proc
-    finally:
-        proc.stop()
+@pytest.fixture
+def serving(hostile_serving: ServingProcess) -> ServingProcess:
+    """The session's hostile serving (``conftest.hostile_serving``), shared with the permission fuzz."""
+    return hostile_serving
 
 
 def is_v2(path: str) -> bool:

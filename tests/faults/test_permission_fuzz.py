@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +29,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from examlops.core.settings import Settings
-from examlops.registry.demo import seed_demo
-from tests.faults.cluster import CATALOG
 from tests.faults.conftest import LONG
 from tests.integration.servers import ServingProcess
 from tests.integration.test_auth_http import INFER, PREDICT, V2, _cli, served_requests
@@ -120,26 +116,21 @@ class Platform:
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    home = tmp_path_factory.mktemp("permission-fuzz")
-    seed_demo(Settings(home=home), CATALOG)
-    env = {"EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0", "EXAMLOPS_AUTH__CACHE_TTL_S": "0.5"}
-    server = ServingProcess(home, env)
-    try:
-        server.wait_ready(180)
-        cli_env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_TOKEN": server.token}
-        tokens = {"admin": server.token}
-        for name, role, extra in (
-            ("robot", "caller", ["--model", "jpcp"]),
-            ("tasker", "caller", ["--task", JPCP_TASK]),
-            ("console", "operator", []),
-            ("gone", "caller", []),
-        ):
-            tokens[name] = _cli(cli_env, "identity", "add", name, "--role", role, *extra)["token"]
-        _cli(cli_env, "identity", "revoke", "gone")
-        yield Platform(server, tokens, set())
-    finally:
-        server.stop()
+def platform(hostile_serving: ServingProcess) -> Platform:
+    """The session's hostile serving (``conftest.hostile_serving``, shared with ``test_hostile_http.py``), with
+    this module's identities added."""
+    server = hostile_serving
+    cli_env = {"EXAMLOPS_HOME": str(server.home), "EXAMLOPS_TOKEN": server.token}
+    tokens = {"admin": server.token}
+    for name, role, extra in (
+        ("robot", "caller", ["--model", "jpcp"]),
+        ("tasker", "caller", ["--task", JPCP_TASK]),
+        ("console", "operator", []),
+        ("gone", "caller", []),
+    ):
+        tokens[name] = _cli(cli_env, "identity", "add", name, "--role", role, *extra)["token"]
+    _cli(cli_env, "identity", "revoke", "gone")
+    return Platform(server, tokens, set())
 
 
 def credentials(platform: Platform, who: str, state: str, noise: str) -> dict[str, str]:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.faults.checker import check
-from tests.faults.cluster import Cluster, drive, until, wait_ready
+from tests.faults.cluster import Child, Cluster, busy, drive, until, wait_port, wait_ready
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 
@@ -31,19 +30,31 @@ DELAY_S = 0.1
 """Serving's answer time: with c=8 there are always jobs in flight in both bridges."""
 
 
-@pytest.fixture
-def bare_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One Redis and one serving stand-in for the module's scenarios: each starts its own bridges (stopped when
+    it ends, so only its own take jobs over) and uses job ids of its own."""
+    cluster = Cluster(tmp_path_factory.mktemp("process-faults"))
     try:
+        cluster.serving(delay_s=DELAY_S)
         yield cluster
     finally:
         cluster.close()
 
 
 @pytest.fixture
-def cluster(bare_cluster: Cluster) -> Cluster:
-    bare_cluster.serving(delay_s=DELAY_S)
-    return bare_cluster
+def cluster(shared: Cluster) -> Iterator[Cluster]:
+    """The shared cluster; the bridges a scenario started are stopped after it (SIGTERM: they drain)."""
+    before = len(shared.children)
+    try:
+        yield shared
+    finally:
+        for child in shared.children[before:]:
+            child.stop(10)
+        standin = shared.children[0]
+        if not standin.alive():  # a scenario replaced it (the real serving's)
+            standin.restart()
+            wait_port(shared.serving_port, standin)
 
 
 async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_runs(
@@ -51,11 +62,11 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
 ) -> None:
     kills = 3 if LONG else 1
     doomed = cluster.bridge(concurrency=4, wait=False)
-    cluster.bridge(concurrency=16)
+    survivor = cluster.bridge(concurrency=16)
     doomed.wait_logged(" ready:")
     history = History()
     async with cluster.client() as client:
-        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="killed"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
             history.mark(f"fault:bridge_sigkill_{k}")
@@ -73,32 +84,49 @@ async def test_a_bridge_sigkilled_mid_job_loses_nothing_while_another_bridge_run
     )
     assert figures.violations() == []
     assert figures.answered_with_error == 0
+    # The kill landed on jobs the doomed bridge held: the survivor took them over, and answers came before and
+    # after it.
+    assert "reclaimed job" in survivor.logged()
+    assert history.load_around_faults() == []
+
+
+STOPPED_S = 7.0
 
 
 async def test_a_bridge_stopped_past_the_reclaim_time_and_woken_answers_nothing_twice(
     cluster: Cluster, report: Reporter
 ) -> None:
     stalled = cluster.bridge(concurrency=4, wait=False)
-    cluster.bridge(concurrency=16)
+    survivor = cluster.bridge(concurrency=16)
     stalled.wait_logged(" ready:")
     history = History()
+    jobs = JOBS + int(50 * (STOPPED_S + 2))  # the load outlasts the stop: the woken bridge serves again
     async with cluster.client() as client:
-        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+        load = asyncio.create_task(drive(history, client, jobs=jobs, concurrency=CONCURRENCY, prefix="stopped"))
         await until(lambda: history.count_closed() >= JOBS // 4)
         history.mark("fault:bridge_sigstop")
         stalled.signal(signal.SIGSTOP)
-        await asyncio.sleep(7.0)  # past the 5 s reclaim idle time: the other bridge takes its jobs over
+        await asyncio.sleep(STOPPED_S)  # past the 5 s reclaim idle time: the other bridge takes its jobs over
         stalled.signal(signal.SIGCONT)
         history.mark("heal:bridge_sigcont")
         await load
     figures = check(history, cluster.redis.url, cluster.settings)
     report(
         "bridge SIGSTOP past the reclaim time, then SIGCONT",
-        f"{JOBS} jobs, c={CONCURRENCY}, serving {DELAY_S * 1000:.0f} ms",
-        "SIGSTOP 7 s (reclaim after 5 s)",
+        f"{jobs} jobs, c={CONCURRENCY}, serving {DELAY_S * 1000:.0f} ms",
+        f"SIGSTOP {STOPPED_S:g} s (reclaim after 5 s)",
         figures,
     )
     assert figures.violations() == []
+    assert "reclaimed job" in survivor.logged()  # the stop held jobs, which the other bridge took over
+    assert history.load_around_faults() == []
+
+
+def real_serving(cluster: Cluster) -> Child:
+    """`exa serve start` on the serving port, in place of the shared stand-in (stopped; ``cluster`` starts it
+    again after the test)."""
+    cluster.children[0].stop(10)
+    return cluster.real_serving()
 
 
 SERVINGS = ["stand-in", "real"] if LONG else ["stand-in"]
@@ -108,17 +136,18 @@ machine, three times per run: long runs only."""
 
 @pytest.mark.parametrize("kind", SERVINGS)
 async def test_serving_sigkilled_and_restarted_with_jobs_in_flight_answers_each_job_once(
-    bare_cluster: Cluster, report: Reporter, kind: str
+    cluster: Cluster, report: Reporter, kind: str
 ) -> None:
-    cluster = bare_cluster
-    serving = cluster.serving(delay_s=DELAY_S) if kind == "stand-in" else cluster.real_serving()
+    # The stand-in is the shared one (restarted in place); the real serving takes the stand-in's port.
+    serving = cluster.children[0] if kind == "stand-in" else real_serving(cluster)
     cluster.bridges(2)
     kills = 3 if LONG and kind == "stand-in" else 1  # the real serving takes a minute to start again
     history = History()
     async with cluster.client() as client:
-        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY))
+        load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix=f"serving-{kind}"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
+            await busy(history)  # the real serving answers in milliseconds: most instants hold no job
             history.mark(f"fault:serving_sigkill_{k}")
             serving.kill()
             await asyncio.sleep(1.0)
@@ -141,3 +170,4 @@ async def test_serving_sigkilled_and_restarted_with_jobs_in_flight_answers_each_
     # and recorded: the bridge does not retry a hop (it cannot know whether serving acted on it).
     assert figures.violations() == []
     assert figures.lost == [] and figures.answered_twice == []
+    assert history.load_around_faults() == []

@@ -22,7 +22,7 @@ from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import RedisSettings, Settings
 from examlops.monitoring.audit import AuditTrail, SqlCheckpointStore
 from tests.faults.checker import check
-from tests.faults.cluster import Cluster, drive, until
+from tests.faults.cluster import Cluster, busy, drive, until
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 
@@ -58,6 +58,7 @@ async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="kill"))
         for k in range(kills):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (kills + 2))
+            await busy(history)
             history.mark(f"fault:redis_sigkill_{k}")
             cluster.kill_redis()
             await asyncio.sleep(1.0)
@@ -67,6 +68,7 @@ async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis SIGKILL + restart", f"{JOBS} jobs, c={CONCURRENCY}", f"{kills} x SIGKILL, 1 s down", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []
     assert figures.ok > 0
 
 
@@ -85,6 +87,7 @@ async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(shared: 
             jobs = REFUSED_JOBS
             load = asyncio.create_task(drive(history, client, jobs=jobs, concurrency=CONCURRENCY, prefix="oom"))
             await until(lambda: history.count_closed() >= jobs // 3)
+            await busy(history)
             history.mark("fault:maxmemory_noeviction")
             refuse_writes(admin)
             try:
@@ -103,6 +106,7 @@ async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(shared: 
         figures,
     )
     assert figures.violations() == []
+    assert history.load_around_faults() == []
     assert all(child.alive() for child in cluster.children)
 
 
@@ -142,6 +146,7 @@ async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Clu
             load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="pause"))
             for k in range(pauses):
                 await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (pauses + 2))
+                await busy(history)
                 history.mark(f"fault:client_pause_{k}")
                 admin.execute_command("CLIENT", "PAUSE", 2000, "ALL")
                 await asyncio.sleep(2.0)
@@ -152,6 +157,7 @@ async def test_redis_client_pause_mid_load_loses_and_doubles_nothing(shared: Clu
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis CLIENT PAUSE ALL", f"{JOBS} jobs, c={CONCURRENCY}", f"{pauses} x 2 s pause", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []
 
 
 async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothing(
@@ -166,6 +172,7 @@ async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothin
         load = asyncio.create_task(drive(history, client, jobs=JOBS, concurrency=CONCURRENCY, prefix="stop"))
         for k in range(stops):
             await until(lambda k=k: history.count_closed() >= (k + 1) * JOBS // (stops + 2))
+            await busy(history)
             history.mark(f"fault:redis_sigstop_{k}")
             os.kill(pid, signal.SIGSTOP)  # hung, not gone: connections stay open and nothing answers
             try:
@@ -177,3 +184,4 @@ async def test_redis_sigstopped_mid_load_then_continued_loses_and_doubles_nothin
     figures = check(history, cluster.redis.url, cluster.settings)
     report("redis SIGSTOP, then SIGCONT", f"{JOBS} jobs, c={CONCURRENCY}", f"{stops} x 3 s stopped", figures)
     assert figures.violations() == []
+    assert history.load_around_faults() == []

@@ -209,9 +209,15 @@ async def until(check: Any, within: float = 15.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def replies_per_job(redis_url: str, stream: str) -> Counter[str]:
+def replies_per_job(redis_url: str, stream: str, *, resent: bool | None = None) -> Counter[str]:
+    """Reply entries per job id on ``stream``; ``resent``: only those a retry got again (True) or only the
+    first ones (False)."""
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        return Counter(fields["job_id"] for _id, fields in client.xrange(stream))
+        return Counter(
+            fields["job_id"]
+            for _id, fields in client.xrange(stream)
+            if resent is None or ("resent" in fields) == resent
+        )
 
 
 @pytest.mark.parametrize("http_client", ["library", "aiohttp"])
@@ -343,21 +349,40 @@ async def test_a_reclaimed_job_that_was_answered_is_acked_without_serving_it_aga
             async with running_bridge(settings, sweep_s=0.2):
                 await until(lambda: sync_redis.xlen(stream) == 0)
     assert standin.seen == ["twice"]
-    assert replies_per_job(redis_url, client.reply_stream) == Counter({"twice": 1})
+    assert replies_per_job(redis_url, client.reply_stream, resent=False) == Counter({"twice": 1})
 
 
-async def test_a_job_id_submitted_twice_is_served_answered_and_recorded_once(
+async def test_a_job_id_submitted_twice_is_served_and_recorded_once_and_the_retry_gets_the_same_reply(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
     settings = bus_settings(tmp_path, redis_url, standin.port)
-    async with running_bridge(settings), bus_client(settings) as client:
-        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="again"))["error"] is None
-        # A copy (a client's retry, or a replay by anyone who can write to Redis) is acked without serving it.
-        with pytest.raises(DeadlineExceeded):
-            await client.request(ADDRESS, PAYLOAD, 1, job_id="again")
-    assert standin.seen == ["again"]
-    assert replies_per_job(redis_url, client.reply_stream) == Counter({"again": 1})
+    async with running_bridge(settings), bus_client(settings) as client, bus_client(settings) as other:
+        first = await client.request(ADDRESS, PAYLOAD, 10, job_id="again")
+        # A retry (the same client's, or another process's with the same identity) is not served again: it
+        # gets the job id's one reply, resent.
+        assert await client.request(ADDRESS, PAYLOAD, 10, job_id="again") == first
+        assert await other.request(ADDRESS, PAYLOAD, 10, job_id="again") == first
+    assert first["error"] is None and standin.seen == ["again"]
+    assert replies_per_job(redis_url, client.reply_stream, resent=False) == Counter({"again": 1})
+    assert replies_per_job(redis_url, client.reply_stream, resent=True) == Counter({"again": 1})
+    assert replies_per_job(redis_url, other.reply_stream, resent=True) == Counter({"again": 1})
     assert [served.job_id for served in recorded(redis_url)] == ["again"]
+
+
+async def test_a_retry_of_an_answered_job_id_by_another_identity_gets_no_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    stranger_token = f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+    known_token(settings, stranger_token, name="stranger")
+    stranger = settings.model_copy(update={"token": SecretStr(stranger_token)})
+    async with running_bridge(settings), bus_client(settings) as client, bus_client(stranger) as other:
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="mine"))["error"] is None
+        with pytest.raises(DeadlineExceeded):  # job ids are global: the id is used up, its reply not theirs
+            await other.request(ADDRESS, PAYLOAD, 1, job_id="mine")
+    assert standin.seen == ["mine"]
+    with redis.Redis.from_url(redis_url) as sync_redis:
+        assert sync_redis.xlen(other.reply_stream) == 0
 
 
 async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answered_and_recorded_once(

@@ -74,7 +74,7 @@ async def test_a_blocking_read_holds_up_no_other_command(store: BusStore) -> Non
     reply_stream = wire.replies_stream("idle-client")
     waiting = asyncio.create_task(store.replies(reply_stream, "0-0", 3000))
     await asyncio.sleep(0.1)
-    assert await asyncio.wait_for(store.done_among(["nobody"]), 1) == set()
+    assert await asyncio.wait_for(store.done_among(["nobody"]), 1) == {}
     assert not waiting.done()
     assert await waiting == []
 
@@ -94,11 +94,35 @@ async def test_finish_replies_once_per_job_and_acks_and_deletes_the_entry(store:
     assert await store.finish(STREAM, first_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
     assert await store.finish(STREAM, first_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
     assert not await store.finish(STREAM, second_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-2")
-    assert await store.done_among(["job-a", "job-b"]) == {"job-a"}
-    assert await store.done_among([]) == set()
-    assert [fields for _id, fields in await store.replies(reply_to, "0-0", 10)] == [reply]
+    done = await store.done_among(["job-a", "job-b"])
+    assert list(done) == ["job-a"] and await store.done_among([]) == {}
+    [(reply_id, fields)] = await store.replies(reply_to, "0-0", 10)
+    assert fields == reply
+    assert wire.reply_location(done["job-a"]) == (reply_to, reply_id)  # where a retry's copy finds it
     assert client.xlen(STREAM) == 0 and client.xpending(STREAM, wire.GROUP)["pending"] == 0
     assert 0 < client.ttl(reply_to) <= 60
+
+
+async def test_resend_gives_a_copy_the_job_ids_one_reply_marked_resent_only_for_its_key_id(
+    store: BusStore, client: redis.Redis
+) -> None:
+    await store.ensure_groups([STREAM])
+    first = await store.submit(ADDRESS, {"n": "1"})
+    copies = [await store.submit(ADDRESS, {"n": str(n)}) for n in (2, 3, 4, 5)]
+    await store.read("b-1", [STREAM], 10, None)
+    reply_to, retry_to = wire.replies_stream("c-1"), wire.replies_stream("c-2")
+    reply = {"job_id": "job-a", "status": "200", "body": "{}", "key": "k-1", "sig": "s"}
+    assert await store.finish(STREAM, first, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
+    done = (await store.done_among(["job-a"]))["job-a"]
+    assert await store.resend(STREAM, copies[0], done=done, reply_to=retry_to, key_id="k-1")
+    assert not await store.resend(STREAM, copies[1], done=done, reply_to=retry_to, key_id="another-key")
+    client.xack(STREAM, wire.GROUP, copies[3])  # answered already (by a bridge that reclaimed it): no resend
+    assert not await store.resend(STREAM, copies[3], done=done, reply_to=retry_to, key_id="k-1")
+    client.delete(reply_to)  # expired: nothing left to resend
+    assert not await store.resend(STREAM, copies[2], done=done, reply_to=retry_to, key_id="k-1")
+    assert [fields for _id, fields in await store.replies(retry_to, "0-0", 10)] == [{**reply, "resent": "1"}]
+    assert client.xlen(STREAM) == 0 and client.xpending(STREAM, wire.GROUP)["pending"] == 0
+    assert 0 < client.ttl(retry_to) <= 60
 
 
 async def test_finish_dead_letters_a_refused_job(store: BusStore, client: redis.Redis) -> None:

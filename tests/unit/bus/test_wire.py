@@ -196,3 +196,10 @@ def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
     )  # fmt: skip
     fields["sig"] = hmac.new(SECRET, message.encode(), hashlib.sha256).hexdigest()
     assert wire.decode_job(SECRET, ADDRESS, fields, NOW).payload["alias"] == "canaré"
+
+
+def test_a_done_keys_value_names_where_its_reply_is_or_nothing() -> None:
+    stream = wire.replies_stream("c-1")
+    assert wire.reply_location(f"bridge-a:1f:7\n{stream}\n1700000000000-3") == (stream, "1700000000000-3")
+    assert wire.reply_location("bridge-a:1f:7") is None  # a dead letter's, or one written before replies were kept
+    assert wire.reply_location("token\nnot-a-reply-stream\n1-0") is None

@@ -17,6 +17,7 @@ from examlops.core.errors import StoreUnavailable
         ResponseError("OOM command not allowed when used memory > 'maxmemory'."),
         ResponseError("BUSY Redis is busy running a script."),
         ResponseError("READONLY You can't write against a read only replica."),
+        RuntimeError("unable to perform operation on <TCPTransport closed=True reading=False>; the handler is closed"),
     ],
 )
 def test_an_unreachable_or_momentarily_refusing_redis_is_unavailable(error: Exception) -> None:
@@ -29,5 +30,12 @@ def test_an_unreachable_or_momentarily_refusing_redis_is_unavailable(error: Exce
 )
 def test_other_error_replies_pass_unchanged(error: ResponseError) -> None:
     with pytest.raises(ResponseError) as raised, translated("creating groups"):
+        raise error
+    assert raised.value is error
+
+
+def test_other_runtime_errors_pass_unchanged() -> None:
+    error = RuntimeError("Event loop is closed")
+    with pytest.raises(RuntimeError) as raised, translated("reading jobs"):
         raise error
     assert raised.value is error
