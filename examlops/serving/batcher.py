@@ -108,16 +108,15 @@ class MicroBatcher(Generic[T, R]):
     def queued(self, key: float = math.inf) -> list[T]:
         """The items waiting (not yet in a batch) whose key is at most ``key``: those a new item of that key
         would wait behind."""
-        ahead = [waiter.item for waiter in self._collecting if waiter.key <= key]
-        for heap in self._heaps.values():
-            ahead += [waiter.item for waiter in heap if waiter.key <= key and not waiter.future.done()]
-        return ahead
+        queues = itertools.chain(self._collecting, *self._heaps.values())
+        return [waiter.item for waiter in queues if waiter.key <= key and not waiter.future.done()]
 
     def waiting(self) -> list[tuple[float, float, T]]:
         """``(key, due, item)`` of every item waiting, in the order they will be taken."""
         waiters = (waiter for heap in self._heaps.values() for waiter in heap if not waiter.future.done())
         live = sorted(waiters, key=_ORDER)  # compared in C, not by the dataclass's __lt__
-        return [(waiter.key, waiter.due, waiter.item) for waiter in (*self._collecting, *live)]
+        collecting = (waiter for waiter in self._collecting if not waiter.future.done())
+        return [(waiter.key, waiter.due, waiter.item) for waiter in (*collecting, *live)]
 
     def behind(self, key: float) -> bool:
         """Whether an item waiting with a deadline would be taken after a new item of ``key``."""
@@ -231,12 +230,12 @@ class MicroBatcher(Generic[T, R]):
                 now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
                 if heap:
-                    if heap[0].key == math.inf and first.key != math.inf:
-                        break  # background work never rides in an interactive batch
                     waiter = self._take(heap, now)
                     if waiter is None:
                         continue
-                    if not fits(batch, waiter, now, self._lead):
+                    # Background work never rides in an interactive batch; a call that does not fit waits.
+                    background = waiter.key == math.inf and first.key != math.inf
+                    if background or not fits(batch, waiter, now, self._lead):
                         heapq.heappush(heap, waiter)  # it waits for the next batch
                         break
                     batch.append(waiter)

@@ -4,9 +4,9 @@
 or ``Refused`` (reason ``budget``) when it declared a budget (a refusal, not an error, for a budgeted call);
 one that has a deadline is admitted only when the estimate (``admission``) says it can be answered by
 then, else ``Refused`` (reason ``budget``) at once, before it is queued. A call of many rows sent apart (a
-stream) is admitted once, before any row is sent (``admit``), and its rows come ``admitted``: none of
-them is refused early on its own. Queued requests wait in deadline
-order; one whose deadline comes while it waits never reaches a worker: ``Refused`` (reason ``late``).
+stream) is admitted once, before any row is sent (``admit``), and its rows come ``admitted``: none of them
+is refused early on its own. Queued requests wait in deadline order; one whose deadline comes while it
+waits never reaches a worker: ``Refused`` (reason ``late``).
 ``background=True`` work (offline jobs) queues behind every interactive call and is never refused early.
 Every refusal notes the refused call's ``budget_ms`` and deadline (``Refused.of_call``) for its reply.
 An unknown model is ``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
@@ -14,10 +14,9 @@ micro-batches (``settings.batch``, ``batcher``), then routed and predicted per b
 says: one predict call per loaded version, a bad payload fails alone, a failed predict fails its group,
 and only transport errors re-route (up to ``settings.traffic.route_retries`` times).
 
-Replies: a success carries model, alias, version, run id and prediction; a request pinned to a raw
-version reports the alias ``"pinned"``. ``start`` loads the hot set; every alias whose load failed (and
-a default alias not in the registry yet) keeps loading behind (``upkeep``), and ``ready`` turns true
-once every default alias is loaded (an alias still failing is listed, with its reason, in ``hot_set``).
+Replies: a success carries model, alias, version, run id and prediction; a pinned request reports the
+alias ``"pinned"``. ``start`` (and each ``reload``) loads; an alias whose load failed, or a default alias
+not in the registry yet, keeps loading behind (``upkeep``); ``ready`` once every default alias is loaded.
 """
 
 from __future__ import annotations
@@ -90,7 +89,6 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
-        # Ray's replicas serve one model each (batches, in flight, estimate per model); the pool's are shared.
         capacity = predict_capacity(runtime, settings.predict.workers)
         per_model, workers = capacity.per_model, capacity.workers
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
@@ -138,8 +136,7 @@ class Pipeline:
         self._batcher.start()
         await self._hotset.load_all()
         self._ready = not self._hotset.missing_defaults()
-        if self._hotset.unloaded_models():
-            self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
+        self._keep_loading()
         if self.settings.hotset.reload_poll_s > 0:
             self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
 
@@ -170,26 +167,25 @@ class Pipeline:
         return split
 
     async def reload(self, model: str | None = None, *, actor: str = "system:reload-poll") -> list[ReloadChange]:
-        """Follow moved aliases now (load, swap, release); what changed, refused ones included. ``actor`` (the
-        identity that asked; the poll by default) is named in every event."""
+        """Follow moved aliases now (load, swap, release); what changed, refused ones included, each event
+        naming ``actor`` (who asked; the poll by default)."""
         changes = await self._hotset.reload(model)
         self._note_loaded()
+        self._keep_loading()  # a version moved in that failed gets its tries behind, as one at start does
         await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
 
     async def route(self, model: str, alias: str | None = None) -> str:
-        """The alias that answers every row of one call to ``model``: drawn once from the traffic split when
-        ``alias`` is None or the default alias, else ``alias`` (canonical spelling). Rows sent with it and
-        ``routed=True`` skip the per-request draw. ``ModelNotFound`` for a model not in the catalog."""
+        """The alias answering every row of one call to ``model`` (drawn once from the split for None or the
+        default alias, else ``alias``); rows sent with it and ``routed=True`` skip the draw. ``ModelNotFound``."""
         spec = self.catalog.get(model)
         await self._router.refresh_stale({spec.name})
         return self._router.choose(spec, alias, self._hotset.available_aliases(spec.name))
 
     def admit(self, req: InferenceRequest, rows: int = 1) -> float | None:
-        """Admission of a call of ``rows`` rows like ``req`` before any of them is sent (a stream, once, for
-        its first chunk): ``infer``'s entry checks and its estimate for the rows together. The estimate (ms),
-        None for a call without a deadline; ``Refused`` (reason ``budget``) at once otherwise, counted and
-        noted as ``infer``'s refusals are. Rows then sent with ``admitted=True`` are not estimated again."""
+        """Admission of a call of ``rows`` rows like ``req`` before any is sent (a stream's first chunk): the
+        estimate (ms), None without a deadline; ``Refused`` (``budget``) at once otherwise, counted as
+        ``infer``'s refusals are. Rows then sent with ``admitted=True`` are not estimated again."""
         model, alias = "unknown", "other"
         try:
             model, alias = self._labels(req)
@@ -270,9 +266,8 @@ class Pipeline:
     async def _handle_batch(self, batch: Sequence[InferenceRequest]) -> list[Reply]:
         self._metrics.batch_size.observe(len(batch))
         now = self._clock()
-        for req in batch:
-            if req.facts is not None:
-                req.facts.queue_wait_ms = (now - req.facts.queued_at) * 1000
+        for facts in (req.facts for req in batch if req.facts is not None):
+            facts.queue_wait_ms = (now - facts.queued_at) * 1000
         return await self._dispatcher.handle(batch)
 
     async def _submit(self, req: InferenceRequest, due: float | None, background: bool) -> Reply:
@@ -295,6 +290,11 @@ class Pipeline:
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _keep_loading(self) -> None:
+        retrying = self._closed or "hotset-retry" in {t.get_name() for t in self._tasks}
+        if not retrying and self._hotset.unloaded_models():
+            self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
 
     def _note_loaded(self) -> None:
         self._ready = self._ready or not self._hotset.missing_defaults()

@@ -25,7 +25,7 @@ from typing import Any, cast
 from ray import serve
 from ray.serve import Deployment, RunTarget
 
-from examlops.core.errors import ModelLoadError
+from examlops.core.errors import ModelLoadError, ModelLoadTimeout
 from examlops.core.settings import Settings
 from examlops.serving.ray_replica import ModelReplica
 
@@ -109,7 +109,8 @@ def wait_running(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Poll ``status()`` until ``app`` is RUNNING; ``ModelLoadError`` when it failed or the deadline passed."""
+    """Poll ``status()`` until ``app`` is RUNNING; ``ModelLoadError`` when it failed, ``ModelLoadTimeout``
+    (retryable: a busy cluster, not the version's fault) when the deadline passed first."""
     deadline = clock() + timeout_s
     while True:
         state = status().applications.get(app)
@@ -119,7 +120,7 @@ def wait_running(
         if current.endswith("DEPLOY_FAILED"):  # UNHEALTHY passes: a replica being replaced, say after a 504
             raise ModelLoadError(f"Ray could not deploy {app}: {describe(state)}")
         if clock() >= deadline:
-            raise ModelLoadError(f"{app} was not running on every replica within {timeout_s:g} s: {describe(state)}")
+            raise ModelLoadTimeout(f"{app} was not running on every replica within {timeout_s:g} s: {describe(state)}")
         sleep(POLL_S)
 
 

@@ -272,3 +272,25 @@ async def test_behind_names_only_waiting_items_with_a_deadline_taken_after_the_k
     gate.set()
     assert await asyncio.gather(held, *calls[1:]) == [0, 4, 6]
     await batcher.close()
+
+
+@pytest.mark.parametrize("dead", ["cancelled", "expired"])
+async def test_background_work_never_rides_in_an_interactive_batch_behind_a_dead_call(dead: str) -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    batcher: MicroBatcher[int, int] = MicroBatcher(handler, max_size=4, max_wait_s=0, max_in_flight=1)
+    now = asyncio.get_running_loop().time()
+    held = asyncio.ensure_future(batcher.submit(0))  # in flight: the rest wait
+    await asyncio.sleep(0.001)
+    interactive = asyncio.ensure_future(batcher.submit(2, due=now + 1.0))
+    # Taken after the interactive call, before the background one; its caller is gone by then.
+    gone = asyncio.ensure_future(batcher.submit(1, due=now + 0.005 if dead == "expired" else now + 5.0, key=now + 5.0))
+    background = asyncio.ensure_future(batcher.submit(3, key=math.inf))
+    await asyncio.sleep(0.01)
+    if dead == "cancelled":
+        gone.cancel()
+    gate.set()
+    assert await asyncio.gather(held, interactive, background) == [0, 4, 6]
+    assert handler.batches == [[0], [2], [3]]
+    await asyncio.gather(gone, return_exceptions=True)
+    await batcher.close()

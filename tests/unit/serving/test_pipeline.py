@@ -24,6 +24,7 @@ from examlops.core.errors import (
 )
 from examlops.core.messages import InferenceRequest
 from examlops.core.settings import AdmissionSettings, BatchSettings, HotSetSettings, PredictSettings, Settings
+from examlops.serving.hotset import LOAD_TRIES
 from examlops.serving.pipeline import Pipeline
 from tests.unit.serving.fakes import (
     DIM,
@@ -133,6 +134,23 @@ async def test_an_alias_that_failed_to_load_at_start_is_retried_behind_so_a_relo
     await eventually(lambda: any(e.alias == "Canary" and e.state == "ready" for e in pipeline.hot_set()))
     assert await pipeline.reload() == []
     assert (await pipeline.infer(req(alias="Canary"))).version == "2"
+
+
+async def test_a_new_version_of_an_alias_given_up_at_start_is_retried_behind_the_reload(world: World) -> None:
+    world.runtime.fail_load.add("JPCP/2")  # Canary's version is broken for good: given up after its tries
+    pipeline = world.pipeline(load_retry_s=0.01)
+    await pipeline.start()
+    await eventually(lambda: world.runtime.loads.count("JPCP/2") == LOAD_TRIES)
+    await asyncio.sleep(0.05)  # the retry task has ended: nothing is left it may try
+    assert world.runtime.loads.count("JPCP/2") == LOAD_TRIES
+    world.source.add("JPCP", "3")
+    world.source.move("JPCP", "Canary", "3")
+    world.runtime.fail_load.add("JPCP/3")  # the new version's first tries fail: say a busy worker
+    [change] = await pipeline.reload()
+    assert (change.alias, change.new_version) == ("Canary", "3") and change.outcome != "swapped"
+    world.runtime.fail_load.discard("JPCP/3")
+    await eventually(lambda: any(e.alias == "Canary" and e.state == "ready" for e in pipeline.hot_set()))
+    assert (await pipeline.infer(req(alias="Canary"))).version == "3"  # no poll, no second reload
 
 
 async def test_concurrent_requests_to_one_version_share_one_predict_call(world: World) -> None:
