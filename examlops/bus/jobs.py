@@ -26,9 +26,9 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   answered and recorded together, once.
 - Every time here is on ``clock``, the bus's (``clock.RedisClock``: Redis's TIME), as the client's deadline
   is; only the trace's deadline is moved onto the tracer's own wall clock, which it is read against.
-- A lost Redis is retried with backoff until the job's deadline (at least 30 s); then the job stays
-  pending and is reclaimed. Any other error (the key port's ``StoreUnavailable`` too) leaves it pending
-  (logged).
+- A lost Redis is retried with backoff until the job's deadline (at least 30 s), by a reply and a resend
+  alike; then the job stays pending and is reclaimed. Any other error (the key port's ``StoreUnavailable``
+  too) leaves it pending (logged).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from examlops.bus import budget, replies, wire
 from examlops.bus.hop import ModelHandler, Outcome
@@ -50,6 +50,7 @@ from examlops.core.errors import DeadlineExceeded, ExamlopsError, ModelNotFound,
 from examlops.tracing import CallTrace, Tracer, trace_id_for_job
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DoneCheck = asyncio.Task[dict[str, str]]
 """The pending check of a read's done keys (``JobRunner.done_among``): answered job id -> its done key's value."""
@@ -139,7 +140,8 @@ class JobRunner:
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
         if job.job_id in answered:
-            await self._again(stream, entry_id, fields, job, caller, handler, answered[job.job_id])
+            allowed = self._refusal(caller, handler) is None
+            await self._again(stream, entry_id, fields, job, allowed, answered[job.job_id])
             return
         outcome = await self._answer(job, caller, handler, trace.trace_id)
         if outcome.status == 0 or outcome.verdict:
@@ -165,19 +167,12 @@ class JobRunner:
         return caller, key, wire.decode_job(key, address, fields, self.clock())
 
     async def _again(
-        self,
-        stream: str,
-        entry_id: str,
-        fields: Mapping[str, str],
-        job: wire.Job,
-        caller: BusCaller,
-        handler: ModelHandler | None,
-        done: str,
+        self, stream: str, entry_id: str, fields: Mapping[str, str], job: wire.Job, allowed: bool, done: str
     ) -> None:
         """A copy of an answered job id: its reply resent, unless the caller may no longer have it (acked, no
         reply) or the copy asks something else (dead-lettered ``job_id_reused``, no reply)."""
         reply = wire.reply_location(done)
-        if self._refusal(caller, handler) is not None:
+        if not allowed:
             log.info("job %s was answered before; its identity may no longer call: acked without a reply", job.job_id)
             reply = None
         elif reply is not None and reply.digest != job.digest:
@@ -185,8 +180,13 @@ class JobRunner:
             message = "the job id was answered for another address or payload; use a new job id"
             await self._dead_letter(stream, entry_id, fields, "job_id_reused", message)
             return
-        if not await self.store.resend(stream, entry_id, reply=reply, reply_to=job.reply_to, key_id=job.key_id):
-            log.info("job %s was answered before; its reply was not resent: acked without a reply", job.job_id)
+        resent = await self._retried(
+            job,
+            "resend",
+            lambda: self.store.resend(stream, entry_id, reply=reply, reply_to=job.reply_to, key_id=job.key_id),
+        )
+        if not resent:  # gone, another identity's, this copy answered already, or Redis lost past the deadline
+            log.info("job %s was answered before; no reply resent to entry %s", job.job_id, entry_id)
 
     @staticmethod
     def _refusal(caller: BusCaller, handler: ModelHandler | None) -> ExamlopsError | None:
@@ -254,37 +254,46 @@ class JobRunner:
         With a ``job``, the reply (signed with ``key``) goes to its reply stream once per job id; without
         one (a dead letter), nothing is replied and ``done_id`` names the entry's own done key.
         """
-        give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
         token = f"{self._token_prefix}{next(self._finishes)}"  # this finish's, kept across its retries
-        outage: Outage | None = None  # built on the first failure only: this runs once per job
         if job is not None:
             done_id, reply_to = job.job_id, job.reply_to
             fields = replies.reply_fields(job.key_id, key, job.job_id, body, status)
         else:
             reply_to, fields = None, {}
+        first = await self._retried(
+            job,
+            "reply",
+            lambda: self.store.finish(
+                stream,
+                entry_id,
+                done_id=done_id,
+                reply_to=reply_to,
+                reply=fields,
+                dead=dead,
+                done_ttl_s=wire.done_ttl(job.deadline if job else None, self.clock()),
+                token=token,
+                record=record,
+                records_bound=self.records_bound,
+                digest=job.digest if job is not None else "",
+            ),
+        )
+        if first is None:
+            log.warning("gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream)
+        return bool(first)
+
+    async def _retried(self, job: wire.Job | None, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """``call()``, retried on a lost Redis until the job's deadline (at least 30 s); None when it gave up."""
+        give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
+        outage: Outage | None = None  # built on the first failure only: this runs once per job
         while True:
             try:
-                first = await self.store.finish(
-                    stream,
-                    entry_id,
-                    done_id=done_id,
-                    reply_to=reply_to,
-                    reply=fields,
-                    dead=dead,
-                    done_ttl_s=wire.done_ttl(job.deadline if job else None, self.clock()),
-                    token=token,
-                    record=record,
-                    records_bound=self.records_bound,
-                    digest=job.digest if job is not None else "",
-                )
+                result = await call()
+            except StoreUnavailable as exc:
+                outage = outage or Outage(f"bridge {self.consumer} {what}", log)
+                if self.clock() >= give_up:
+                    return None
+                await asyncio.sleep(outage.lost(exc))
+            else:
                 if outage is not None:
                     outage.back()
-                return first
-            except StoreUnavailable as exc:
-                outage = outage or Outage(f"bridge {self.consumer} reply", log)
-                if self.clock() >= give_up:
-                    log.warning(
-                        "gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream
-                    )
-                    return False
-                await asyncio.sleep(outage.lost(exc))
+                return result

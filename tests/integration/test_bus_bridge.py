@@ -393,6 +393,28 @@ async def test_a_retry_of_an_answered_job_id_by_another_identity_gets_no_reply(
     assert standin.seen == ["mine"]
 
 
+async def test_a_resend_that_lost_redis_is_retried_by_the_same_bridge_not_left_to_a_reclaim(
+    tmp_path: Path, redis_url: str, standin: StandIn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    resend = BusStore.resend
+    tries: list[str] = []
+
+    async def losing_redis_once(self: BusStore, stream: str, entry_id: str, **options: Any) -> bool:
+        tries.append(entry_id)
+        if len(tries) == 1:
+            raise StoreUnavailable("connection refused")  # before the script ran
+        return await resend(self, stream, entry_id, **options)
+
+    monkeypatch.setattr(BusStore, "resend", losing_redis_once)
+    async with running_bridge(settings), bus_client(settings) as client:
+        first = await client.request(ADDRESS, PAYLOAD, 10, job_id="shaky")
+        assert await client.request(ADDRESS, PAYLOAD, 10, job_id="shaky") == first
+    assert len(tries) == 2 and tries[0] == tries[1]  # the same entry, retried
+    assert "failed in the bridge" not in caplog.text  # not an error left pending for another bridge to reclaim
+    assert replies_per_job(redis_url, client.reply_stream, resent=True) == Counter({"shaky": 1})
+
+
 async def test_a_retry_of_an_answered_job_id_by_a_revoked_identity_gets_no_reply(
     tmp_path: Path, redis_url: str, standin: StandIn
 ) -> None:
