@@ -281,7 +281,7 @@ def translated(what: str) -> Iterator[None]:
 
 
 def closed_transport(error: RuntimeError) -> bool:
-    """uvloop's error for a write on a connection the peer already reset (asyncio's loop raises an OSError
-    there); redis-py passes it on unwrapped, after dropping the connection. Seen killing bridges whose Redis
-    connections were reset (``tests/faults/test_retry_faults.py``)."""
+    """True for uvloop's error for a write on a connection the peer already reset (asyncio's loop raises an
+    OSError there), which redis-py passes on unwrapped after dropping the connection: ``translated`` makes it
+    ``StoreUnavailable``, retried like any lost connection. Any other ``RuntimeError`` is False (a bug)."""
     return "handler is closed" in str(error)

@@ -20,7 +20,14 @@ Contract of ``request``:
   falls back from, and does not retry at once;
 - raises ``DeadlineExceeded`` when no reply came within ``timeout``, and
   ``StoreUnavailable`` when Redis cannot be reached to send the job (after the
-  connection's retries with backoff).
+  connection's retries with backoff);
+- ``job_id`` (a fresh UUID when not given) is global and answered once: a
+  retry with the same id, the same address and the same payload gets the first
+  answer again (the bus README's "Retrying a job id"; the entry's ``resent``
+  mark is not returned: the body is the same); the same id with another address
+  or payload gets no reply (``DeadlineExceeded``; the bridge dead-letters it
+  ``job_id_reused``), nor does a retry by an identity revoked or no longer
+  allowed since. A new request needs a new id.
 
 One reader task per client reads the client's reply stream with XREAD BLOCK
 and resolves the waiting request by job id; replies nobody waits for (late or

@@ -8,10 +8,12 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   the reply stream nor the done key it claims is written, so a tampered copy of a real job cannot take
   the real job's reply. A job delivered more than ``wire.MAX_DELIVERIES`` times gets an error reply and a
   dead letter.
-- A job whose done key exists (answered before: a client's retry, a copy) is acked without asking serving
-  again, and the reply its job id got is sent again to the copy's reply stream, marked ``resent``
-  (``scripts.RESEND_SCRIPT``), if that reply is still on its stream and was signed for the copy's key id and
-  the copy is still pending (not the same entry, answered by a bridge that reclaimed it); else no reply.
+- A job whose done key exists (answered before: a client's retry, a copy) is never served again. Its identity
+  revoked or no longer allowed: acked, no reply. Another address or payload than the one the job id was
+  answered for (``wire.Job.digest``): dead-lettered ``job_id_reused``, no reply. Else the job id's reply goes
+  again to the copy's reply stream, marked ``resent`` (``scripts.RESEND_SCRIPT``), if it is still on its
+  stream, was signed for the copy's key id and the copy is still pending (not the same entry, answered by a
+  bridge that reclaimed it); else no reply.
 - A verified job of a revoked identity gets an ``unauthenticated`` reply, one of an identity that may not
   call the address's model (or task, or the model the task maps to now) a ``forbidden`` reply naming the
   permission; neither reaches serving nor is recorded, so neither counts in the failure windows.
@@ -24,9 +26,9 @@ Contract (``JobRunner.process``, run by the bridge once per delivered entry):
   answered and recorded together, once.
 - Every time here is on ``clock``, the bus's (``clock.RedisClock``: Redis's TIME), as the client's deadline
   is; only the trace's deadline is moved onto the tracer's own wall clock, which it is read against.
-- A lost Redis is retried with backoff until the job's deadline (at least 30 s); then the job stays
-  pending and is reclaimed. Any other error (the key port's ``StoreUnavailable`` too) leaves it pending
-  (logged).
+- A lost Redis is retried with backoff until the job's deadline (at least 30 s), by a reply and a resend
+  alike; then the job stays pending and is reclaimed. Any other error (the key port's ``StoreUnavailable``
+  too) leaves it pending (logged).
 """
 
 from __future__ import annotations
@@ -35,19 +37,20 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from examlops.bus import budget, replies, wire
 from examlops.bus.hop import ModelHandler, Outcome
 from examlops.bus.ports import BusCaller, BusKeys
+from examlops.bus.record import packed_record
 from examlops.bus.store import BusStore
 from examlops.core.backoff import Outage
 from examlops.core.errors import DeadlineExceeded, ExamlopsError, ModelNotFound, StoreUnavailable, Unauthenticated
-from examlops.core.records import ServedInference, embedding_stats
 from examlops.tracing import CallTrace, Tracer, trace_id_for_job
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DoneCheck = asyncio.Task[dict[str, str]]
 """The pending check of a read's done keys (``JobRunner.done_among``): answered job id -> its done key's value."""
@@ -137,11 +140,8 @@ class JobRunner:
             return
         answered = await (done if done is not None else self.done_among([job.job_id]))
         if job.job_id in answered:
-            resent = await self.store.resend(
-                stream, entry_id, done=answered[job.job_id], reply_to=job.reply_to, key_id=job.key_id
-            )
-            if not resent:
-                log.info("job %s was answered before and its reply is gone: acked without a reply", job.job_id)
+            allowed = self._refusal(caller, handler) is None
+            await self._again(stream, entry_id, fields, job, allowed, answered[job.job_id])
             return
         outcome = await self._answer(job, caller, handler, trace.trace_id)
         if outcome.status == 0 or outcome.verdict:
@@ -149,7 +149,9 @@ class JobRunner:
         else:  # serving's reply passed on: serving traced the call under this id
             body = {**outcome.body, "trace": trace.trace_id}
         outcome = Outcome(body, outcome.status, outcome.recorded, outcome.verdict)
-        record = self._record(job, caller, handler, outcome) if handler is not None and outcome.recorded else ""
+        record = ""
+        if self.record and handler is not None and outcome.recorded:  # with the embedding's statistics
+            record = packed_record(job, handler.spec.name, caller.name, outcome.body, outcome.status, self.clock())
         await self.finish(stream, entry_id, job, key, outcome.body, status=outcome.status, record=record)
 
     async def _verified(self, address: str, fields: Mapping[str, str]) -> tuple[BusCaller, bytes, wire.Job]:
@@ -164,18 +166,51 @@ class JobRunner:
         caller, key = found
         return caller, key, wire.decode_job(key, address, fields, self.clock())
 
-    async def _answer(self, job: wire.Job, caller: BusCaller, handler: ModelHandler | None, trace_id: str) -> Outcome:
-        """Serve the job, or the refusal it gets (never recorded, never sent to serving)."""
+    async def _again(
+        self, stream: str, entry_id: str, fields: Mapping[str, str], job: wire.Job, allowed: bool, done: str
+    ) -> None:
+        """A copy of an answered job id: its reply resent, unless the caller may no longer have it (acked, no
+        reply) or the copy asks something else (dead-lettered ``job_id_reused``, no reply)."""
+        reply = wire.reply_location(done)
+        if not allowed:
+            log.info("job %s was answered before; its identity may no longer call: acked without a reply", job.job_id)
+            reply = None
+        elif reply is not None and reply.digest != job.digest:
+            log.warning("job id %s was answered for another request: dead-lettered", job.job_id)
+            message = "the job id was answered for another address or payload; use a new job id"
+            await self._dead_letter(stream, entry_id, fields, "job_id_reused", message)
+            return
+        resent = await self._retried(
+            job,
+            "resend",
+            lambda: self.store.resend(stream, entry_id, reply=reply, reply_to=job.reply_to, key_id=job.key_id),
+        )
+        if not resent:  # gone, another identity's, this copy answered already, or Redis lost past the deadline
+            log.info("job %s was answered before; no reply resent to entry %s", job.job_id, entry_id)
+
+    @staticmethod
+    def _refusal(caller: BusCaller, handler: ModelHandler | None) -> ExamlopsError | None:
+        """Why ``caller`` may not have a job of ``handler``'s address answered (revoked, not allowed), or None."""
         if caller.revoked:
-            return Outcome(replies.error_body(Unauthenticated(), job_id=job.job_id), 0, False)
-        if handler is None:
-            missing = ModelNotFound(f"no model or task has the bus address {job.address[:64]}")
-            return Outcome(replies.error_body(missing, job_id=job.job_id), 0, False)
+            return Unauthenticated()
         try:
             # A task's address names its model too (as `POST /v1/tasks/{task}/infer` checks both): an identity
             # whose model list lacks the task's model may not reach that model through the task.
-            caller.may_call(task=handler.task, model=handler.spec.name)
+            if handler is not None:
+                caller.may_call(task=handler.task, model=handler.spec.name)
         except ExamlopsError as refused:
+            return refused
+        return None
+
+    async def _answer(self, job: wire.Job, caller: BusCaller, handler: ModelHandler | None, trace_id: str) -> Outcome:
+        """Serve the job, or the refusal it gets (never recorded, never sent to serving)."""
+        refused = self._refusal(caller, handler)
+        if refused is not None and (caller.revoked or handler is None):
+            return Outcome(replies.error_body(refused, job_id=job.job_id), 0, False)
+        if handler is None:
+            missing = ModelNotFound(f"no model or task has the bus address {job.address[:64]}")
+            return Outcome(replies.error_body(missing, job_id=job.job_id), 0, False)
+        if refused is not None:
             return Outcome(handler.error_body(refused, job.job_id), 0, False)
         expired = job.expired(self.clock())
         if expired is not None:
@@ -201,31 +236,6 @@ class JobRunner:
         by_entry = f"entry:{stream}:{entry_id}"  # never the job id it claims: that belongs to the real job
         await self.finish(stream, entry_id, None, b"", {}, dead=dead, done_id=by_entry)
 
-    def _record(self, job: wire.Job, caller: BusCaller, handler: ModelHandler, outcome: Outcome) -> str:
-        """The job's record (``ServedInference.packed``), or '' when recording is off."""
-        if not self.record:
-            return ""
-        embedding, nodes = job.payload.get("embedding"), job.payload.get("node_count")
-        valid = outcome.body.get("code") != "invalid_input" and isinstance(embedding, list)
-        try:
-            norm, mean, std = embedding_stats(embedding) if valid else (0.0, 0.0, 0.0)  # type: ignore[arg-type]  # a list, checked above
-        except TypeError:  # an embedding serving answered with an error, holding non-numbers
-            norm, mean, std = 0.0, 0.0, 0.0
-        served = ServedInference(
-            job_id=job.job_id,
-            address=job.address,
-            model=handler.spec.name,
-            caller=caller.name,
-            node_count=nodes if valid and type(nodes) is int else 0,
-            reply=outcome.body,
-            status=outcome.status,
-            served_at=self.clock(),
-            norm=norm,
-            mean=mean,
-            std=std,
-        )
-        return served.packed()
-
     async def finish(
         self,
         stream: str,
@@ -244,36 +254,46 @@ class JobRunner:
         With a ``job``, the reply (signed with ``key``) goes to its reply stream once per job id; without
         one (a dead letter), nothing is replied and ``done_id`` names the entry's own done key.
         """
-        give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
         token = f"{self._token_prefix}{next(self._finishes)}"  # this finish's, kept across its retries
-        outage: Outage | None = None  # built on the first failure only: this runs once per job
         if job is not None:
             done_id, reply_to = job.job_id, job.reply_to
             fields = replies.reply_fields(job.key_id, key, job.job_id, body, status)
         else:
             reply_to, fields = None, {}
+        first = await self._retried(
+            job,
+            "reply",
+            lambda: self.store.finish(
+                stream,
+                entry_id,
+                done_id=done_id,
+                reply_to=reply_to,
+                reply=fields,
+                dead=dead,
+                done_ttl_s=wire.done_ttl(job.deadline if job else None, self.clock()),
+                token=token,
+                record=record,
+                records_bound=self.records_bound,
+                digest=job.digest if job is not None else "",
+            ),
+        )
+        if first is None:
+            log.warning("gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream)
+        return bool(first)
+
+    async def _retried(self, job: wire.Job | None, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """``call()``, retried on a lost Redis until the job's deadline (at least 30 s); None when it gave up."""
+        give_up = max(job.deadline if job else 0.0, self.clock() + 30.0)
+        outage: Outage | None = None  # built on the first failure only: this runs once per job
         while True:
             try:
-                first = await self.store.finish(
-                    stream,
-                    entry_id,
-                    done_id=done_id,
-                    reply_to=reply_to,
-                    reply=fields,
-                    dead=dead,
-                    done_ttl_s=wire.done_ttl(job.deadline if job else None, self.clock()),
-                    token=token,
-                    record=record,
-                    records_bound=self.records_bound,
-                )
+                result = await call()
+            except StoreUnavailable as exc:
+                outage = outage or Outage(f"bridge {self.consumer} {what}", log)
+                if self.clock() >= give_up:
+                    return None
+                await asyncio.sleep(outage.lost(exc))
+            else:
                 if outage is not None:
                     outage.back()
-                return first
-            except StoreUnavailable as exc:
-                outage = outage or Outage(f"bridge {self.consumer} reply", log)
-                if self.clock() >= give_up:
-                    log.warning(
-                        "gave up replying to %s on %s; it stays pending and will be reclaimed", entry_id, stream
-                    )
-                    return False
-                await asyncio.sleep(outage.lost(exc))
+                return result

@@ -10,13 +10,14 @@ REPLY_SCRIPT = """
 -- KEYS: job stream, done key, reply stream ('' when unreadable), dead stream, records stream ('' = no record),
 -- records dropped counter.
 -- ARGV: group, entry id, done ttl, reply maxlen, reply ttl, dead maxlen, dead json ('' = none), token,
--- record ('' = none), records bound, reply k/v... Writes the reply (and the job's record) only when the done
--- key is new, XACKs and XDELs the job either way. The check comes before the writes, and the done key is set
--- last: a failed XADD leaves the job pending, never half-done. The record goes to the records stream with the
--- reply's own fields, unless the stream holds its bound (then the counter counts it). The done key holds the
--- caller's token (one per finish, kept across its retries), then the reply's stream and entry id, each after a
--- newline, for RESEND_SCRIPT: 1 = this call wrote the reply, 2 = an earlier try of this same call did (its answer
--- was lost), 0 = someone else did.
+-- record ('' = none), records bound, the request's digest and client id ('digest\\nclient id'), reply k/v...
+-- Writes the reply (and the job's record) only when the done key is new, XACKs and XDELs the job either way. The
+-- check comes before the writes, and the done key is set last: a failed XADD leaves the job pending, never
+-- half-done. The record goes to the records stream with the reply's own fields, unless the stream holds its bound
+-- (then the counter counts it). The done key holds the caller's token (one per finish, kept across its retries),
+-- then the request's digest, client id and the reply's entry id, each after a newline, for RESEND_SCRIPT (the
+-- reply stream is the client id's, so the value stays short): 1 = this call wrote the reply, 2 = an earlier try
+-- of this same call did (its answer was lost), 0 = someone else did.
 local held = redis.call('GET', KEYS[2])
 local first = not held
 local sep = '\\n'
@@ -26,13 +27,13 @@ if first then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'entry', ARGV[2], 'job', ARGV[7])
   end
   if KEYS[3] ~= '' then
-    local reply = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 11))
+    local reply = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(ARGV, 12))
     redis.call('EXPIRE', KEYS[3], ARGV[5])
-    where = sep .. KEYS[3] .. sep .. reply
+    if ARGV[11] ~= '' then where = sep .. ARGV[11] .. sep .. reply end
   end
   if KEYS[5] ~= '' then
     if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[10]) then
-      redis.call('XADD', KEYS[5], '*', 'r', ARGV[9], unpack(ARGV, 11))
+      redis.call('XADD', KEYS[5], '*', 'r', ARGV[9], unpack(ARGV, 12))
     else
       redis.call('INCR', KEYS[6])
     end
@@ -50,8 +51,9 @@ once: Redis 6.2 has no ACKED trim, and deleting exactly what was acked, in the s
 a pending job. The record is written with the reply or not at all: served and recorded cannot part."""
 
 RESEND_SCRIPT = """
--- KEYS: job stream, the stream the job id's reply went to ('' = unknown), the copy's reply stream.
+-- KEYS: job stream, the stream the job id's reply went to ('' = none to resend), the copy's reply stream.
 -- ARGV: group, entry id, the reply's entry id, the copy's key id, reply maxlen, reply ttl.
+-- The caller checked that the copy asks what the first try asked (the done key's digest) and is allowed.
 -- The reply written for this job id, if it is still there and was signed for the copy's key id, goes to the
 -- copy's reply stream again with 'resent' '1' added (outside the signature): the same answer, never a second
 -- one. XACKs and XDELs the copy either way. Only a copy still pending is answered: an entry acked already (the
@@ -81,7 +83,7 @@ return sent
 """
 """A retry with a job id already answered gets that answer, not silence, and is never served again. The reply is
 read where it was written (its stream lives ``bus.reply_ttl_s``, 600 s by default), so the done key holds a
-location, not a copy; a reply expired or trimmed from there is not resent."""
+location, not a copy; a reply expired or trimmed from there is not resent. With KEYS[2] '' it only acks the copy."""
 
 PRUNE_SCRIPT = """
 -- KEYS: job stream, addresses set. ARGV: address. Forgets an address whose stream is gone or empty, in one

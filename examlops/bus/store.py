@@ -93,14 +93,15 @@ class BusStore:
             found: Any = await self.redis.execute("MGET", *[wire.done_key(job_id) for job_id in job_ids])
         return {job_id: str(value) for job_id, value in zip(job_ids, found, strict=True) if value is not None}
 
-    async def resend(self, stream: str, entry_id: str, *, done: str, reply_to: str, key_id: str) -> bool:
-        """A copy of an answered job: the job id's reply (where ``done``, its done key's value, says it is) goes to
-        ``reply_to`` again, marked ``resent``, when it is still there and signed for ``key_id``; the copy is acked
-        and deleted either way. True when the reply was resent."""
-        where = wire.reply_location(done)
-        original, reply_id = where if where is not None else ("", "")
-        keys = [stream, original, reply_to]
-        args: list[str | int] = [wire.GROUP, entry_id, reply_id or "0-0", key_id]
+    async def resend(
+        self, stream: str, entry_id: str, *, reply: wire.DoneReply | None, reply_to: str, key_id: str
+    ) -> bool:
+        """A copy of an answered job: the job id's ``reply`` (``wire.reply_location`` of its done key; the caller
+        checked the copy's digest and identity) goes to ``reply_to`` again, marked ``resent``, when it is still
+        there and signed for ``key_id``; the copy is acked and deleted either way (None: only that). True when
+        the reply was resent."""
+        keys = [stream, reply.stream if reply else "", reply_to]
+        args: list[str | int] = [wire.GROUP, entry_id, reply.entry_id if reply else "0-0", key_id]
         args += [wire.REPLY_STREAM_MAXLEN, self.reply_ttl_s]
         with translated("resending a reply"):
             return bool(await self.redis.evalsha(self._resend, keys, args))
@@ -118,20 +119,24 @@ class BusStore:
         token: str = "",
         record: str = "",
         records_bound: int = 0,
+        digest: str = "",
     ) -> bool:
         """Reply (and dead-letter) once per ``done_id``, then XACK and XDEL the entry. True when this was the first.
 
         ``token`` names this finish (unique, the same on each of its retries): a retry after an answer that was
         lost on the way back (the script ran) is still told True. Without one, every retry is told False.
         ``record`` (``ServedInference.packed``) goes to the records stream with the reply, in the same step,
-        unless the stream holds ``records_bound`` entries (then it is counted as dropped).
+        unless the stream holds ``records_bound`` entries (then it is counted as dropped). ``digest``
+        (``wire.Job.digest``) goes into the done key with the reply's place: a retry is resent only that reply,
+        and only when it repeats the request (without one, the reply is never resent).
         """
         token = token or secrets.token_hex(8)
         keys = [stream, wire.done_key(done_id), reply_to or "", wire.DEAD_STREAM]
         keys += [RECORDS_STREAM if record else "", RECORDS_DROPPED]
         args: list[str | int] = [wire.GROUP, entry_id, done_ttl_s, wire.REPLY_STREAM_MAXLEN]
         args += [self.reply_ttl_s, wire.DEAD_STREAM_MAXLEN, "" if dead is None else canonical(dead), token]
-        args += [record, records_bound]
+        client = reply_to.removeprefix(wire.REPLIES_PREFIX) if reply_to else ""
+        args += [record, records_bound, f"{digest}\n{client}" if digest and client else ""]
         for name, value in reply.items():
             args += [name, value]
         with translated("writing a reply"):

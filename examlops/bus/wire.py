@@ -7,7 +7,8 @@ Streams and keys::
     examlops:bus:jobs:{uuid}          jobs for one model, by its catalog ``seanerbus_uuid``; group ``bridges``
     examlops:bus:replies:{client_id}  one per client; capped (MAXLEN ~) and expiring, so abandoned ones vanish
     examlops:bus:done:{job_id}        set once, when a job's reply is written: exactly one reply per job id;
-                                      holds the finish's token, then where that reply is (``reply_location``)
+                                      holds the finish's token, the request's digest and where its reply is
+                                      (``reply_location``)
     examlops:bus:dead                 dead letters: unverifiable, stale and over-delivered jobs, with the reason
     examlops:bus:handlers             hash uuid -> last heartbeat of a bridge serving it
     examlops:bus:addresses            set of the uuids with a job stream: bridges find orphans without a SCAN
@@ -35,11 +36,12 @@ A reply entry (``replies``) is signed with the same identity's bus key, under it
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -73,6 +75,7 @@ JOB_STREAM_MAXLEN = 100_000
 DEAD_STREAM_MAXLEN = 10_000
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FIELDS = ("v", "job_id", "reply_to", "key", "deadline", "payload", "sig")
@@ -130,13 +133,21 @@ def done_key(job_id: str) -> str:
     return f"{PREFIX}:done:{job_id}"
 
 
-def reply_location(done: str) -> tuple[str, str] | None:
-    """Where a done key's reply is, (reply stream, entry id), read off its value (``token\\nstream\\nentry id``,
-    written by ``scripts.REPLY_SCRIPT``); None for a done key that names none (a dead letter's, an older one)."""
+class DoneReply(NamedTuple):
+    """A done key's reply: the digest of the request it answered (``Job.digest``), its stream and entry id."""
+
+    digest: str
+    stream: str
+    entry_id: str
+
+
+def reply_location(done: str) -> DoneReply | None:
+    """A done key's reply, read off its value (``token\\ndigest\\nclient id\\nentry id``, written by
+    ``scripts.REPLY_SCRIPT``); None for a done key that names none (a dead letter's, an older one)."""
     parts = done.split("\n")
-    if len(parts) < 3 or not parts[-2].startswith(REPLIES_PREFIX) or not parts[-1]:
+    if len(parts) != 4 or not _DIGEST.match(parts[1]) or not _CLIENT_ID.match(parts[2]) or not parts[3]:
         return None
-    return parts[-2], parts[-1]
+    return DoneReply(parts[1], REPLIES_PREFIX + parts[2], parts[3])
 
 
 def address_of(stream: str) -> str:
@@ -176,6 +187,11 @@ class Job:
             return self
         deadline = budget.deadline_of(self.deadline, start, budget_ms)
         return replace(self, deadline=deadline, budget_ms=budget_ms, submitted_at=start)
+
+    @property
+    def digest(self) -> str:
+        """16 hex of SHA-256 over the address and payload: what a retry must repeat to get this job's reply."""
+        return hashlib.sha256(canonical([self.address, self.payload]).encode()).hexdigest()[:16]
 
     def expired(self, now: float) -> DeadlineExceeded | None:
         """The refusal of a job whose deadline has passed (its caller gave up), else None."""

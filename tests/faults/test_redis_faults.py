@@ -2,7 +2,10 @@
 
 Each scenario runs two bridges (with their recorders) and the serving stand-in, drives bounded load with a
 ``History``, injects its fault mid-load, and hands the run to the checker: no job lost, none answered or
-recorded twice, every answered job recorded once, the audit chain intact.
+recorded twice, every answered job recorded once, the audit chain intact. A SIGKILL may take the writes
+Redis acknowledged within ~2 s before it (``appendfsync everysec``; the README's "A single Redis with AOF
+every second"): answered jobs lost in that window are the checker's ``lost_in_aof_window``, reported, not
+asserted zero.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     yield from started(tmp_path_factory.mktemp("redis-faults"))
 
 
-async def test_redis_sigkilled_and_restarted_mid_load_loses_and_doubles_nothing(
+async def test_redis_sigkilled_and_restarted_mid_load_loses_nothing_beyond_its_aof_window_and_doubles_nothing(
     shared: Cluster, report: Reporter
 ) -> None:
     cluster = shared

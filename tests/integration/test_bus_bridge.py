@@ -35,6 +35,7 @@ from pydantic import SecretStr
 from examlops.bootstrap import sql_engine, upgrade_database
 from examlops.bootstrap.bridge import bus_client, bus_keys, sync_bus_client, task_addresses
 from examlops.bootstrap.clients import bus_redis, hop_client
+from examlops.bootstrap.identity import identity_service
 from examlops.bus import replies, wire
 from examlops.bus.bridge import Bridge
 from examlops.bus.store import BusStore
@@ -186,7 +187,13 @@ async def running_bridge(
 
 
 def signed_job(
-    settings: Settings, job_id: str, reply_to: str, *, deadline_in: float, address: str = ADDRESS
+    settings: Settings,
+    job_id: str,
+    reply_to: str,
+    *,
+    deadline_in: float,
+    address: str = ADDRESS,
+    payload: dict[str, Any] = PAYLOAD,
 ) -> dict[str, str]:
     """The stream fields of a job signed with the bus key of the settings' token, as a client would send it."""
     assert settings.token is not None
@@ -198,7 +205,7 @@ def signed_job(
         job_id=job_id,
         reply_to=reply_to,
         deadline=time.time() + deadline_in,
-        payload=PAYLOAD,
+        payload=payload,
     )
 
 
@@ -380,9 +387,77 @@ async def test_a_retry_of_an_answered_job_id_by_another_identity_gets_no_reply(
         assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="mine"))["error"] is None
         with pytest.raises(DeadlineExceeded):  # job ids are global: the id is used up, its reply not theirs
             await other.request(ADDRESS, PAYLOAD, 1, job_id="mine")
+        with redis.Redis.from_url(redis_url) as sync_redis:
+            await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 0)  # the bridge acked the copy
+            assert sync_redis.xlen(other.reply_stream) == 0
     assert standin.seen == ["mine"]
-    with redis.Redis.from_url(redis_url) as sync_redis:
-        assert sync_redis.xlen(other.reply_stream) == 0
+
+
+async def test_a_resend_that_lost_redis_is_retried_by_the_same_bridge_not_left_to_a_reclaim(
+    tmp_path: Path, redis_url: str, standin: StandIn, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    resend = BusStore.resend
+    tries: list[str] = []
+
+    async def losing_redis_once(self: BusStore, stream: str, entry_id: str, **options: Any) -> bool:
+        tries.append(entry_id)
+        if len(tries) == 1:
+            raise StoreUnavailable("connection refused")  # before the script ran
+        return await resend(self, stream, entry_id, **options)
+
+    monkeypatch.setattr(BusStore, "resend", losing_redis_once)
+    async with running_bridge(settings), bus_client(settings) as client:
+        first = await client.request(ADDRESS, PAYLOAD, 10, job_id="shaky")
+        assert await client.request(ADDRESS, PAYLOAD, 10, job_id="shaky") == first
+    assert len(tries) == 2 and tries[0] == tries[1]  # the same entry, retried
+    assert "failed in the bridge" not in caplog.text  # not an error left pending for another bridge to reclaim
+    assert replies_per_job(redis_url, client.reply_stream, resent=True) == Counter({"shaky": 1})
+
+
+async def test_a_retry_of_an_answered_job_id_by_a_revoked_identity_gets_no_reply(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    leaver_token = f"exa_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
+    known_token(settings, leaver_token, name="leaver")
+    leaver = settings.model_copy(update={"token": SecretStr(leaver_token)})
+    async with bus_client(leaver) as client:
+        async with running_bridge(settings):
+            assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="before-revoke"))["error"] is None
+        with identity_service(settings) as service:
+            service.revoke("leaver")
+        with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+            sync_redis.xadd(
+                wire.jobs_stream(ADDRESS), signed_job(leaver, "before-revoke", client.reply_stream, deadline_in=10)
+            )
+            async with running_bridge(settings):  # a new bridge: its key cache knows of the revocation
+                await until(lambda: sync_redis.xlen(wire.jobs_stream(ADDRESS)) == 0)
+    # Acked without a reply, as a fresh job of a revoked identity is never served: the first answer is not
+    # resent to an identity that may no longer have it.
+    assert replies_per_job(redis_url, client.reply_stream) == Counter({"before-revoke": 1})
+    assert replies_per_job(redis_url, client.reply_stream, resent=True) == Counter()
+    assert standin.seen == ["before-revoke"]
+
+
+async def test_a_job_id_reused_for_another_payload_is_dead_lettered_and_never_gets_the_first_answer(
+    tmp_path: Path, redis_url: str, standin: StandIn
+) -> None:
+    settings = bus_settings(tmp_path, redis_url, standin.port)
+    other_payload = {**PAYLOAD, "node_count": 13}
+    async with running_bridge(settings), bus_client(settings) as client:
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="reused"))["error"] is None
+        with redis.Redis.from_url(redis_url, decode_responses=True) as sync_redis:
+            reused = signed_job(settings, "reused", client.reply_stream, deadline_in=10, payload=other_payload)
+            sync_redis.xadd(wire.jobs_stream(ADDRESS), reused)
+            await until(lambda: sync_redis.xlen(wire.DEAD_STREAM) == 1)
+            [(_id, dead)] = sync_redis.xrange(wire.DEAD_STREAM)
+        # The same request again still gets the first answer.
+        assert (await client.request(ADDRESS, PAYLOAD, 10, job_id="reused"))["error"] is None
+    assert orjson.loads(dead["job"])["reason"] == "job_id_reused"
+    assert replies_per_job(redis_url, client.reply_stream, resent=True) == Counter({"reused": 1})
+    assert replies_per_job(redis_url, client.reply_stream) == Counter({"reused": 2})
+    assert standin.seen == ["reused"] and [served.job_id for served in recorded(redis_url)] == ["reused"]
 
 
 async def test_two_copies_of_a_job_in_flight_at_once_are_served_twice_but_answered_and_recorded_once(

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ADDRESS = str(uuid.UUID(int=7))
 STREAM = wire.jobs_stream(ADDRESS)
+DIGEST = "0123456789abcdef"
 StoreFor = Callable[[str], BusStore]
 
 
@@ -91,14 +92,16 @@ async def test_finish_replies_once_per_job_and_acks_and_deletes_the_entry(store:
     await store.read("b-1", [STREAM], 10, None)
     reply_to = wire.replies_stream("c-1")
     reply = {"job_id": "job-a", "body": "{}"}
-    assert await store.finish(STREAM, first_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
-    assert await store.finish(STREAM, first_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
-    assert not await store.finish(STREAM, second_id, done_id="job-a", reply_to=reply_to, reply=reply, token="t-2")
+    once = {"done_id": "job-a", "reply_to": reply_to, "reply": reply, "digest": DIGEST}
+    assert await store.finish(STREAM, first_id, **once, token="t-1")
+    assert await store.finish(STREAM, first_id, **once, token="t-1")
+    assert not await store.finish(STREAM, second_id, **once, token="t-2")
     done = await store.done_among(["job-a", "job-b"])
     assert list(done) == ["job-a"] and await store.done_among([]) == {}
     [(reply_id, fields)] = await store.replies(reply_to, "0-0", 10)
     assert fields == reply
-    assert wire.reply_location(done["job-a"]) == (reply_to, reply_id)  # where a retry's copy finds it
+    assert wire.reply_location(done["job-a"]) == (DIGEST, reply_to, reply_id)  # what a retry's copy finds
+    assert done["job-a"] == f"t-1\n{DIGEST}\nc-1\n{reply_id}"  # short: the stream is the client id's
     assert client.xlen(STREAM) == 0 and client.xpending(STREAM, wire.GROUP)["pending"] == 0
     assert 0 < client.ttl(reply_to) <= 60
 
@@ -108,18 +111,19 @@ async def test_resend_gives_a_copy_the_job_ids_one_reply_marked_resent_only_for_
 ) -> None:
     await store.ensure_groups([STREAM])
     first = await store.submit(ADDRESS, {"n": "1"})
-    copies = [await store.submit(ADDRESS, {"n": str(n)}) for n in (2, 3, 4, 5)]
+    copies = [await store.submit(ADDRESS, {"n": str(n)}) for n in (2, 3, 4, 5, 6)]
     await store.read("b-1", [STREAM], 10, None)
     reply_to, retry_to = wire.replies_stream("c-1"), wire.replies_stream("c-2")
     reply = {"job_id": "job-a", "status": "200", "body": "{}", "key": "k-1", "sig": "s"}
-    assert await store.finish(STREAM, first, done_id="job-a", reply_to=reply_to, reply=reply, token="t-1")
-    done = (await store.done_among(["job-a"]))["job-a"]
-    assert await store.resend(STREAM, copies[0], done=done, reply_to=retry_to, key_id="k-1")
-    assert not await store.resend(STREAM, copies[1], done=done, reply_to=retry_to, key_id="another-key")
+    assert await store.finish(STREAM, first, done_id="job-a", reply_to=reply_to, reply=reply, digest=DIGEST)
+    done = wire.reply_location((await store.done_among(["job-a"]))["job-a"])
+    assert await store.resend(STREAM, copies[0], reply=done, reply_to=retry_to, key_id="k-1")
+    assert not await store.resend(STREAM, copies[1], reply=done, reply_to=retry_to, key_id="another-key")
+    assert not await store.resend(STREAM, copies[4], reply=None, reply_to=retry_to, key_id="k-1")  # only acked
     client.xack(STREAM, wire.GROUP, copies[3])  # answered already (by a bridge that reclaimed it): no resend
-    assert not await store.resend(STREAM, copies[3], done=done, reply_to=retry_to, key_id="k-1")
+    assert not await store.resend(STREAM, copies[3], reply=done, reply_to=retry_to, key_id="k-1")
     client.delete(reply_to)  # expired: nothing left to resend
-    assert not await store.resend(STREAM, copies[2], done=done, reply_to=retry_to, key_id="k-1")
+    assert not await store.resend(STREAM, copies[2], reply=done, reply_to=retry_to, key_id="k-1")
     assert [fields for _id, fields in await store.replies(retry_to, "0-0", 10)] == [{**reply, "resent": "1"}]
     assert client.xlen(STREAM) == 0 and client.xpending(STREAM, wire.GROUP)["pending"] == 0
     assert 0 < client.ttl(retry_to) <= 60

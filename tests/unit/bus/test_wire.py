@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -198,8 +199,18 @@ def test_a_job_signed_over_the_standard_librarys_json_still_verifies() -> None:
     assert wire.decode_job(SECRET, ADDRESS, fields, NOW).payload["alias"] == "canaré"
 
 
-def test_a_done_keys_value_names_where_its_reply_is_or_nothing() -> None:
+def test_a_done_keys_value_names_the_request_it_answered_and_where_its_reply_is_or_nothing() -> None:
+    where = wire.reply_location("bridge-a:1f:7\n0123456789abcdef\nc-1\n1700000000000-3")
+    assert where == ("0123456789abcdef", wire.replies_stream("c-1"), "1700000000000-3")
+    assert wire.reply_location("bridge-a:1f:7") is None  # a dead letter's
     stream = wire.replies_stream("c-1")
-    assert wire.reply_location(f"bridge-a:1f:7\n{stream}\n1700000000000-3") == (stream, "1700000000000-3")
-    assert wire.reply_location("bridge-a:1f:7") is None  # a dead letter's, or one written before replies were kept
-    assert wire.reply_location("token\nnot-a-reply-stream\n1-0") is None
+    assert wire.reply_location(f"bridge-a:1f:7\n{stream}\n1-0") is None  # written before digests: never resent
+    assert wire.reply_location("token\nnot-a-digest\nc-1\n1-0") is None
+
+
+def test_a_jobs_digest_changes_with_its_address_or_payload_and_nothing_else() -> None:
+    job = wire.decode_job(SECRET, ADDRESS, signed(), NOW)
+    retry = signed(reply_to=wire.replies_stream("other"), deadline=NOW + 9)  # another client, a later deadline
+    assert len(job.digest) == 16 and wire.decode_job(SECRET, ADDRESS, retry, NOW).digest == job.digest
+    assert replace(job, payload={**job.payload, "node_count": 13}).digest != job.digest
+    assert replace(job, address=OTHER).digest != job.digest
