@@ -40,7 +40,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import orjson
@@ -176,6 +176,9 @@ class Job:
     payload: Mapping[str, Any]
     budget_ms: float | None = None
     submitted_at: float | None = None
+    digest: str = field(default="", compare=False)
+    """16 hex of SHA-256 over the address and the payload exactly as signed (``decode_job``): what a retry
+    must repeat to get this job's reply; empty for a job not read from the wire."""
 
     def with_default_budget(self, budget_ms: float | None, submitted_at: float | None) -> Job:
         """This job with ``budget_ms`` (a task's default) when it declared none, counted from its submission
@@ -187,11 +190,6 @@ class Job:
             return self
         deadline = budget.deadline_of(self.deadline, start, budget_ms)
         return replace(self, deadline=deadline, budget_ms=budget_ms, submitted_at=start)
-
-    @property
-    def digest(self) -> str:
-        """16 hex of SHA-256 over the address and payload: what a retry must repeat to get this job's reply."""
-        return hashlib.sha256(canonical([self.address, self.payload]).encode()).hexdigest()[:16]
 
     def expired(self, now: float) -> DeadlineExceeded | None:
         """The refusal of a job whose deadline has passed (its caller gave up), else None."""
@@ -291,4 +289,5 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
         raise MalformedJob(f"the submission time or budget cannot be read ({exc})") from exc
     if budget_ms is not None and submitted is not None:
         deadline = budget.deadline_of(deadline, submitted, budget_ms)
-    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted)
+    digest = hashlib.sha256(f"{address}\n{raw['payload']}".encode()).hexdigest()[:16]
+    return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted, digest)
