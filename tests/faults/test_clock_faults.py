@@ -193,8 +193,8 @@ async def test_four_bridges_and_a_clock_step_ask_for_one_retrain_per_cooldown(
         return {(op.value or {}).get("code", str(op.outcome)) for op in ops}
 
     # Before any clock moved, a `pipeline_unavailable` is load, not the step: the hop's 1 s connect timeout to
-    # the one-process stand-in ran out with four bridges connecting under load (bench/RESULTS.md, issue 23's
-    # long runs). From the first step on, every reply is the model failure.
+    # the one-process stand-in can run out with four bridges connecting under load. From the first step on,
+    # every reply is the model failure.
     assert codes(before=True) <= {EXPECTED_CODE, "pipeline_unavailable"}, codes(before=True)
     unavailable = [op.value for op in history.operations if (op.value or {}).get("code") == "pipeline_unavailable"]
     assert all("(ConnectTimeout)" in str(value.get("error")) for value in unavailable if value), unavailable
