@@ -177,8 +177,9 @@ class Job:
     budget_ms: float | None = None
     submitted_at: float | None = None
     digest: str = field(default="", compare=False)
-    """16 hex of SHA-256 over the address and the payload exactly as signed (``decode_job``): what a retry
-    must repeat to get this job's reply; empty for a job not read from the wire."""
+    """16 hex of SHA-256 over the JSON array of the address and the payload exactly as signed
+    (``decode_job``): what a retry must repeat to get this job's reply; empty for a job not read from the
+    wire."""
 
     def with_default_budget(self, budget_ms: float | None, submitted_at: float | None) -> Job:
         """This job with ``budget_ms`` (a task's default) when it declared none, counted from its submission
@@ -289,5 +290,7 @@ def decode_job(key: bytes, address: str, raw: Mapping[str, str], now: float) -> 
         raise MalformedJob(f"the submission time or budget cannot be read ({exc})") from exc
     if budget_ms is not None and submitted is not None:
         deadline = budget.deadline_of(deadline, submitted, budget_ms)
-    digest = hashlib.sha256(f"{address}\n{raw['payload']}".encode()).hexdigest()[:16]
+    # The JSON array [address, payload] of the payload text as signed: for a payload our clients encode, the
+    # same bytes as ``canonical([address, payload])`` (done keys of earlier releases match), at any depth.
+    digest = hashlib.sha256(f"[{orjson.dumps(address).decode()},{raw['payload']}]".encode()).hexdigest()[:16]
     return Job(raw["job_id"], address, raw["reply_to"], key_id, deadline, payload, budget_ms, submitted, digest)

@@ -192,8 +192,8 @@ def down(timeout: TimeoutOption = 180.0) -> None:
     """Stop what `exa up` started: SIGTERM its supervisor, which stops each service in turn (serving drains its
     requests in flight first), then end anything left behind: each main process first, then its group.
     The default wait covers every service's stop grace one after another."""
-    from examlops.platform.leftovers import ours
-    from examlops.platform.process import group_alive, kill_group, pid_alive
+    from examlops.platform.leftovers import group_running, ours, running
+    from examlops.platform.process import kill_group, pid_alive
     from examlops.platform.up_state import STATE_FILE, UpState, supervisor_running
 
     settings = load_settings()
@@ -215,22 +215,22 @@ def down(timeout: TimeoutOption = 180.0) -> None:
     leftovers = [r for r in state.services if r.pgid is not None and ours(r.pgid, r.stamp)]
     for record in leftovers:  # the main process first, as the supervisor does: serving drains, then its workers go
         err_console.print(f"{record.name} (group {record.pgid}) was left running: stopping it")
-        if record.pid is not None and pid_alive(record.pid):
+        if record.pid is not None and running(record.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGTERM)
     # Each gets the grace its supervisor would have given it (serving's drain), 30 s for a record without one.
     deadline = time.monotonic() + max((r.stop_grace or 30.0 for r in leftovers), default=0.0)
-    while any(r.pid is not None and pid_alive(r.pid) for r in leftovers) and time.monotonic() < deadline:
+    while any(r.pid is not None and running(r.pid) for r in leftovers) and time.monotonic() < deadline:
         time.sleep(0.1)
     for record in leftovers:
         assert record.pgid is not None
-        if group_alive(record.pgid):
+        if group_running(record.pgid):
             kill_group(record.pgid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while any(group_alive(r.pgid) for r in leftovers if r.pgid) and time.monotonic() < deadline:
+    while any(group_running(r.pgid) for r in leftovers if r.pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     for record in leftovers:
-        if record.pgid is not None and group_alive(record.pgid):
+        if record.pgid is not None and group_running(record.pgid):
             kill_group(record.pgid, signal.SIGKILL)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     console.print("stopped")

@@ -25,15 +25,18 @@ if TYPE_CHECKING:
 
 
 def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
-    from examlops.platform.process import pid_alive, probe
+    from examlops.platform.leftovers import ours, running
+    from examlops.platform.process import probe
 
     healthy = probe(record.health_url) if record.health_url else None
     if not record.owned:
         state = "external" if healthy is not False else "unreachable"
     elif supervisor_up and record.state in ("restarting", "failed"):
         state = record.state  # the supervisor's word: the pid on file is the one that exited
-    elif record.pid is None or not pid_alive(record.pid):
+    elif record.pid is None or not running(record.pid):
         state = "stopped"
+    elif not supervisor_up and record.pgid is not None and not ours(record.pgid, record.stamp):
+        state = "stopped"  # its pid belongs to another process now
     elif healthy is False:
         state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
     elif healthy is None and record.state == "starting" and supervisor_up:

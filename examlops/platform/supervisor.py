@@ -20,7 +20,7 @@
   essential and fails its very first start (exits, or is not ready within ``ready_timeout``) does not stop
   the start either: it is handed to the keeper as a failed start (retried with backoff, then ``failed``).
 - Keeps ``run_dir/up.json`` current (``up_state.UpState``: supervisor pid,
-  state, and per service pid, pgid, URL, log, state, restarts) for ``exa status`` and
+  state, and per service pid, pgid and its leader's stamp, URL, log, state, restarts) for ``exa status`` and
   ``exa down``.
 - Returns the signal's name after SIGINT, SIGTERM or SIGHUP. A signal that lands while a process is being
   started (at first start, or by the keeper's restart) takes effect once that start has returned and is

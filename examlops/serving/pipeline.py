@@ -292,7 +292,7 @@ class Pipeline:
         task.add_done_callback(self._tasks.discard)
 
     def _keep_loading(self) -> None:
-        retrying = self._closed or "hotset-retry" in {t.get_name() for t in self._tasks}
+        retrying = self._closed or any(t.get_name() == "hotset-retry" and not t.done() for t in self._tasks)
         if not retrying and self._hotset.unloaded_models():
             self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
 

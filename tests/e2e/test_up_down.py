@@ -21,6 +21,7 @@ import httpx
 import pytest
 import redis
 
+from examlops.platform.leftovers import running, stamp
 from examlops.platform.process import pid_alive
 
 pytestmark = pytest.mark.e2e
@@ -201,6 +202,26 @@ def test_second_up_is_refused_while_one_runs(exa: Exa) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_a_killed_supervisor_leaves_its_services_to_exa_down_and_no_second_up_starts_beside_them(exa: Exa) -> None:
+    proc, doc = _start_foreground(exa)
+    redis_pid = _redis_pid(doc)
+    services = doc["services"]
+    assert isinstance(services, list) and services[0]["stamp"] == stamp(redis_pid)  # whose group it is
+    proc.kill()
+    proc.communicate(timeout=30)
+    try:
+        assert running(redis_pid)  # the supervisor died; its service did not
+        again = exa("up", *REDIS_ONLY, timeout=30)
+        assert again.returncode == 1 and "ended without stopping redis" in again.stderr, again.stderr
+        status = json.loads(exa("status", "--json").stdout)
+        assert status["services"][0]["state"] == "running", status
+    finally:
+        down = exa("down", timeout=90)
+    assert down.returncode == 0 and "redis (group" in down.stderr, down.stderr
+    assert not running(redis_pid)
+    assert not (Path(exa.env["EXAMLOPS_HOME"]) / "run" / "up.json").exists()
 
 
 def _wait_running_again(exa: Exa, old_pid: int) -> dict[str, object]:

