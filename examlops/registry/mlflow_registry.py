@@ -249,7 +249,7 @@ class MlflowRegistry:
 
 
 def local_artifact_path(uri: str) -> Path | None:
-    """The path an artifact URI names on this machine (existing or not), or None when it is remote."""
+    """The local file path an artifact URI names (existing or not), or None when it is remote."""
     parsed = urlparse(uri)
     if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
         return Path(url2pathname(parsed.path))
