@@ -20,6 +20,7 @@ import redis
 
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.faults.checker import Figures
+from tests.faults.cluster import Cluster
 from tests.integration.servers import ServingProcess, free_port
 
 LONG = os.environ.get("EXAMLOPS_FAULTS", "short").strip().lower() == "long"
@@ -128,3 +129,15 @@ def run_named() -> dict[str, str]:
 @pytest.fixture
 def report(run_named: dict[str, str]) -> Reporter:
     return Reporter(run_named)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of the test's own with a serving stand-in answering in 20 ms; a module that needs another
+    (more bridges, a failing model, one shared by its tests) defines its own."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.serving(delay_s=0.02)
+        yield cluster
+    finally:
+        cluster.close()

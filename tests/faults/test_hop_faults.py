@@ -11,8 +11,6 @@ must still find every job answered and recorded once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -33,16 +31,6 @@ FAULT_S = LATENCY_S + BLACKHOLE_S + RESETS_S
 CONCURRENCY = 16 if LONG else 8
 JOBS = int(50 * (FAULT_S * ROUNDS * (len(HOPS) if not LONG else 1) + 4))
 """At 50 jobs/s the load outlasts the faults by a few seconds."""
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    try:
-        cluster.serving(delay_s=0.02)
-        yield cluster
-    finally:
-        cluster.close()
 
 
 async def inject(proxy: FaultProxy, history: History, hop: str) -> None:

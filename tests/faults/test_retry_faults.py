@@ -14,8 +14,6 @@ same answer as the first, nothing lost or recorded twice; and that the faults hi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -32,16 +30,6 @@ TIMEOUT_S, BLACKHOLE_S, RETRIES = 1.5, 3.0, 8
 """The client's wait per try is shorter than each black hole; 8 retries of 1.5 s outlast one."""
 JOBS = int(50 * (2 * (BLACKHOLE_S + 1) * ROUNDS + 4))
 """At 50 jobs/s the load outlasts the faults by a few seconds."""
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path)
-    try:
-        cluster.serving(delay_s=0.02)
-        yield cluster
-    finally:
-        cluster.close()
 
 
 async def blackhole(proxy: FaultProxy, history: History, name: str) -> None:
