@@ -13,7 +13,9 @@ brute-force k-nearest-neighbours regressor over ``--train-rows`` rows (about 8 m
 ``Overload``.
 
 1. Capacity: a closed loop of ``--capacity-requests`` calls with the loose budget at c=32 on the
-   admission-on server; its throughput is the capacity C.
+   admission-on server gives a start; then the knee (``knee``): the highest open-loop rate the
+   admission-off server keeps up with (every call answered, p99 within a third of the loose budget),
+   searched from that start. The knee is the capacity C (``--no-knee``: the closed loop's figure).
 2. For each load of ``--loads`` (0.5, 1, 2, 4 times C): ``--seconds`` of open-loop Poisson arrivals
    (``openloop``) on each server in turn (the order alternates), half with the tight budget
    (``--tight-ms``), half with the loose one (``--loose-ms``), the budget in the body's ``budget_ms``.
@@ -26,7 +28,7 @@ share of C; p99 time of an early refusal. The issue's bounds: with admission, >=
 within budget at every load, goodput at 2x >= 80 % of C, early refusals p99 < 10 ms.
 
     .venv/bin/python bench/overload.py [--seconds 6] [--loads 0.5 1 2 4] [--tight-ms 300] [--loose-ms 3000] \
-        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--home PATH] [--seed 1]
+        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee] [--home PATH] [--seed 1]
 
 Figures only: nothing here asserts anything.
 """
@@ -49,6 +51,7 @@ from sklearn.neighbors import KNeighborsRegressor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
+from knee import knee
 from loadgen import run_load
 from openloop import Sent, open_loop
 from procs import answers, free_port, quantile, start, stop, wait_until
@@ -163,6 +166,9 @@ def main() -> None:
     parser.add_argument("--train-rows", type=int, default=100_000)
     parser.add_argument("--capacity-requests", type=int, default=600)
     parser.add_argument(
+        "--knee", action=argparse.BooleanOptionalAction, default=True, help="Capacity from the open-loop knee."
+    )
+    parser.add_argument(
         "--home",
         type=Path,
         default=Path(".examlops/bench-overload"),
@@ -196,7 +202,12 @@ def main() -> None:
             )
         )
         capacity = cap.rps
-        print(f"capacity: {capacity:.0f} calls/s at c=32 (p50 {cap.p50:.1f} ms, p99 {cap.p99:.1f} ms)")
+        print(f"closed loop: {capacity:.0f} calls/s at c=32 (p50 {cap.p50:.1f} ms, p99 {cap.p99:.1f} ms)")
+        if args.knee:
+            found, _ = knee(servers[1].url + PATH, capacity, loose[0], headers=headers, p99_ms=args.loose_ms / 3)
+            if found:
+                capacity = found
+            print(f"capacity: {capacity:.0f} calls/s (the knee of open-loop arrivals on admission-off)")
 
         def pick(rng: random.Random) -> tuple[str, float, bytes]:
             kind, budget = ("tight", args.tight_ms) if rng.random() < 0.5 else ("loose", args.loose_ms)

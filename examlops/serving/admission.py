@@ -27,9 +27,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from examlops.core.errors import Refused
 from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings
+from examlops.serving.ledger import Ledger
 from examlops.serving.waiters import InFlight
 
 OVERDUE_SHARE = 0.25
@@ -41,13 +45,21 @@ ALPHA = 0.2
 class Queue(Protocol):
     """What the estimate reads of the micro-batcher (``serving.batcher.MicroBatcher``)."""
 
-    def queued(self, key: float = math.inf) -> list[InferenceRequest]: ...
+    @property
+    def ledger(self) -> Ledger: ...
 
-    def waiting(self) -> list[tuple[float, float, InferenceRequest]]: ...
-
-    def behind(self, key: float) -> bool: ...
+    def forming(self) -> list[tuple[float, float, InferenceRequest]]: ...
 
     def in_flight(self) -> list[InFlight[InferenceRequest]]: ...
+
+
+def _ahead_of(keys: npt.NDArray[np.float64], key: float) -> int:
+    """How many of the sorted ``keys`` are at most ``key``: the calls a new one of that key waits behind."""
+    if not len(keys) or keys[0] > key:
+        return 0
+    if keys[-1] <= key:  # the common case of one shared budget: it goes last
+        return len(keys)
+    return int(np.searchsorted(keys, key, side="right"))
 
 
 def _bucket(size: int) -> int:
@@ -112,10 +124,16 @@ class Estimator:
         """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
         part of it spent waiting for the calls ahead), in milliseconds from ``now``. ``running_ms``: the
         work left in flight, when the caller has it already (``_running_ms``)."""
-        queued = self._queue.queued(due)
+        ledger = self._queue.ledger
+        keys, _, tallies = ledger.view()
+        ahead_of = _ahead_of(keys, due)
+        ahead: Counter[str] = Counter(request.model for key, _, request in self._queue.forming() if key <= due)
+        if ahead_of:
+            for tally, count in enumerate(np.bincount(tallies[:ahead_of]).tolist()):
+                if count:
+                    ahead[ledger.names[tally]] += count
         if self._per_model:  # on Ray a model's replicas serve it alone: only its own calls are ahead
-            queued = [request for request in queued if request.model.lower() == model.lower()]
-        ahead = Counter(request.model for request in queued)
+            ahead = Counter({name: count for name, count in ahead.items() if name.lower() == model.lower()})
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
         if running_ms is None:
             running_ms = self._running_ms(now, model)
@@ -142,29 +160,40 @@ class Estimator:
     def endangers(self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None) -> bool:
         """Whether a call of ``rows`` rows to ``model`` due at ``due`` would make a call already admitted,
         queued behind it (a later deadline), miss a deadline it can still meet: the EDF admission test. Every
-        call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count."""
-        if not self._queue.behind(due):
-            return False  # it goes last: no admitted call waits behind it
-        per_row: dict[str, float] = {}
+        call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count.
 
-        def row_ms(name: str) -> float:
-            if name not in per_row:
-                per_row[name] = self.costs.predict_ms(name, self._max_size) / self._max_size
-            return per_row[name]
-
-        extra_ms = rows * row_ms(model) / self._workers
+        The queue's calls, in order, each add their model's per-row time to the work ahead of the next; a
+        call behind this one keeps ``slack`` = time to its deadline - work ahead of it and its own / workers -
+        overhead, and is endangered when 0 <= slack < this call's extra work. Array operations over the
+        ledger: the same few at any queue length."""
+        ledger = self._queue.ledger
+        keys, dues, tallies = ledger.view()
+        behind = _ahead_of(keys, due)
+        if behind == len(keys):
+            return False  # it goes last
+        candidates = (keys[behind:] < math.inf) & (dues[behind:] < math.inf)
+        mine = [name.lower() == model.lower() for name in ledger.names] if self._per_model else None
+        if mine is not None and candidates.any():  # another model's calls, on its own replicas: not delayed
+            candidates &= np.asarray(mine, dtype=bool)[tallies[behind:]]
+        if not candidates.any():
+            return False  # no admitted call with a deadline waits behind it
+        counted = mine or [True] * len(ledger.names)
+        row_ms = np.array([self._row_ms(name) if own else 0.0 for name, own in zip(ledger.names, counted, strict=True)])
+        forming_ms = sum(
+            self._row_ms(request.model)
+            for _, _, request in self._queue.forming()
+            if mine is None or request.model.lower() == model.lower()
+        )
         work_ms = self._running_ms(now, model) if running_ms is None else running_ms
-        waiting = self._queue.waiting()
-        if self._per_model:  # another model's calls, on its own replicas: this call does not delay them
-            waiting = [entry for entry in waiting if entry[2].model.lower() == model.lower()]
-        for key, queued_due, request in waiting:
-            work_ms += row_ms(request.model)
-            if key <= due or key == math.inf or queued_due == math.inf:
-                continue
-            slack_ms = (queued_due - now) * 1000.0 - work_ms / self._workers - self.settings.overhead_ms
-            if 0.0 <= slack_ms < extra_ms:
-                return True
-        return False
+        work_ms += forming_ms
+        through = work_ms + np.cumsum(row_ms[tallies])[behind:]  # work ahead of each call behind, and its own
+        slack_ms = (dues[behind:] - now) * 1000.0 - through / self._workers - self.settings.overhead_ms
+        extra_ms = rows * self._row_ms(model) / self._workers
+        return bool((candidates & (slack_ms >= 0.0) & (slack_ms < extra_ms)).any())
+
+    def _row_ms(self, model: str) -> float:
+        """A row's share of a full batch of ``model``."""
+        return self.costs.predict_ms(model, self._max_size) / self._max_size
 
     def admit(self, model: str, due: float, now: float, rows: int = 1) -> float:
         """The estimate (ms) of a call of ``rows`` rows (a stream's first chunk; one for a single call) that

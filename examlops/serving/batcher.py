@@ -34,7 +34,7 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
 
 The wake-up future and timers are created on the running loop (``start``), never in ``__init__``: a
 batcher built outside a loop must not bind to the wrong one. The queue entries and the flush and fit rules
-are ``serving.waiters``.
+are ``serving.waiters``; ``ledger`` is the queue as arrays, for the admission estimate (``serving.ledger``).
 """
 
 from __future__ import annotations
@@ -44,16 +44,15 @@ import heapq
 import itertools
 import logging
 import math
-import operator
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
+from examlops.serving.ledger import Ledger
 from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time
 
 log = logging.getLogger(__name__)
-_ORDER = operator.attrgetter("key", "seq")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,6 +74,7 @@ class MicroBatcher(Generic[T, R]):
         expired: Callable[[T], BaseException] | None = None,
         lead: Callable[[Sequence[T]], float] | None = None,
         group: Callable[[T], Hashable] | None = None,
+        tally: Callable[[T], str] | None = None,
         name: str = "batcher",
     ):
         if max_size < 1 or max_wait_s < 0 or eager_below < 0 or max_in_flight < 0 or horizon_s < 0:
@@ -88,7 +88,10 @@ class MicroBatcher(Generic[T, R]):
         self._expired = expired or (lambda item: NotReady("the deadline passed while the item was queued"))
         self._lead = lead
         self._group = group
+        self._tally = tally or (lambda item: "")
         self._name = name
+        self.ledger = Ledger()
+        """The waiting items in queue order, each tallied by ``tally`` (the admission estimate reads it)."""
         self._heaps: dict[Hashable, list[Waiter[T, R]]] = {None: []}  # by group (all in None without)
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,17 +114,9 @@ class MicroBatcher(Generic[T, R]):
         queues = itertools.chain(self._collecting, *self._heaps.values())
         return [waiter.item for waiter in queues if waiter.key <= key and not waiter.future.done()]
 
-    def waiting(self) -> list[tuple[float, float, T]]:
-        """``(key, due, item)`` of every item waiting, in the order they will be taken."""
-        waiters = (waiter for heap in self._heaps.values() for waiter in heap if not waiter.future.done())
-        live = sorted(waiters, key=_ORDER)  # compared in C, not by the dataclass's __lt__
-        collecting = (waiter for waiter in self._collecting if not waiter.future.done())
-        return [(waiter.key, waiter.due, waiter.item) for waiter in (*collecting, *live)]
-
-    def behind(self, key: float) -> bool:
-        """Whether an item waiting with a deadline would be taken after a new item of ``key``."""
-        queues = itertools.chain(self._collecting, *self._heaps.values())
-        return any(key < w.key < math.inf and w.due < math.inf and not w.future.done() for w in queues)
+    def forming(self) -> list[tuple[float, float, T]]:
+        """``(key, due, item)`` of the items of the batch being formed: taken from the queue, not yet handed over."""
+        return [(waiter.key, waiter.due, waiter.item) for waiter in self._collecting if not waiter.future.done()]
 
     def in_flight(self) -> list[InFlight[T]]:
         """The batches being handled now, oldest first."""
@@ -150,9 +145,13 @@ class MicroBatcher(Generic[T, R]):
         if key is None:
             key = due if due is not None else self._loop.time() + self._horizon_s
         waiter = Waiter(key, next(self._seq), item, future, math.inf if due is None else due)
-        heapq.heappush(self._heaps.setdefault(self._group_of(waiter), []), waiter)
+        self._queue(waiter)
         self._poke()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.ledger.discard(waiter.key, waiter.seq)  # its caller gave up: no longer work ahead of anyone
+            raise
 
     async def close(self, grace_s: float = 0.0) -> None:
         """Refuse new items, fail the waiting ones, give batches in flight ``grace_s`` to finish."""
@@ -202,10 +201,15 @@ class MicroBatcher(Generic[T, R]):
         heads = [(heap[0], heap) for group, heap in self._heaps.items() if heap and not self._full(group)]
         return min(heads, key=lambda head: head[0])[1] if heads else None
 
+    def _queue(self, waiter: Waiter[T, R]) -> None:
+        heapq.heappush(self._heaps.setdefault(self._group_of(waiter), []), waiter)
+        self.ledger.add(waiter.key, waiter.seq, waiter.due, self._tally(waiter.item))
+
     def _take(self, heap: list[Waiter[T, R]], now: float) -> Waiter[T, R] | None:
         """The next live item of ``heap``; items already answered are dropped, expired ones failed."""
         while heap:
             waiter = heapq.heappop(heap)
+            self.ledger.discard(waiter.key, waiter.seq)
             if waiter.future.done():
                 continue
             if waiter.due <= now:
@@ -236,7 +240,7 @@ class MicroBatcher(Generic[T, R]):
                     # Background work never rides in an interactive batch; a call that does not fit waits.
                     background = waiter.key == math.inf and first.key != math.inf
                     if background or not fits(batch, waiter, now, self._lead):
-                        heapq.heappush(heap, waiter)  # it waits for the next batch
+                        self._queue(waiter)  # it waits for the next batch
                         break
                     batch.append(waiter)
                     if waiter.due < flush_at:
@@ -285,6 +289,7 @@ class MicroBatcher(Generic[T, R]):
         for heap in self._heaps.values():
             waiting += heap
             heap.clear()
+        self.ledger.clear()
         fail_all(waiting, error)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:

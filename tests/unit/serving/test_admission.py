@@ -4,7 +4,6 @@ the estimate follows what serving observes, background work goes last."""
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from examlops.core.errors import Refused
 from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings, PredictSettings
 from examlops.serving.admission import CostModel, Estimator
+from examlops.serving.ledger import Ledger
 from examlops.serving.waiters import InFlight
 from tests.unit.serving.test_pipeline import World, eventually, req
 
@@ -187,24 +187,21 @@ async def test_a_queued_call_is_refused_late_at_its_deadline_not_when_a_worker_f
 
 
 class FakeQueue:
-    """What the estimate reads: calls waiting (key, due, request) and the batches ``running``."""
+    """What the estimate reads: calls waiting (key, due, request), in a real ``Ledger``, and the batches
+    ``running``."""
 
     def __init__(
         self,
         waiting: list[tuple[float, float, InferenceRequest]],
         running: list[InFlight[InferenceRequest]] | None = None,
     ) -> None:
-        self._waiting = waiting
+        self.ledger = Ledger()
+        for seq, (key, due, request) in enumerate(waiting):
+            self.ledger.add(key, seq, due, request.model)
         self._running = running or []
 
-    def queued(self, key: float = math.inf) -> list[InferenceRequest]:
-        return [request for queued_key, _, request in self._waiting if queued_key <= key]
-
-    def waiting(self) -> list[tuple[float, float, InferenceRequest]]:
-        return list(self._waiting)
-
-    def behind(self, key: float) -> bool:
-        return any(key < queued_key < math.inf and due < math.inf for queued_key, due, _ in self._waiting)
+    def forming(self) -> list[tuple[float, float, InferenceRequest]]:
+        return []
 
     def in_flight(self) -> list[InFlight[InferenceRequest]]:
         return list(self._running)

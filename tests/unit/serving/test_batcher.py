@@ -236,41 +236,56 @@ async def test_a_batch_opens_from_the_group_whose_head_is_due_first() -> None:
     await batcher.close()
 
 
-async def test_queued_and_waiting_merge_every_groups_queue() -> None:
+def ledger_items(batcher: MicroBatcher[int, int]) -> list[tuple[float, float, str]]:
+    keys, dues, tallies = batcher.ledger.view()
+    return [(key, due, batcher.ledger.names[tally]) for key, due, tally in zip(keys, dues, tallies, strict=True)]
+
+
+async def test_queued_and_the_ledger_merge_every_groups_queue() -> None:
     gate = asyncio.Event()
     handler = Doubler(gate=gate)
     batcher: MicroBatcher[int, int] = MicroBatcher(
-        handler, max_size=4, max_wait_s=0, max_in_flight=1, group=lambda i: i < 10
+        handler, max_size=4, max_wait_s=0, max_in_flight=1, group=lambda i: i < 10, tally=str
     )
     held = [asyncio.ensure_future(batcher.submit(i)) for i in (10, 1)]  # one batch in flight per group
     await asyncio.sleep(0.001)
     calls = [asyncio.ensure_future(batcher.submit(i, key=key)) for i, key in ((2, 2.0), (11, 3.0), (12, 1.0))]
     await asyncio.sleep(0.001)
     assert sorted(batcher.queued(2.0)) == [2, 12]  # what a call of key 2 waits behind, over both groups
-    assert [item for _, _, item in batcher.waiting()] == [12, 2, 11]  # in the order they will be taken
+    # In the order they will be taken, tallied (here by ``str``): what the admission estimate reads.
+    assert ledger_items(batcher) == [(1.0, math.inf, "12"), (2.0, math.inf, "2"), (3.0, math.inf, "11")]
     gate.set()
     assert await asyncio.gather(*held, *calls) == [20, 2, 4, 22, 24]
     await batcher.close()
 
 
-async def test_behind_names_only_waiting_items_with_a_deadline_taken_after_the_key() -> None:
+async def test_the_ledger_holds_exactly_the_items_waiting_as_they_come_and_go() -> None:
     gate = asyncio.Event()
-    batcher: MicroBatcher[int, int] = MicroBatcher(Doubler(gate=gate), max_size=4, max_wait_s=0, max_in_flight=1)
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        Doubler(gate=gate), max_size=2, max_wait_s=0, max_in_flight=1, tally=lambda i: "odd" if i % 2 else "even"
+    )
     held = asyncio.ensure_future(batcher.submit(0))  # in flight: the rest wait
     await asyncio.sleep(0.001)
+    assert len(batcher.ledger) == 0  # handed over: no longer waiting
     calls = [
-        asyncio.ensure_future(batcher.submit(1, due=5.0e9)),  # a deadline, key 5e9
-        asyncio.ensure_future(batcher.submit(2, key=9.0e9)),  # no deadline: never endangered
+        asyncio.ensure_future(batcher.submit(1, due=5.0e9)),  # a deadline: its key
+        asyncio.ensure_future(batcher.submit(2, key=9.0e9)),  # no deadline
         asyncio.ensure_future(batcher.submit(3, key=math.inf, due=8.0e9)),  # background: after everything
+        asyncio.ensure_future(batcher.submit(5, due=1.0e9)),  # the tightest: first
     ]
     await asyncio.sleep(0.001)
-    assert batcher.behind(4.0e9)
-    assert not batcher.behind(5.0e9)  # an equal key goes after it
-    calls[0].cancel()  # its caller gave up: nobody is behind any more
+    assert ledger_items(batcher) == [
+        (1.0e9, 1.0e9, "odd"),
+        (5.0e9, 5.0e9, "odd"),
+        (9.0e9, math.inf, "even"),
+        (math.inf, 8.0e9, "odd"),
+    ]
+    calls[1].cancel()  # its caller gave up: it is no longer work ahead of anyone
     await asyncio.sleep(0.001)
-    assert not batcher.behind(4.0e9)
+    assert [key for key, _, _ in ledger_items(batcher)] == [1.0e9, 5.0e9, math.inf]
     gate.set()
-    assert await asyncio.gather(held, *calls[1:]) == [0, 4, 6]
+    assert await asyncio.gather(held, calls[0], calls[2], calls[3]) == [0, 2, 6, 10]
+    assert len(batcher.ledger) == 0
     await batcher.close()
 
 

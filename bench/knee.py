@@ -1,0 +1,90 @@
+"""The capacity of a server under open-loop arrivals: the highest rate it keeps up with (the knee).
+
+A closed loop of c callers understates what a batching server answers when calls arrive on their own
+(more calls wait, batches fill, each row costs less), so "2x the closed-loop capacity" need not be an
+overload at all. ``knee`` offers open-loop Poisson arrivals of one body at rates rising geometrically
+from a starting rate (``step`` times each rung) until a rung is not kept up with, then bisects between
+the last rung kept up with and the first that was not. A rate is kept up with when every call of a
+``seconds``-long run is answered 200 and the p99 time is at most ``p99_ms``: past the knee the queue
+grows for the whole run, so the tail grows with it.
+
+Figures only: nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from openloop import open_loop
+from procs import quantile
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate: float
+    calls: int
+    answered: int
+    p99_ms: float
+    kept_up: bool
+
+
+def probe(
+    url: str, rate: float, body: bytes, *, seconds: float, p99_ms: float, headers: Mapping[str, str], seed: int
+) -> Probe:
+    """One open-loop run at ``rate`` calls/s; the calls wait ``p99_ms`` plus 1 s at most."""
+    records = asyncio.run(
+        open_loop(url, rate, seconds, lambda _rng: ("knee", p99_ms, body), headers=headers, seed=seed)
+    )
+    answered = [r.latency_ms for r in records if r.status == 200]
+    p99 = quantile(answered, 0.99) if answered else float("inf")
+    kept_up = len(answered) == len(records) and p99 <= p99_ms
+    return Probe(rate, len(records), len(answered), p99, kept_up)
+
+
+def knee(
+    url: str,
+    start: float,
+    body: bytes,
+    *,
+    headers: Mapping[str, str],
+    seconds: float = 4.0,
+    p99_ms: float = 1000.0,
+    step: float = 1.25,
+    bisections: int = 3,
+    rest_s: float = 2.0,
+    limit: float = 16.0,
+    say: Callable[[str], None] = print,
+) -> tuple[float, list[Probe]]:
+    """The highest rate kept up with (see the module docstring) and every probe, from ``start`` calls/s
+    up to ``limit`` times it."""
+    probes: list[Probe] = []
+
+    def run(rate: float) -> bool:
+        found = probe(url, rate, body, seconds=seconds, p99_ms=p99_ms, headers=headers, seed=len(probes) + 1)
+        probes.append(found)
+        verdict = "kept up" if found.kept_up else "fell behind"
+        say(f"  knee probe {rate:7.1f} calls/s: {found.answered}/{found.calls} answered, "
+            f"p99 {found.p99_ms:.1f} ms: {verdict}")  # fmt: skip
+        time.sleep(rest_s)  # the queue drains before the next probe
+        return found.kept_up
+
+    good, bad = 0.0, None
+    rate = start
+    while rate <= start * limit:
+        if not run(rate):
+            bad = rate
+            break
+        good, rate = rate, rate * step
+    if bad is None:
+        return good, probes
+    low = good or bad / step**3  # even the start fell behind: bisect below it
+    for _ in range(bisections):
+        middle = (low + bad) / 2
+        if run(middle):
+            low = good = middle
+        else:
+            bad = middle
+    return good, probes
