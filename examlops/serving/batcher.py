@@ -1,7 +1,6 @@
 """The feature transformer's async micro-batcher (seed 000, step 5), ordered by deadline (seed 001).
 
-Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's
-``batching.py`` are the models):
+Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's ``batching.py`` are the models):
 
 - Every submitted item gets its own future; ``submit`` returns that item's result or raises its error.
 - Waiting items are taken earliest ``key`` first (``submit``'s ``key``, else its ``due``, else the
@@ -90,8 +89,7 @@ class MicroBatcher(Generic[T, R]):
         self._group = group
         self._tally = tally or (lambda item: "")
         self._name = name
-        self.ledger = Ledger()
-        """The waiting items in queue order, each tallied by ``tally`` (the admission estimate reads it)."""
+        self.ledger = Ledger()  # the waiting items in queue order, tallied by ``tally``: what admission reads
         self._heaps: dict[Hashable, list[Waiter[T, R]]] = {None: []}  # by group (all in None without)
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,8 +107,7 @@ class MicroBatcher(Generic[T, R]):
         return self._task is not None and not self._task.done() and not self._closed
 
     def queued(self, key: float = math.inf) -> list[T]:
-        """The items waiting (not yet in a batch) whose key is at most ``key``: those a new item of that key
-        would wait behind."""
+        """The items waiting (not yet handed over) whose key is at most ``key``: what a new one would wait behind."""
         queues = itertools.chain(self._collecting, *self._heaps.values())
         return [waiter.item for waiter in queues if waiter.key <= key and not waiter.future.done()]
 
