@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from examlops.api.auth import SECURED, request_caller
 from examlops.api.calls import answer, check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
+from examlops.api.lean import LeanRoute, path_parameters
 from examlops.api.schemas import InferBody, InferReply, PredictBody
 from examlops.api.tracing import call_of, named_model
 from examlops.core.budget import effective_deadline
@@ -53,19 +54,19 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
-def _documented(kind: type[PredictBody]) -> dict[str, Any]:
+def _documented(kind: type[PredictBody], *path: str) -> dict[str, Any]:
     """What both model routes declare for the OpenAPI document."""
     return {
         "response_model": InferReply,
         "responses": ERRORS,
         "tags": ["inference"],
-        "openapi_extra": json_body(kind) | SECURED,
+        "openapi_extra": json_body(kind) | SECURED | path_parameters(*path),
     }
 
 
 def predict_routes(pipeline: Predicting) -> APIRouter:
     """The model routes over ``pipeline`` (module docstring)."""
-    router = APIRouter()
+    router = APIRouter(route_class=LeanRoute)
 
     async def serve(request: Request, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
         received_at = time.time()
@@ -123,9 +124,10 @@ def predict_routes(pipeline: Predicting) -> APIRouter:
         """One prediction through the pipeline: the route the bus bridge calls."""
         return await serve(request, InferBody, None, await request_caller(request))
 
-    @router.post("/v1/models/{model}/predict", **_documented(PredictBody))
-    async def predict(model: str, request: Request) -> Response:
+    @router.post("/v1/models/{model}/predict", **_documented(PredictBody, "model"))
+    async def predict(request: Request) -> Response:
         """One prediction for direct callers (`exa predict`, dashboards, agents); records nothing."""
+        model: str = request.path_params["model"]
         caller = await request_caller(request)
         caller.may_call(model=model)
         return await serve(request, PredictBody, model, caller)

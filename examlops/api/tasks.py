@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from examlops.api.auth import SECURED
 from examlops.api.calls import answer
 from examlops.api.errors import documented, error_response
+from examlops.api.lean import LeanRoute, path_parameters
 from examlops.api.schemas import InferReply, TaskInferBody
 from examlops.api.task_calls import Tasks, open_task_call
 from examlops.core.errors import ExamlopsError
@@ -44,13 +45,14 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
     The route takes what `/infer-pipeline/infer` takes: the raw request (parsed by hand for speed) and the
     caller, who must hold ``call`` on the task and on the model it maps to.
     """
-    router = APIRouter(tags=["inference"])
+    router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
     @router.post(
         "/v1/tasks/{task}/infer",
         response_model=InferReply,
         responses=TASK_ERRORS,
         openapi_extra=SECURED
+        | path_parameters("task")
         | {
             "requestBody": {
                 "required": True,
@@ -62,8 +64,9 @@ def task_routes(pipeline: Inference, tasks: Tasks) -> APIRouter:
             }
         },
     )
-    async def infer_task(task: str, request: Request) -> Response:
+    async def infer_task(request: Request) -> Response:
         """One prediction for a task: the site's task map picks the model and alias that answer it."""
+        task: str = request.path_params["task"]
         opened = await open_task_call(request, task, TaskInferBody, pipeline, tasks)
         if isinstance(opened, Response):
             return opened

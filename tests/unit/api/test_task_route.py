@@ -155,3 +155,13 @@ async def test_the_openapi_document_shows_the_task_route_and_its_body(client: ht
     schema = route["requestBody"]["content"]["application/json"]["schema"]
     assert "model" not in schema["properties"] and "embedding" in schema["properties"]
     assert "404" in route["responses"]
+    assert [(p["name"], p["in"], p["required"]) for p in route["parameters"]] == [("task", "path", True)]
+
+
+async def test_the_model_routes_document_their_path_parameter_and_body(client: httpx.AsyncClient) -> None:
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    predict, infer = paths["/v1/models/{model}/predict"]["post"], paths["/infer-pipeline/infer"]["post"]
+    assert [(p["name"], p["in"], p["required"]) for p in predict["parameters"]] == [("model", "path", True)]
+    assert not [p for p in infer.get("parameters", []) if p["in"] == "path"]
+    for route in (predict, infer):
+        assert "embedding" in route["requestBody"]["content"]["application/json"]["schema"]["properties"]
