@@ -162,10 +162,13 @@ class Estimator:
         queued behind it (a later deadline), miss a deadline it can still meet: the EDF admission test. Every
         call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count.
 
-        The queue's calls, in order, each add their model's per-row time to the work ahead of the next; a
-        call behind this one keeps ``slack`` = time to its deadline - work ahead of it and its own / workers -
-        overhead, and is endangered when 0 <= slack < this call's extra work. Array operations over the
-        ledger: the same few at any queue length."""
+        The queue's calls, in order, each add their model's per-row time to the work ahead of the next. A
+        call is answered when its batch is, and calls after it (queued or still to come) can fill that batch,
+        so its ``max_size - 1`` other rows count too. A call behind this one keeps ``slack`` = time to its
+        deadline - (work ahead of it, its own row and its batch's rest) / workers - overhead, and is
+        endangered when 0 <= slack < this call's extra work. (Counting its own row alone let calls reach the
+        head with too little time left for a full batch: batches of one then cost the queue several calls'
+        time each.) Array operations over the ledger: the same few at any queue length."""
         ledger = self._queue.ledger
         keys, dues, tallies = ledger.view()
         behind = _ahead_of(keys, due)
@@ -186,7 +189,9 @@ class Estimator:
         )
         work_ms = self._running_ms(now, model) if running_ms is None else running_ms
         work_ms += forming_ms
-        through = work_ms + np.cumsum(row_ms[tallies])[behind:]  # work ahead of each call behind, and its own
+        per_row = row_ms[tallies]
+        batch_rest = (self._max_size - 1) * per_row[behind:]  # calls queued or still to come can fill its batch
+        through = work_ms + np.cumsum(per_row)[behind:] + batch_rest  # until the batch of each call behind ends
         slack_ms = (dues[behind:] - now) * 1000.0 - through / self._workers - self.settings.overhead_ms
         extra_ms = rows * self._row_ms(model) / self._workers
         return bool((candidates & (slack_ms >= 0.0) & (slack_ms < extra_ms)).any())

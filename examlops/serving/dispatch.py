@@ -50,12 +50,12 @@ from examlops.serving.router import Router
 log = logging.getLogger(__name__)
 
 
-def _note_batch(members: Sequence[tuple[_Job, Entry]], began: float) -> None:
+def _note_batch(members: Sequence[tuple[_Job, Entry]], predict_ms: float) -> None:
     """Note on each request's facts the predict call it joined: one batch id for the call, its size, its time.
 
     A group re-routed after a transport error is noted again by its next call: the last call is the one kept.
     """
-    batch_id, size, predict_ms = "", len(members), (time.perf_counter() - began) * 1000
+    batch_id, size = "", len(members)
     for job, entry in members:
         facts = job.request.facts
         if facts is None:
@@ -124,6 +124,7 @@ class Dispatcher:
         wall: Callable[[], float],
         on_predict: Callable[[str, int, float], None] | None = None,
         capacity: Capacity | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._catalog = catalog
         self._router = router
@@ -131,6 +132,7 @@ class Dispatcher:
         self._runtime = runtime
         self._route_retries = route_retries
         self._wall = wall
+        self._clock = clock  # seconds, monotonic: how long a predict call took
         self._on_predict = on_predict
         # A predict call first takes a slot (a worker of the pool, or one of its model's replicas), THEN checks
         # its deadlines: time spent waiting for a worker counts, and an expired request never reaches one.
@@ -226,7 +228,7 @@ class Dispatcher:
         if not live:
             return []
         rows = np.stack([job.features.row for job, _ in live])
-        began = time.perf_counter()
+        began = self._clock()
         model = live[0][0].spec.name
         try:
             predictions = np.asarray(await self._runtime.predict(key, rows), dtype=np.float64).reshape(-1)
@@ -243,9 +245,10 @@ class Dispatcher:
     def _observe(self, model: str, live: list[tuple[_Job, Entry]], began: float) -> None:
         """Note the predict call on its requests' facts, and its time for the admission estimate (a failed
         or timed-out call too: a model that starts timing out must not keep its old, fast estimate)."""
-        _note_batch(live, began)
+        predict_ms = (self._clock() - began) * 1000.0
+        _note_batch(live, predict_ms)
         if self._on_predict is not None:
-            self._on_predict(model, len(live), (time.perf_counter() - began) * 1000.0)
+            self._on_predict(model, len(live), predict_ms)
 
     @staticmethod
     def _result(job: _Job, entry: Entry, value: float) -> Reply:

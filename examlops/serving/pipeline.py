@@ -110,15 +110,9 @@ class Pipeline:
             settings.admission, self._batcher, workers=workers, max_size=settings.batch.max_size, per_model=per_model
         )
         self._dispatcher = Dispatcher(
-            catalog,
-            self._router,
-            self._hotset,
-            runtime,
-            route_retries=settings.traffic.route_retries,
-            wall=wall,
-            on_predict=self.estimator.costs.observe,
-            capacity=capacity,
-        )
+            catalog, self._router, self._hotset, runtime, route_retries=settings.traffic.route_retries, wall=wall,
+            on_predict=self.estimator.costs.observe, capacity=capacity, clock=clock,
+        )  # fmt: skip
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)
         self._tasks: set[asyncio.Task[None]] = set()

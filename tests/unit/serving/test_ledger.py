@@ -44,7 +44,8 @@ def test_the_ledger_is_the_queue_in_order_whatever_comes_and_goes(ops: list[tupl
 def reference(
     estimator: Estimator, waiting: list[tuple[float, float, str]], model: str, due: float, now: float
 ) -> tuple[float, bool]:
-    """The estimate and the EDF test computed call by call, over the waiting calls in queue order."""
+    """The estimate and the EDF test computed call by call, over the waiting calls in queue order (the
+    admission module's docstrings say how)."""
     costs, size, workers = estimator.costs, 4, 2
     ahead = Counter(name for key, _, name in waiting if key <= due)
     queued_ms = costs.work_ms(ahead.items(), size)
@@ -54,7 +55,8 @@ def reference(
         work_ms += costs.predict_ms(name, size) / size
         if key <= due or key == math.inf or queued_due == math.inf:
             continue
-        slack_ms = (queued_due - now) * 1000.0 - work_ms / workers - 2.0
+        batch_rest_ms = (size - 1) * costs.predict_ms(name, size) / size  # its batch's other rows
+        slack_ms = (queued_due - now) * 1000.0 - (work_ms + batch_rest_ms) / workers - 2.0
         endangered = endangered or 0.0 <= slack_ms < costs.predict_ms(model, size) / size / workers
     return estimate, endangered
 
