@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 
 from examlops.core.backoff import Backoff
@@ -135,3 +136,18 @@ def test_sink_retries_a_batch_while_the_store_is_down_and_loses_nothing_taken() 
     assert sink.flush(5)
     sink.close()
     assert len(store.rows) == 3 and sink.stats().retried == 2 and sink.stats().dropped == 0
+
+
+def test_sink_writes_a_full_batch_without_waiting_out_its_linger_and_close_ends_a_linger() -> None:
+    store = InMemoryTraceStore()
+    sink = TraceSink(store, bound=100, batch=4, linger_s=30.0)
+    sink.start()
+    began = time.monotonic()
+    for i in range(4):  # the first wakes the idle writer, the fourth fills the batch it lingers on
+        sink.put(record(i))
+    assert sink.flush(5) and store.batches == [4]
+    assert time.monotonic() - began < 5
+    sink.put(record(4))  # a batch of one, lingering for 30 s: close writes it now
+    sink.close(5)
+    assert time.monotonic() - began < 4
+    assert len(store.rows) == 5 and sink.stats().dropped == 0
