@@ -1,11 +1,11 @@
 """Traces in SQL (SQLModel): the ``Trace`` table and ``SqlTraceStore``, the ``TraceStore`` adapter.
 
-One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters
-of `exa trace list` and ``GET /v1/traces``). ``add`` writes a batch in one transaction; a trace id already
-stored stays one row (``ON CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only
-fields it left empty (batch, queue wait, predict time, alias, version) are filled from the later one, except
-that a verdict (``TraceRecord.verdict``) sets outcome, error code and status. Database errors become
-``StoreUnavailable``.
+One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters of
+`exa trace list` and ``GET /v1/traces``): outcome only where it is not ``answered``, task only where set
+(revision ``0009``). ``add`` writes a batch in one transaction; a trace id already stored stays one row (``ON
+CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only fields it left empty (batch,
+queue wait, predict time, alias, version) are filled from the later one, except that a verdict
+(``TraceRecord.verdict``) sets outcome, error code and status. Database errors become ``StoreUnavailable``.
 
 On SQLite and Postgres a batch is one ``INSERT .. ON CONFLICT DO UPDATE`` compiled once per engine and run by
 the driver's ``executemany`` on tuples (``Connection.exec_driver_sql``), with each column's bind processor
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Index, bindparam, delete, func, update
+from sqlalchemy import Index, bindparam, delete, func, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
@@ -38,13 +38,19 @@ from examlops.tracing.store import MAX_PAGE, CallOutcome, Pruned, TraceQuery
 S = TypeVar("S")
 
 
+_NOT_ANSWERED = "outcome <> 'answered'"
+_TASK_SET = "task IS NOT NULL"
+"""The partial indexes' conditions (revision ``0009``): a row is indexed by outcome when it was not answered
+and by task when it has one; the answered and task-less majority costs the writer two index entries less."""
+
+
 class Trace(SQLModel, table=True):
     __table_args__ = (
         Index("ix_trace_at", "at"),
         Index("ix_trace_identity", "identity"),
-        Index("ix_trace_task", "task"),
+        Index("ix_trace_task", "task", sqlite_where=text(_TASK_SET), postgresql_where=text(_TASK_SET)),
         Index("ix_trace_model", "model"),
-        Index("ix_trace_outcome", "outcome"),
+        Index("ix_trace_outcome", "outcome", sqlite_where=text(_NOT_ANSWERED), postgresql_where=text(_NOT_ANSWERED)),
     )
 
     trace_id: str = Field(primary_key=True, max_length=32)
@@ -258,6 +264,8 @@ def _filtered(statement: SelectOfScalar[S], query: TraceQuery) -> SelectOfScalar
         statement = statement.where(col(Trace.model) == query.model)
     if query.outcome is not None:
         statement = statement.where(col(Trace.outcome) == query.outcome)
+        if query.outcome != "answered":  # the term of the partial index's condition: SQLite then uses it
+            statement = statement.where(text(_NOT_ANSWERED))  # the index's own condition: SQLite matches terms
     if query.channel is not None:
         statement = statement.where(col(Trace.channel) == query.channel)
     if query.since is not None:

@@ -143,3 +143,21 @@ def test_the_driver_writes_the_rows_sqlalchemy_writes(engine: Engine) -> None:
         }
     for written, reference in zip(records, by_orm, strict=True):
         assert rows[written.trace_id] == rows[reference.trace_id]
+
+
+def test_outcome_and_task_filters_find_rows_the_partial_indexes_leave_out(engine: Engine) -> None:
+    """``ix_trace_outcome`` holds rows not answered and ``ix_trace_task`` rows with a task (revision 0009):
+    every filter still finds exactly its rows, answered and task-less ones included."""
+    store = SqlTraceStore(engine)
+    outcomes = ("answered", "refused", "failed")
+    store.add([trace(at=NOW + i, outcome=outcomes[i % 3], task="t.a" if i % 2 else None) for i in range(12)])
+    assert [store.count(TraceQuery(outcome=o)) for o in outcomes] == [4, 4, 4]
+    assert store.count(TraceQuery(task="t.a")) == 6
+    assert store.count(TraceQuery(task="t.a", outcome="failed")) == 2
+    assert [r.at for r in store.find(TraceQuery(outcome="refused", limit=2))] == [NOW + 10, NOW + 7]
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as connection:
+            plan = connection.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT count(*) FROM trace WHERE outcome = 'failed' AND outcome <> 'answered'"
+            ).all()
+        assert "ix_trace_outcome" in str(plan)
