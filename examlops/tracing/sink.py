@@ -17,6 +17,11 @@ Contract:
 - ``close(timeout_s)`` stops taking records, writes what is queued (at most ``timeout_s``) and joins the
   thread; what is left then is counted as dropped.
 
+The queue is a ``collections.deque`` whose length is checked against ``bound``: ``put`` appends (and wakes
+the writer only when the queue was empty) and the writer pops, with no lock per record (``queue.Queue``
+took two locks and a notify per trace on each side, in serving's GIL: bench/RESULTS.md). Concurrent puts
+may overshoot ``bound`` by the number of threads putting at once.
+
 The queue and the writer are the recording machinery's shape (``monitoring.recording``: bounded, batched,
 linger, backoff while the store is down, counted drops) kept in process: serving answers HTTP without
 Redis, and its traces need not travel through Redis to reach SQL.
@@ -25,9 +30,9 @@ Redis, and its traces need not travel through Redis to reach SQL.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,8 +47,6 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
 """How long the writer waits for a first record before it looks at its stop flag and the prune clock."""
-_LINGER_STEP_S = 0.02
-"""While it lingers, the writer takes the records waiting this often (so a full batch waits at most this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,13 @@ class TraceSink:
         self.prune_every_s = prune_every_s
         self.wall = wall
         self.written = self.dropped = self.retried = self.pruned = 0
-        self._queue: queue.Queue[TraceRecord] = queue.Queue(maxsize=bound)
+        self.bound = bound
+        self._pending: deque[TraceRecord] = deque()
+        self._busy = False
+        """The writer holds records it took and has not yet written or dropped."""
+        self._wake = threading.Event()
+        self._want = 1
+        """How many waiting records wake the writer: 1 when it is idle, a batch's room while it lingers."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
@@ -102,7 +111,7 @@ class TraceSink:
             )
             self._written_metric = Counter("examlops_traces_written", "Traces written to the store", registry=registry)
             queued = Gauge("examlops_traces_queued", "Traces waiting to be written", registry=registry)
-            queued.set_function(self._queue.qsize)
+            queued.set_function(self._pending.__len__)
 
     def start(self) -> None:
         """Start the writer thread; idempotent."""
@@ -112,34 +121,39 @@ class TraceSink:
 
     def put(self, record: TraceRecord) -> bool:
         """Queue one trace; False (and counted as dropped) when the queue is full or the sink closed."""
-        if self._closed:
+        pending = self._pending
+        if self._closed or len(pending) >= self.bound:
             self._drop(1)
             return False
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self._drop(1)
-            return False
+        pending.append(record)
+        if len(pending) == self._want:  # the writer waits for a first record, or for a full batch
+            self._wake.set()
         return True
 
     def stats(self) -> SinkStats:
-        return SinkStats(self._queue.qsize(), self.written, self.dropped, self.retried, self.pruned)
+        return SinkStats(len(self._pending), self.written, self.dropped, self.retried, self.pruned)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every trace queued so far is written or dropped; False when ``timeout_s`` passed first."""
         until = time.monotonic() + timeout_s
         while time.monotonic() < until:
-            if self._queue.unfinished_tasks == 0:
+            if self._idle():
                 return True
             time.sleep(0.01)
-        return self._queue.unfinished_tasks == 0
+        return self._idle()
+
+    def _idle(self) -> bool:
+        return not self._pending and not self._busy
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop taking traces, write what is queued for at most ``timeout_s``, stop the writer."""
+        """Stop taking traces, write what is queued (a lingering batch at once) for at most ``timeout_s``, stop
+        the writer."""
         self._closed = True
+        self._wake.set()  # a lingering writer writes what it holds now: nothing more is coming
         if self._thread is not None:
             self.flush(timeout_s)
             self._stop.set()
+            self._wake.set()
             self._thread.join(timeout_s)
         left = self._take_all()
         if left:
@@ -156,27 +170,36 @@ class TraceSink:
                 self._prune()
 
     def _next_batch(self) -> list[TraceRecord]:
-        try:
-            first = self._queue.get(timeout=_POLL_S)
-        except queue.Empty:
-            return []
-        batch = [first]
+        pending = self._pending
+        if not pending:
+            self._sleep(1, _POLL_S)
+            if not pending:
+                return []
+        self._busy = True  # before taking: flush never sees the records in neither place
+        batch: list[TraceRecord] = []
         until = time.monotonic() + self.linger_s
         while True:
             self._take_waiting(batch)
             wait = until - time.monotonic()
-            if len(batch) >= self.batch or wait <= 0 or self._stop.is_set():
+            if len(batch) >= self.batch or wait <= 0 or self._closed:
                 return batch
-            # Sleep and take what came, rather than wait on the queue for each record: a writer woken by
-            # every put contends for the GIL with the request path once per request.
-            self._stop.wait(min(wait, _LINGER_STEP_S))
+            # Sleep until the batch can be filled or the linger is over, rather than wake for each record or
+            # on a short clock: each wake-up takes the GIL from the request path (bench/RESULTS.md).
+            self._sleep(self.batch - len(batch), wait)
+
+    def _sleep(self, want: int, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for ``want`` records waiting (or ``close``); a put missed by the race
+        between two putters is taken when the timeout ends."""
+        self._want = want
+        self._wake.clear()
+        if len(self._pending) < want and not (self._closed and self._busy):  # after the clear: no set is lost
+            self._wake.wait(timeout_s)
 
     def _take_waiting(self, batch: list[TraceRecord]) -> None:
-        while len(batch) < self.batch:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                return
+        pending, room = self._pending, self.batch - len(batch)
+        while room > 0 and pending:
+            batch.append(pending.popleft())
+            room -= 1
 
     def _write(self, batch: list[TraceRecord]) -> None:
         try:
@@ -198,8 +221,7 @@ class TraceSink:
             log.exception("a batch of %d traces could not be written; dropped", len(batch))
             self._drop(len(batch))
         finally:
-            for _ in batch:
-                self._queue.task_done()
+            self._busy = False
 
     def _prune(self) -> None:
         self._next_prune = self.wall() + self.prune_every_s
@@ -218,12 +240,10 @@ class TraceSink:
 
     def _take_all(self) -> list[TraceRecord]:
         left: list[TraceRecord] = []
-        while True:
-            try:
-                left.append(self._queue.get_nowait())
-            except queue.Empty:
-                return left
-            self._queue.task_done()
+        pending = self._pending
+        while pending:
+            left.append(pending.popleft())
+        return left
 
     def _drop(self, n: int) -> None:
         with self._lock:  # the request path and the writer both drop

@@ -1,48 +1,56 @@
 """Traces in SQL (SQLModel): the ``Trace`` table and ``SqlTraceStore``, the ``TraceStore`` adapter.
 
-One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters
-of `exa trace list` and ``GET /v1/traces``). ``add`` writes a batch in one transaction; a trace id already
-stored stays one row (``ON CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only
-fields it left empty (batch, queue wait, predict time, alias, version) are filled from the later one, except
-that a verdict (``TraceRecord.verdict``) sets outcome, error code and status. Database errors become
-``StoreUnavailable``.
+One row per call, keyed by its trace id; indexed on time, identity, task, model and outcome (the filters of
+`exa trace list` and ``GET /v1/traces``): outcome only where it is not ``answered``, task only where set
+(revision ``0009``). ``add`` writes a batch in one transaction; a trace id already stored stays one row (``ON
+CONFLICT`` on SQLite and Postgres): the first record's fields are kept and only fields it left empty (batch,
+queue wait, predict time, alias, version) are filled from the later one, except that a verdict
+(``TraceRecord.verdict``) sets outcome, error code and status. Database errors become ``StoreUnavailable``.
 
 On SQLite and Postgres a batch is one ``INSERT .. ON CONFLICT DO UPDATE`` compiled once per engine and run by
 the driver's ``executemany`` on tuples (``Connection.exec_driver_sql``), with each column's bind processor
 taken from SQLAlchemy's types: the same statement and values as ``Connection.execute`` with one dict per
-row, without SQLAlchemy's per-row parameter processing (bench/RESULTS.md).
+row, without SQLAlchemy's per-row parameter processing (bench/RESULTS.md). On SQLite a batch is first an
+``INSERT .. ON CONFLICT DO NOTHING`` (the driver's row count is how many ids were new) and the upsert runs
+only when some id was stored already; ``at`` goes as the text SQLAlchemy's SQLite type stores, made in one
+call. Postgres reads the stored ids first (one statement).
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Index, bindparam, delete, func, update
+from sqlalchemy import Index, bindparam, delete, func, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Field, Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
 from examlops.core.errors import StoreUnavailable
 from examlops.tracing.record import Channel, Outcome, TraceRecord, trace_fields
+from examlops.tracing.sql_driver import DriverStatement
 from examlops.tracing.store import MAX_PAGE, CallOutcome, Pruned, TraceQuery
 
 S = TypeVar("S")
+
+
+_NOT_ANSWERED = "outcome <> 'answered'"
+_TASK_SET = "task IS NOT NULL"
+"""The partial indexes' conditions (revision ``0009``): a row is indexed by outcome when it was not answered
+and by task when it has one; the answered and task-less majority costs the writer two index entries less."""
 
 
 class Trace(SQLModel, table=True):
     __table_args__ = (
         Index("ix_trace_at", "at"),
         Index("ix_trace_identity", "identity"),
-        Index("ix_trace_task", "task"),
+        Index("ix_trace_task", "task", sqlite_where=text(_TASK_SET), postgresql_where=text(_TASK_SET)),
         Index("ix_trace_model", "model"),
-        Index("ix_trace_outcome", "outcome"),
+        Index("ix_trace_outcome", "outcome", sqlite_where=text(_NOT_ANSWERED), postgresql_where=text(_NOT_ANSWERED)),
     )
 
     trace_id: str = Field(primary_key=True, max_length=32)
@@ -82,55 +90,10 @@ _KNOWN = sa_select(Trace.__table__.c.trace_id).where(  # type: ignore[attr-defin
 SQLAlchemy would coerce one by one on every batch: bench/RESULTS.md)."""
 
 
-_COLUMNS: tuple[str, ...] = tuple(column.name for column in Trace.__table__.columns)  # type: ignore[attr-defined]  # SQLModel's table
-_values = operator.attrgetter(*_COLUMNS)
-_AT = _COLUMNS.index("at")
-
-
 def _row(record: TraceRecord) -> dict[str, Any]:
     values = trace_fields(record)
     values["at"] = datetime.fromtimestamp(record.at, UTC)
     return values
-
-
-@dataclass(frozen=True, slots=True)
-class _DriverUpsert:
-    """One upsert statement as the driver runs it: its SQL, and how a record becomes its parameters."""
-
-    sql: str
-    binds: tuple[str, ...]
-    """The statement's parameters in order (positional paramstyles) or by name."""
-    positional: bool
-    processors: tuple[tuple[int, Callable[[Any], Any]], ...]
-    """(column index, SQLAlchemy's bind processor of the column's type on this dialect)."""
-
-    @classmethod
-    def compile(cls, statement: Any, dialect: Dialect) -> _DriverUpsert:
-        compiled = statement.compile(dialect=dialect, column_keys=list(_COLUMNS))
-        binds = tuple(compiled.positiontup) if dialect.positional else tuple(compiled.binds)
-        if set(binds) != set(_COLUMNS):
-            raise RuntimeError(f"the trace upsert binds {binds}, not the columns {_COLUMNS}")
-        processors = []
-        for index, column in enumerate(Trace.__table__.columns):  # type: ignore[attr-defined]  # SQLModel's table
-            processor = column.type.dialect_impl(dialect).bind_processor(dialect)
-            if processor is not None:
-                processors.append((index, processor))
-        return cls(compiled.string, binds, dialect.positional, tuple(processors))
-
-    def parameters(self, records: Sequence[TraceRecord]) -> list[Any]:
-        rows: list[Any] = []
-        for record in records:
-            values = list(_values(record))
-            values[_AT] = datetime.fromtimestamp(record.at, UTC)
-            for index, processor in self.processors:
-                values[index] = processor(values[index])
-            rows.append(values)
-        if self.positional:
-            if self.binds == _COLUMNS:
-                return [tuple(values) for values in rows]
-            order = [_COLUMNS.index(name) for name in self.binds]
-            return [tuple(values[i] for i in order) for values in rows]
-        return [dict(zip(_COLUMNS, values, strict=True)) for values in rows]
 
 
 def _timestamp(at: datetime) -> float:
@@ -150,7 +113,8 @@ class SqlTraceStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._upserts: dict[bool, _DriverUpsert] = {}
+        self._upserts: dict[bool | None, DriverStatement] = {}
+        """The compiled upserts (by ``verdict``) and, under None, SQLite's insert of new ids."""
 
     def add(self, records: Sequence[TraceRecord]) -> int:
         if not records:
@@ -162,14 +126,25 @@ class SqlTraceStore:
         ids = list(last)
         try:
             with self._engine.begin() as connection:
+                if self._engine.dialect.name == "sqlite":
+                    return sum(self._insert_new(connection, group, verdict) for verdict, group in _groups(last))
                 known = set(connection.execute(_KNOWN, {"ids": ids}).scalars())
-                for verdict in (False, True):
-                    chosen = [r for r in last.values() if r.verdict is verdict]
-                    if chosen:
-                        self._upsert(connection, chosen, known, verdict=verdict)
+                for verdict, group in _groups(last):
+                    self._upsert(connection, group, known, verdict=verdict)
         except (OperationalError, ProgrammingError) as exc:
             raise StoreUnavailable(f"the trace table cannot be written: {exc}") from exc
         return len(ids) - len(known)
+
+    def _insert_new(self, connection: Connection, records: list[TraceRecord], verdict: bool) -> int:
+        """SQLite: the new ids of ``records`` inserted, how many they were; when some id was stored already,
+        ``records`` again as the upsert (a row just inserted is upserted to itself: unchanged)."""
+        insert, upsert = self._driver_insert(), self._driver_upsert(verdict)
+        assert insert is not None and upsert is not None  # SQLite has both
+        rows = insert.parameters(records)
+        added = connection.exec_driver_sql(insert.sql, rows).rowcount
+        if added != len(records):
+            connection.exec_driver_sql(upsert.sql, rows if upsert.binds == insert.binds else upsert.parameters(records))
+        return int(added)
 
     def _upsert(self, connection: Connection, records: list[TraceRecord], known: set[str], *, verdict: bool) -> None:
         upsert = self._driver_upsert(verdict)
@@ -186,7 +161,15 @@ class SqlTraceStore:
                     changes = {name: row[name] for name in _VERDICT}
                     connection.execute(update(Trace).where(col(Trace.trace_id) == row["trace_id"]).values(**changes))
 
-    def _driver_upsert(self, verdict: bool) -> _DriverUpsert | None:
+    def _driver_insert(self) -> DriverStatement | None:
+        """SQLite's ``INSERT .. ON CONFLICT DO NOTHING`` of a batch, compiled once (None elsewhere)."""
+        insert = self._upserts.get(None)
+        if insert is None and self._engine.dialect.name == "sqlite":
+            statement = sqlite.insert(Trace).on_conflict_do_nothing(index_elements=["trace_id"])
+            insert = self._upserts[None] = DriverStatement.compile(statement, self._engine.dialect, Trace.__table__)  # type: ignore[attr-defined]  # SQLModel's table
+        return insert
+
+    def _driver_upsert(self, verdict: bool) -> DriverStatement | None:
         """The compiled upsert on SQLite and Postgres (None on another database)."""
         upsert = self._upserts.get(verdict)
         if upsert is None:
@@ -199,8 +182,10 @@ class SqlTraceStore:
             changes = {name: func.coalesce(table[name], new[name]) for name in _FILLED}
             if verdict:
                 changes |= {name: new[name] for name in _VERDICT}
-            upsert = _DriverUpsert.compile(
-                statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes), dialect
+            upsert = DriverStatement.compile(
+                statement.on_conflict_do_update(index_elements=["trace_id"], set_=changes),
+                dialect,
+                Trace.__table__,  # type: ignore[attr-defined]  # SQLModel's table
             )
             self._upserts[verdict] = upsert
         return upsert
@@ -264,6 +249,12 @@ class SqlTraceStore:
         return Pruned(int(deleted or 0), int(cleared or 0))
 
 
+def _groups(last: dict[str, TraceRecord]) -> list[tuple[bool, list[TraceRecord]]]:
+    """A batch's records by ``verdict``, the others first (a verdict then wins over them), empty groups left out."""
+    groups = [(verdict, [r for r in last.values() if r.verdict is verdict]) for verdict in (False, True)]
+    return [(verdict, group) for verdict, group in groups if group]
+
+
 def _filtered(statement: SelectOfScalar[S], query: TraceQuery) -> SelectOfScalar[S]:
     if query.identity is not None:
         statement = statement.where(col(Trace.identity) == query.identity)
@@ -273,6 +264,8 @@ def _filtered(statement: SelectOfScalar[S], query: TraceQuery) -> SelectOfScalar
         statement = statement.where(col(Trace.model) == query.model)
     if query.outcome is not None:
         statement = statement.where(col(Trace.outcome) == query.outcome)
+        if query.outcome != "answered":  # the term of the partial index's condition: SQLite then uses it
+            statement = statement.where(text(_NOT_ANSWERED))  # the index's own condition: SQLite matches terms
     if query.channel is not None:
         statement = statement.where(col(Trace.channel) == query.channel)
     if query.since is not None:

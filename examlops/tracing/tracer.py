@@ -136,34 +136,35 @@ class Tracer:
         verdict: bool,
     ) -> TraceRecord:
         facts = call.facts
+        keeps = self.policy.keeps
+        deadline = call.deadline
+        # Positional, in TraceRecord's field order: a call's record is built on its request path.
         return TraceRecord(
-            trace_id=call.trace_id,
-            at=call.at,
-            channel=call.channel,
-            outcome=outcome_of(error_code),
-            error_code=error_code or "",
-            model=call.model,
-            alias=call.alias or facts.alias,
-            version=call.version or facts.version,
-            adapter=call.adapter,
-            identity=call.identity,
-            task=call.task,
-            budget_ms=call.budget_ms,
-            budget_remaining_ms=None if call.deadline is None else round((call.deadline - self.wall()) * 1000, 1),
-            used_ms=(self.clock() - call.started) * 1000,
-            node=self.node,
-            batch_id=facts.batch_id,
-            batch_size=facts.batch_size,
-            queue_wait_ms=facts.queue_wait_ms,
-            predict_ms=facts.predict_ms,
-            status=status,
-            job_id=call.job_id,
-            input=self._kept(input),
-            output=self._kept(output),
-            verdict=verdict,
+            call.trace_id,
+            call.at,
+            call.channel,
+            outcome_of(error_code),
+            error_code or "",
+            call.model,
+            call.alias or facts.alias,
+            call.version or facts.version,
+            call.adapter,
+            call.identity,
+            call.task,
+            call.budget_ms,
+            None if deadline is None else round((deadline - self.wall()) * 1000, 1),
+            (self.clock() - call.started) * 1000,
+            self.node,
+            facts.batch_id,
+            facts.batch_size,
+            facts.queue_wait_ms,
+            facts.predict_ms,
+            status,
+            call.job_id,
+            self._kept(input) if keeps else "",
+            self._kept(output) if keeps else "",
+            verdict,
         )
 
     def _kept(self, value: bytes | object) -> str:
-        if not self.policy.keeps:
-            return ""
         return self.policy.kept_body(value) if isinstance(value, bytes) else self.policy.kept(value)

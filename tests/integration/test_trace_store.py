@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from examlops.bootstrap import sql_engine, upgrade_database
 from examlops.core.settings import Settings
 from examlops.tracing import TraceQuery, TraceRecord, TraceSink, new_trace_id
-from examlops.tracing.sql_store import SqlTraceStore
+from examlops.tracing.sql_store import SqlTraceStore, Trace, _row
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -120,3 +120,44 @@ def test_the_sink_prunes_with_its_own_clock_while_it_writes(engine: Engine) -> N
     finally:
         sink.close(10)
     assert sink.stats().pruned >= 1 and store.count(TraceQuery()) == 2
+
+
+def test_the_driver_writes_the_rows_sqlalchemy_writes(engine: Engine) -> None:
+    """``add`` bypasses SQLAlchemy's per-row processing (on SQLite: ``at`` as text, floats as they are): the
+    stored values and their SQL types are those of SQLAlchemy's own insert of the same records."""
+    records = [
+        trace(at=NOW + 0.5, model="JPCP", used_ms=3, queue_wait_ms=1.25, batch_size=4, budget_ms=50),
+        trace(at=NOW, error_code="bad_input", outcome="refused", status=422, used_ms=0.0),
+        trace(at=1.000001, identity="admin", task="pavement", predict_ms=None, budget_remaining_ms=-2.5),
+    ]
+    by_orm = [dataclasses.replace(r, trace_id=new_trace_id()) for r in records]
+    SqlTraceStore(engine).add(records)
+    with engine.begin() as connection:
+        connection.execute(Trace.__table__.insert(), [_row(r) for r in by_orm])  # type: ignore[attr-defined]
+    names = [c.name for c in Trace.__table__.columns if c.name != "trace_id"]  # type: ignore[attr-defined]
+    typed = ", ".join(f"{n}, {'typeof' if engine.dialect.name == 'sqlite' else 'pg_typeof'}({n})" for n in names)
+    with engine.connect() as connection:
+        rows = {
+            trace_id: tuple(values)
+            for trace_id, *values in connection.exec_driver_sql(f"SELECT trace_id, {typed} FROM trace")
+        }
+    for written, reference in zip(records, by_orm, strict=True):
+        assert rows[written.trace_id] == rows[reference.trace_id]
+
+
+def test_outcome_and_task_filters_find_rows_the_partial_indexes_leave_out(engine: Engine) -> None:
+    """``ix_trace_outcome`` holds rows not answered and ``ix_trace_task`` rows with a task (revision 0009):
+    every filter still finds exactly its rows, answered and task-less ones included."""
+    store = SqlTraceStore(engine)
+    outcomes = ("answered", "refused", "failed")
+    store.add([trace(at=NOW + i, outcome=outcomes[i % 3], task="t.a" if i % 2 else None) for i in range(12)])
+    assert [store.count(TraceQuery(outcome=o)) for o in outcomes] == [4, 4, 4]
+    assert store.count(TraceQuery(task="t.a")) == 6
+    assert store.count(TraceQuery(task="t.a", outcome="failed")) == 2
+    assert [r.at for r in store.find(TraceQuery(outcome="refused", limit=2))] == [NOW + 10, NOW + 7]
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as connection:
+            plan = connection.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT count(*) FROM trace WHERE outcome = 'failed' AND outcome <> 'answered'"
+            ).all()
+        assert "ix_trace_outcome" in str(plan)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 
 from examlops.core.backoff import Backoff
@@ -135,3 +136,69 @@ def test_sink_retries_a_batch_while_the_store_is_down_and_loses_nothing_taken() 
     assert sink.flush(5)
     sink.close()
     assert len(store.rows) == 3 and sink.stats().retried == 2 and sink.stats().dropped == 0
+
+
+def test_sink_writes_a_full_batch_without_waiting_out_its_linger_and_close_ends_a_linger() -> None:
+    store = InMemoryTraceStore()
+    sink = TraceSink(store, bound=100, batch=4, linger_s=30.0)
+    sink.start()
+    began = time.monotonic()
+    for i in range(4):  # the first wakes the idle writer, the fourth fills the batch it lingers on
+        sink.put(record(i))
+    assert sink.flush(5) and store.batches == [4]
+    assert time.monotonic() - began < 5
+    sink.put(record(4))  # a batch of one, lingering for 30 s: close writes it now
+    sink.close(5)
+    assert time.monotonic() - began < 4
+    assert len(store.rows) == 5 and sink.stats().dropped == 0
+
+
+def test_a_finished_call_puts_each_of_its_facts_in_its_own_field() -> None:
+    """``Tracer`` builds the record positionally (it is on the request path): every field lands by name."""
+    queued: list[TraceRecord] = []
+
+    class Queue:
+        def put(self, record: TraceRecord) -> bool:
+            queued.append(record)
+            return True
+
+        def start(self) -> None: ...
+
+        def close(self, timeout_s: float = 10.0) -> None: ...
+
+    ticks = iter([10.0, 10.25])
+    tracer = Tracer(Queue(), PayloadPolicy("full"), node="n9", wall=lambda: 1000.0, clock=lambda: next(ticks))
+    call = tracer.begin("bus", trace_id_for_job("j7"))
+    call.model, call.adapter, call.identity, call.task, call.job_id = "M", "ad", "who", "t.x", "j7"
+    call.budget_ms, call.deadline = 80.0, 1000.05
+    facts = call.facts
+    facts.alias, facts.version, facts.batch_id, facts.batch_size = "Production", "4", "b-2", 6
+    facts.queue_wait_ms, facts.predict_ms = 1.5, 2.5
+    tracer.finish(call, error_code="deadline_exceeded", status=504, input=b'{"a":1}', output=b'{"b":2}', verdict=True)
+    expected = TraceRecord(
+        trace_id=trace_id_for_job("j7"),
+        at=1000.0,
+        channel="bus",
+        outcome="refused",
+        error_code="deadline_exceeded",
+        model="M",
+        alias="Production",
+        version="4",
+        adapter="ad",
+        identity="who",
+        task="t.x",
+        budget_ms=80.0,
+        budget_remaining_ms=50.0,
+        used_ms=250.0,
+        node="n9",
+        batch_id="b-2",
+        batch_size=6,
+        queue_wait_ms=1.5,
+        predict_ms=2.5,
+        status=504,
+        job_id="j7",
+        input=PayloadPolicy("full").kept_body(b'{"a":1}'),
+        output=PayloadPolicy("full").kept_body(b'{"b":2}'),
+        verdict=True,
+    )
+    assert queued == [expected]
