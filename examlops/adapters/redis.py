@@ -107,6 +107,10 @@ def connect(url: str, *, socket_timeout_s: float = 5.0, retries: int = 2) -> red
 
 _PLAIN = frozenset((str, bytes, int))
 _hiredis = HiredisRespSerializer()
+try:
+    import hiredis  # its pack_command is what _hiredis.pack calls, after a pass of its own over the arguments
+except ImportError:  # no hiredis: _HiredisPacked is never installed
+    hiredis = None  # type: ignore[assignment]
 
 
 class _HiredisPacked:
@@ -115,8 +119,10 @@ class _HiredisPacked:
     not UTF-8, takes redis-py's own path, so Redis receives exactly what it would have."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if all(type(arg) in _PLAIN for arg in args):
+        if _PLAIN.issuperset(map(type, args)):  # in C: a bus job's commands have 20-30 arguments
             try:
+                if type(args[0]) is str and " " not in args[0]:
+                    return [hiredis.pack_command(args)]  # nothing for _hiredis.pack to split or convert
                 packed: list[bytes] = _hiredis.pack(*args)
             except UnicodeEncodeError:  # a lone surrogate: redis-py's encoder replaces it
                 pass

@@ -37,7 +37,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             response = await self._inner.handle_async_request(request)
             try:
-                content = b"".join([chunk async for chunk in response.aiter_raw()])
+                await response.aread()  # read here, into the library's own response: no second one is built
             finally:
                 await response.aclose()
         except (httpx.TransportError, aiohttp.ClientError) as exc:
@@ -45,9 +45,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             if translated is exc:
                 raise
             raise translated from _cause(exc)
-        return httpx.Response(
-            response.status_code, headers=response.headers.raw, content=content, extensions=response.extensions
-        )
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -41,7 +41,7 @@ import httpx
 import orjson
 
 from examlops.bus import budget
-from examlops.bus.hop_http import timed_out, trace_headers
+from examlops.bus.hop_http import hop_request, timed_out, trace_headers
 from examlops.bus.replies import error_body
 from examlops.bus.wire import Job
 from examlops.core.errors import (
@@ -195,7 +195,7 @@ class ModelHandler:
         timeout = self._timeout(job.deadline - now)
         headers = trace_headers(trace_id, identity)
         try:
-            response = await self.http.post(self._url, content=content, headers=headers, timeout=timeout)
+            response = await self.http.send(hop_request(self.http, self._url, content, headers, timeout))
         except (httpx.TransportError, TimeoutError) as exc:
             return self._transport_error(exc, job)
         # httpx binds a response's stream back to the response, a reference cycle of ~15 objects that only

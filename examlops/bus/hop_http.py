@@ -7,16 +7,22 @@ cookies: a cookie one reply set would ride along on every later job, whoever
 sent it, and reading every reply for them is a sixth of the hop's CPU
 (``bench/RESULTS.md``). ``trace_headers`` is the one place the
 bridge says things about a call to serving (serving reads them in ``api.tracing.from_bridge`` only).
-``timed_out`` tells time running out from a connection failing, on both transports. Nothing here connects
-until a request is sent.
+``hop_request`` builds a hop's request as the client's ``build_request`` would, less the merging the hop
+never needs (half of that call's CPU per job: ``bench/cpu_per_op.py``). ``timed_out`` tells time running out
+from a connection failing, on both transports. Nothing here connects until a request is sent.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import httpx
 
 from examlops.core.settings import HttpSettings
 from examlops.tracing.record import CHANNEL_HEADER, IDENTITY_HEADER, TRACE_HEADER
+
+if TYPE_CHECKING:
+    from httpx._client import UseClientDefault  # the type of httpx.USE_CLIENT_DEFAULT, not re-exported
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -74,6 +80,24 @@ def trace_headers(trace_id: str, identity: str = "") -> dict[str, str]:
     if identity:
         headers[IDENTITY_HEADER] = identity
     return headers
+
+
+def hop_request(
+    client: httpx.AsyncClient,
+    url: httpx.URL,
+    content: bytes,
+    headers: dict[str, str],
+    timeout: httpx.Timeout | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
+) -> httpx.Request:
+    """A POST of ``content`` to the absolute ``url``, for ``client.send``: the client's headers, then ``headers``
+    (replacing a client header of the same name), and ``timeout`` (else the client's), as
+    ``client.build_request`` makes it. Without its merging of a base URL, query parameters and cookies, which
+    the hop has none of (``HopClient`` keeps no cookies)."""
+    own = {name.lower().encode("ascii") for name in headers}
+    merged = [(name, value) for name, value in client.headers.raw if name.lower() not in own]
+    merged += [(name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()]  # as httpx does
+    chosen = timeout if isinstance(timeout, httpx.Timeout) else client.timeout
+    return httpx.Request("POST", url, content=content, headers=merged, extensions={"timeout": chosen.as_dict()})
 
 
 def timed_out(exc: BaseException) -> bool:

@@ -261,3 +261,20 @@ async def test_a_cookie_one_reply_sets_never_rides_on_a_later_job(spec: ModelSpe
         assert len(http.cookies) == 0
     assert first.body["prediction"] == second.body["prediction"] == 0.25
     assert [request.headers.get("cookie") for request in requests] == [None, None]
+
+
+@pytest.mark.parametrize("limit", [None, httpx.Timeout(0.5, connect=0.25)])
+async def test_a_hop_request_is_what_the_clients_build_request_makes(limit: httpx.Timeout | None) -> None:
+    from examlops.bus.hop_http import hop_request, http_client, trace_headers
+
+    client = http_client(HttpSettings(), httpx.MockTransport(lambda r: httpx.Response(200)), {"Authorization": "x"})
+    client.headers["X-Examlops-Identity"] = "from-the-client"  # a job's own header replaces the client's
+    url, headers = httpx.URL("http://serving/infer-pipeline/infer"), trace_headers("a" * 32, "robot-7")
+    chosen = httpx.USE_CLIENT_DEFAULT if limit is None else limit
+    ours = hop_request(client, url, b'{"a":1}', headers, chosen)
+    theirs = client.build_request("POST", url, content=b'{"a":1}', headers=headers, timeout=chosen)
+    assert (ours.method, ours.url, ours.content) == (theirs.method, theirs.url, theirs.content)
+    assert sorted(ours.headers.multi_items()) == sorted(theirs.headers.multi_items())
+    assert ours.headers["x-examlops-identity"] == "robot-7"
+    assert ours.extensions == theirs.extensions
+    await client.aclose()
