@@ -7,7 +7,7 @@ and skipping them takes the larger part of FastAPI's own time off each call (``b
 The route is still in the OpenAPI document, with the path parameters ``path_parameters`` declares; errors
 the endpoint raises reach the app's exception handlers as any route's do.
 
-Failure mode: an endpoint with any parameter but the request is refused when the route is built.
+Failure mode: an endpoint with any parameter but the request, or not async, is refused when the route is built.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class LeanRoute(APIRoute):
         parameters = list(inspect.signature(endpoint).parameters.values())
         if len(parameters) != 1 or parameters[0].annotation not in (Request, "Request"):
             raise TypeError(f"{self.path}: a LeanRoute's endpoint takes the request alone")
+        if not inspect.iscoroutinefunction(endpoint):
+            raise TypeError(f"{self.path}: a LeanRoute's endpoint is a coroutine function")
 
         async def handler(request: Request) -> Response:
             response: Response = await endpoint(request)

@@ -1,8 +1,8 @@
 """Admission control at the ingress (seed 001): estimate when a call would be answered, refuse it at once
 when that is past its budget.
 
-``Estimator`` learns, per model, the predict time by batch size (an exponentially weighted mean per
-power-of-two size bucket, fed by every predict call) and reads the queue as the micro-batcher holds it:
+``Estimator`` learns, per model, the predict time by batch size (``serving.costs.CostModel``, fed by
+every predict call) and reads the queue as the micro-batcher holds it:
 the calls queued ahead of this one (deadline order: only those due no later), the batches being handled
 and how long they have run. The estimate of a call is::
 
@@ -16,15 +16,13 @@ behind it (a later deadline), past a deadline that call can still meet (``endang
 call jumps the queue, so without this test admitted calls would miss their budgets under overload.
 
 It is a model, not a promise: ``error`` records how far each answered call's actual time was from its
-estimate (the ``examlops_admission_error_ms`` histogram), so an operator sees whether to trust it. A
-model or batch size never observed is assumed to take ``settings.admission.prior_ms``.
+estimate (the ``examlops_admission_error_ms`` histogram), so an operator sees whether to trust it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -33,13 +31,12 @@ import numpy.typing as npt
 from examlops.core.errors import Refused
 from examlops.core.messages import InferenceRequest
 from examlops.core.setting_sections import AdmissionSettings
+from examlops.serving.costs import CostModel
 from examlops.serving.ledger import Ledger
 from examlops.serving.waiters import InFlight
 
 OVERDUE_SHARE = 0.25
 """The share of its expected time a batch still running past it is counted as having left."""
-ALPHA = 0.2
-"""Weight of the newest observation in a bucket's mean: recent enough to follow a load change."""
 
 
 class Queue(Protocol):
@@ -60,49 +57,6 @@ def _ahead_of(keys: npt.NDArray[np.float64], key: float) -> int:
     if keys[-1] <= key:  # the common case of one shared budget: it goes last
         return len(keys)
     return int(np.searchsorted(keys, key, side="right"))
-
-
-def _bucket(size: int) -> int:
-    return max(1, size).bit_length()
-
-
-class CostModel:
-    """Predict time (ms) of one call of a model by batch size; see the module docstring."""
-
-    def __init__(self, prior_ms: float) -> None:
-        self._prior_ms = prior_ms
-        self._mean: dict[str, dict[int, float]] = {}
-
-    def observe(self, model: str, size: int, ms: float) -> None:
-        buckets = self._mean.setdefault(model, {})
-        bucket = _bucket(size)
-        old = buckets.get(bucket)
-        buckets[bucket] = ms if old is None else old + ALPHA * (ms - old)
-
-    def predict_ms(self, model: str, size: int) -> float:
-        """The mean of ``size``'s bucket; else the nearest observed bucket's; else the prior."""
-        buckets = self._mean.get(model)
-        if not buckets:
-            return self._prior_ms
-        bucket = _bucket(size)
-        found = buckets.get(bucket)
-        if found is not None:
-            return found
-        nearest = min(buckets, key=lambda known: (abs(known - bucket), -known))
-        return buckets[nearest]
-
-    def work_ms(self, counts: Iterable[tuple[str, int]], max_size: int) -> float:
-        """Predict time of ``counts`` (model, calls) in batches of at most ``max_size`` calls per model."""
-        total = 0.0
-        for model, count in counts:
-            full, rest = divmod(count, max_size)
-            total += full * self.predict_ms(model, max_size) + (self.predict_ms(model, rest) if rest else 0.0)
-        return total
-
-    def lead_ms(self, batch: Sequence[InferenceRequest]) -> float:
-        """Time to handle ``batch``: its models' groups are predicted side by side, so the slowest one."""
-        counts = Counter(request.model for request in batch)
-        return max((self.predict_ms(model, count) for model, count in counts.items()), default=0.0)
 
 
 class Estimator:
@@ -127,18 +81,19 @@ class Estimator:
         ledger = self._queue.ledger
         keys, _, tallies = ledger.view()
         ahead_of = _ahead_of(keys, due)
-        ahead: Counter[str] = Counter(request.model for key, _, request in self._queue.forming() if key <= due)
+        ahead = Counter(request.model.lower() for key, _, request in self._queue.forming() if key <= due)
         if ahead_of:
             for tally, count in enumerate(np.bincount(tallies[:ahead_of]).tolist()):
                 if count:
-                    ahead[ledger.names[tally]] += count
+                    ahead[ledger.names[tally].lower()] += count
         if self._per_model:  # on Ray a model's replicas serve it alone: only its own calls are ahead
-            ahead = Counter({name: count for name, count in ahead.items() if name.lower() == model.lower()})
+            ahead = Counter({model.lower(): ahead[model.lower()]})
+        own = ahead[model.lower()]
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
         if running_ms is None:
             running_ms = self._running_ms(now, model)
         wait_ms = (queued_ms + running_ms) / self._workers
-        own_ms = self.costs.predict_ms(model, min(ahead[model] + rows, self._max_size))
+        own_ms = self.costs.predict_ms(model, min(own + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
     def _running_ms(self, now: float, model: str) -> float:
@@ -168,7 +123,8 @@ class Estimator:
         deadline - (work ahead of it, its own row and its batch's rest) / workers - overhead, and is
         endangered when 0 <= slack < this call's extra work. (Counting its own row alone let calls reach the
         head with too little time left for a full batch: batches of one then cost the queue several calls'
-        time each.) Array operations over the ledger: the same few at any queue length."""
+        time each.) The batch being formed is work ahead of every call, never one endangered: this call
+        cannot join it. Array operations over the ledger: the same few at any queue length."""
         ledger = self._queue.ledger
         keys, dues, tallies = ledger.view()
         behind = _ahead_of(keys, due)

@@ -8,7 +8,8 @@ dropped, or given up by its caller), so the ledger is the queue at every moment 
 Contract: ``view`` gives the three arrays in queue order; the estimate reads "the calls ahead of a key"
 as a prefix found by binary search and "the calls behind it" as the rest, so deciding admission costs
 the same few array operations at any queue length (``bench/admission_cost.py``). Adding or discarding
-is a binary search and one shift of memory. ``discard`` of an item that is not there does nothing.
+is a binary search (two more among equal keys) and one shift of memory. ``discard`` of an item that is
+not there does nothing.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Ledger:
         if self._lo == 0 or self._hi == len(self._tallies):
             self._recentre()
         lo, hi = self._lo, self._hi
-        at = self._find(key, seq, before=True)
+        at = self._find(key, seq)
         if at - lo < hi - at:  # fewer items before its place: move them one back
             for column in self._all():
                 column[lo - 1 : at - 1] = column[lo:at]
@@ -70,7 +71,7 @@ class Ledger:
     def discard(self, key: float, seq: int) -> bool:
         """Forget the item (``key``, ``seq``); False when it is not here."""
         lo, hi = self._lo, self._hi
-        at = self._find(key, seq, before=False)
+        at = self._find(key, seq)
         if at >= hi or self._keys[at] != key or self._seqs[at] != seq:
             return False
         if at == lo:
@@ -89,14 +90,15 @@ class Ledger:
         lo, hi = self._lo, self._hi
         return self._keys[lo:hi], self._dues[lo:hi], self._tallies[lo:hi]
 
-    def _find(self, key: float, seq: int, *, before: bool) -> int:
-        """The index of (``key``, ``seq``), or where it would go (``before``: ahead of later seqs)."""
+    def _find(self, key: float, seq: int) -> int:
+        """The index of (``key``, ``seq``), or where it would go: equal keys sit in ``seq`` order (arrival)."""
         lo, hi = self._lo, self._hi
-        keys, seqs = self._keys, self._seqs
-        at = lo + int(np.searchsorted(keys[lo:hi], key, side="left"))
-        while at < hi and keys[at] == key and seqs[at] < seq:  # equal keys: arrival order
-            at += 1
-        return at
+        keys = self._keys[lo:hi]
+        first = int(np.searchsorted(keys, key, side="left"))
+        if first == hi - lo or keys[first] != key:
+            return lo + first
+        last = int(np.searchsorted(keys, key, side="right"))  # a run of equal keys (background work: inf)
+        return lo + first + int(np.searchsorted(self._seqs[lo + first : lo + last], seq, side="left"))
 
     def _recentre(self) -> None:
         """Room on both sides: the items in the middle of columns at least four times their count."""

@@ -26,7 +26,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from operator import attrgetter
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -103,7 +102,7 @@ class Pipeline:
             expired=_late,
             lead=self._lead_s,
             group=_model_of if per_model else None,
-            tally=attrgetter("model"),  # the estimate's cost model knows models by the name calls give
+            tally=_model_of,  # one tally per catalog model, however a call spells its name
             name="feature-transformer",
         )
         self.estimator = Estimator(

@@ -18,17 +18,17 @@ from examlops.serving.waiters import InFlight
 from tests.unit.serving.test_pipeline import World, eventually, req
 
 
-def test_the_cost_model_learns_by_batch_size_and_falls_back_to_the_nearest_size() -> None:
+def test_the_cost_model_learns_each_batch_size_and_fills_in_the_sizes_it_has_not_seen() -> None:
     costs = CostModel(prior_ms=5.0)
     assert costs.predict_ms("JPCP", 1) == 5.0
     costs.observe("JPCP", 32, 40.0)
-    assert costs.predict_ms("JPCP", 1) == 40.0  # only size 32 seen so far
-    costs.observe("JPCP", 1, 2.0)
-    assert costs.predict_ms("JPCP", 1) == 2.0
-    assert costs.predict_ms("JPCP", 30) == 40.0
-    costs.observe("JPCP", 1, 12.0)
-    assert costs.predict_ms("JPCP", 1) == pytest.approx(2.0 + 0.2 * 10.0)
-    assert costs.work_ms([("JPCP", 65)], max_size=32) == pytest.approx(2 * 40.0 + 4.0)
+    assert costs.predict_ms("JPCP", 1) == 40.0  # only size 32 seen so far: a smaller batch takes no longer
+    assert costs.predict_ms("JPCP", 64) == 80.0  # past the largest seen: its time per row
+    costs.observe("JPCP", 2, 4.0)
+    assert costs.predict_ms("JPCP", 17) == pytest.approx(22.0)  # between 2 and 32: on the line through both
+    costs.observe("jpcp", 2, 14.0)  # names match as the catalog's do
+    assert costs.predict_ms("JPCP", 2) == pytest.approx(4.0 + 0.2 * 10.0)
+    assert costs.work_ms([("JPCP", 66)], max_size=32) == pytest.approx(2 * 40.0 + 6.0)
 
 
 @pytest.fixture
@@ -194,14 +194,16 @@ class FakeQueue:
         self,
         waiting: list[tuple[float, float, InferenceRequest]],
         running: list[InFlight[InferenceRequest]] | None = None,
+        forming: list[tuple[float, float, InferenceRequest]] | None = None,
     ) -> None:
         self.ledger = Ledger()
         for seq, (key, due, request) in enumerate(waiting):
             self.ledger.add(key, seq, due, request.model)
         self._running = running or []
+        self._forming = forming or []
 
     def forming(self) -> list[tuple[float, float, InferenceRequest]]:
-        return []
+        return list(self._forming)
 
     def in_flight(self) -> list[InFlight[InferenceRequest]]:
         return list(self._running)
@@ -237,8 +239,9 @@ def test_on_ray_a_call_waits_only_for_its_own_models_work_over_that_models_repli
         estimator.costs.observe("CRCP", 1, 100.0)
     # Its own model: half of the 10 ms JPCP batch in flight (2 replicas), then its own 10 ms and 2 ms.
     assert per_model.estimate_ms("JPCP", now + 5.0, now) == (pytest.approx(17.0), pytest.approx(5.0))
-    # On one pool, CRCP's 8 queued and 100 ms in flight count too: (800 + 100 + 10) / 2 + 12.
-    assert shared.estimate_ms("JPCP", now + 5.0, now)[0] == pytest.approx(467.0)
+    # On one pool, CRCP's 8 queued and its batch of 4 in flight (400 ms: 100 a row) count too:
+    # (800 + 400 + 10) / 2 + 12.
+    assert shared.estimate_ms("JPCP", now + 5.0, now)[0] == pytest.approx(617.0)
     assert not per_model.endangers("JPCP", now + 0.05, now)  # CRCP's callers are not delayed by it
 
 
@@ -252,3 +255,32 @@ def test_a_batch_in_flight_keeps_the_expected_time_it_had_when_the_estimate_firs
     assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.02)[1] == pytest.approx(20.0)  # still 40 ms
     running.append(InFlight(now + 0.02, [req(1)] * 4))  # a batch started after the change: 240 ms expected
     assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.02)[1] == pytest.approx(260.0)
+
+
+def test_on_ray_a_call_endangers_only_calls_of_its_own_model() -> None:
+    now = 100.0
+    crcp = [(now + 0.015, now + 0.015, req(1, model="CRCP"))]  # behind it: 15 ms left, 10 of them its own
+    settings = AdmissionSettings(overhead_ms=0.0)
+    shared = Estimator(settings, FakeQueue(crcp), workers=1, max_size=1)
+    per_model = Estimator(settings, FakeQueue(crcp), workers=1, max_size=1, per_model=True)
+    for estimator in (shared, per_model):
+        estimator.costs.observe("JPCP", 1, 10.0)
+        estimator.costs.observe("CRCP", 1, 10.0)
+    assert shared.endangers("JPCP", now + 0.01, now)  # one pool: its 10 ms push the CRCP call past its deadline
+    assert not per_model.endangers("JPCP", now + 0.01, now)  # its own replicas: the CRCP call is not delayed
+
+
+@pytest.mark.parametrize("forming", [0, 3, 4])
+def test_the_batch_being_formed_is_work_ahead_of_every_call(forming: int) -> None:
+    now = 100.0
+    batch = [(now + 1.0, now + 1.0, req(1))] * forming  # taken from the queue, not yet handed over
+    behind = [(now + 0.085, now + 0.085, req(1))]  # 85 ms left, 10 of them its own
+    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue(behind, forming=batch), workers=1, max_size=4)
+    for size in (1, 4):
+        estimator.costs.observe("JPCP", size, 10.0 * size)
+    ahead_ms = 10.0 * forming
+    # A call due later waits for the forming batch and the queued call.
+    assert estimator.estimate_ms("JPCP", now + 5.0, now)[1] == pytest.approx(ahead_ms + 10.0)
+    # The queued call keeps 85 - forming - its own 10 - its batch's 3 other rows (30): a tight call endangers
+    # it once that slack is under the tight call's 10 ms (with 4 forming: 5 ms).
+    assert estimator.endangers("JPCP", now + 0.01, now) == (forming == 4)

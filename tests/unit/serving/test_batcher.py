@@ -309,3 +309,33 @@ async def test_background_work_never_rides_in_an_interactive_batch_behind_a_dead
     assert handler.batches == [[0], [2], [3]]
     await asyncio.gather(gone, return_exceptions=True)
     await batcher.close()
+
+
+async def test_an_item_that_does_not_fit_a_batch_waits_in_the_ledger_for_the_next() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+    now = asyncio.get_running_loop().time()
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        handler, max_size=4, max_wait_s=0, max_in_flight=1, lead=lambda batch: float(len(batch)), tally=str
+    )
+    # Each item takes 1 s: 1 fits before its deadline alone, not with 2 (2 s); 2 waits for the next batch.
+    calls = [asyncio.ensure_future(batcher.submit(i, due=now + due)) for i, due in ((1, 1.5), (2, 3.6))]
+    await asyncio.sleep(0.001)
+    assert handler.batches == [[1]]
+    assert ledger_items(batcher) == [(now + 3.6, now + 3.6, "2")]
+    gate.set()
+    assert await asyncio.gather(*calls) == [2, 4]
+    assert handler.batches == [[1], [2]] and len(batcher.ledger) == 0
+    await batcher.close()
+
+
+async def test_close_empties_the_ledger_with_the_queue() -> None:
+    gate = asyncio.Event()
+    batcher: MicroBatcher[int, int] = MicroBatcher(Doubler(gate=gate), max_size=1, max_wait_s=0, max_in_flight=1)
+    calls = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]  # 0 in flight, 1 and 2 waiting
+    await asyncio.sleep(0.001)
+    assert len(batcher.ledger) == 2
+    await batcher.close(grace_s=0)
+    assert len(batcher.ledger) == 0
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        assert isinstance(outcome, NotReady)

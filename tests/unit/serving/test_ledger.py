@@ -16,7 +16,9 @@ from tests.unit.serving.test_admission import FakeQueue
 from tests.unit.serving.test_pipeline import req
 
 KEYS = st.sampled_from([0.5, 1.0, 2.0, math.inf]) | st.floats(0.0, 3.0)
-OPS = st.lists(st.tuples(st.sampled_from(["add", "head", "any", "absent"]), KEYS, st.booleans(), st.integers(0, 99)))
+OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "head", "any", "absent", "back"]), KEYS, st.booleans(), st.integers(0, 99))
+)
 
 
 @given(OPS)
@@ -30,6 +32,10 @@ def test_the_ledger_is_the_queue_in_order_whatever_comes_and_goes(ops: list[tupl
             queue.append(item)
         elif op == "absent":
             assert not ledger.discard(key, 10**9)
+        elif op == "back":  # taken, then put back (it did not fit a batch): its old seq among later ones
+            item = queue[pick % len(queue)]
+            assert ledger.discard(item[0], item[1])
+            ledger.add(*item)
         else:
             item = min(queue) if op == "head" else queue[pick % len(queue)]
             queue.remove(item)

@@ -2,8 +2,9 @@
 against a model whose batch of n rows takes a + b * n seconds, so what is shown is the policy, not the machine.
 
 Issue 17's bound: with admission, at least 99 % of the calls admitted are answered within their budget at
-every load; without it, the same arrivals miss their budgets (``bench/overload.py`` measures the same on a
-real server).
+every load, and past capacity the pool's goodput stays at least 80 % of it; without admission, the same
+arrivals miss their budgets (``bench/overload.py`` measures the same on a real server). Shown here for
+tight budgets of 300 and 200 ms (about two and one and a half full batches) beside loose ones of 3 s.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ class Costly(RecordingRuntime):
         return await super().predict(key, rows)
 
 
-async def overload(home: Path, load: float, admission: bool, seconds: float = 3.0) -> Counter[str]:
-    """Poisson arrivals at ``load`` times the capacity for ``seconds``, half tight and half loose budgets."""
+async def overload(
+    home: Path, load: float, admission: bool, *, tight_s: float = TIGHT_S, seconds: float = 3.0
+) -> Counter[str]:
+    """Poisson arrivals at ``load`` times the capacity for ``seconds``, half tight and half loose budgets.
+    ``in window``: the calls answered within their budget before the arrivals ended (the goodput)."""
     loop = asyncio.get_running_loop()
 
     def wall() -> float:
@@ -70,6 +74,8 @@ async def overload(home: Path, load: float, admission: bool, seconds: float = 3.
             try:
                 await pipeline.infer(req(3, deadline=wall() + budget_s, budget_ms=budget_s * 1000))
                 outcomes["within" if loop.time() - began <= budget_s else "late answer"] += 1
+                if loop.time() - began <= budget_s and loop.time() <= end:
+                    outcomes["in window"] += 1
             except Refused as refused:
                 outcomes["refused early" if refused.reason == "budget" else "refused late"] += 1
 
@@ -77,26 +83,27 @@ async def overload(home: Path, load: float, admission: bool, seconds: float = 3.
         at, end = loop.time(), loop.time() + seconds
         while (at := at + rng.expovariate(load * CAPACITY)) < end:
             await asyncio.sleep(at - loop.time())
-            calls.append(asyncio.ensure_future(call(TIGHT_S if rng.random() < 0.5 else LOOSE_S)))
+            calls.append(asyncio.ensure_future(call(tight_s if rng.random() < 0.5 else LOOSE_S)))
         await asyncio.gather(*calls)
         return outcomes
     finally:
         await pipeline.close()
 
 
-@pytest.mark.parametrize("load", [0.5, 1, 2, 4])
+@pytest.mark.parametrize(("load", "tight_s"), [(0.5, 0.3), (1, 0.3), (2, 0.3), (4, 0.3), (1, 0.2), (4, 0.2)])
 async def test_with_admission_the_calls_admitted_are_answered_within_their_budget_at_every_load(
-    tmp_path: Path, load: float
+    tmp_path: Path, load: float, tight_s: float
 ) -> None:
-    outcomes = await overload(tmp_path, load, admission=True)
-    admitted = sum(outcomes.values()) - outcomes["refused early"]
+    outcomes = await overload(tmp_path, load, admission=True, tight_s=tight_s)
+    answered_or_refused = sum(n for outcome, n in outcomes.items() if outcome != "in window")
+    admitted = answered_or_refused - outcomes["refused early"]
     assert outcomes["within"] >= 0.99 * admitted, outcomes
     if load >= 2:  # past capacity some are refused at once, and the pool still answers about its capacity
         assert outcomes["refused early"] > 0
-        assert outcomes["within"] / 3.0 >= 0.8 * CAPACITY, outcomes
+        assert outcomes["in window"] / 3.0 >= 0.8 * CAPACITY, outcomes
 
 
 async def test_without_admission_the_same_overload_misses_most_budgets(tmp_path: Path) -> None:
     outcomes = await overload(tmp_path, 4, admission=False)
     assert outcomes["refused early"] == 0
-    assert outcomes["within"] < 0.5 * sum(outcomes.values()), outcomes
+    assert outcomes["within"] < 0.5 * (sum(outcomes.values()) - outcomes["in window"]), outcomes
