@@ -6,7 +6,7 @@ overload at all. ``knee`` offers open-loop Poisson arrivals of one body at rates
 from a starting rate (``step`` times each rung) until a rung is not kept up with, then bisects between
 the last rung kept up with and the first that was not. A rate is kept up with when every call of a
 ``seconds``-long run is answered 200 and the p99 time is at most ``p99_ms``: past the knee the queue
-grows for the whole run, so the tail grows with it.
+grows for the whole run, so the tail grows with it. Each probe waits until the server's queue is empty.
 
 Figures only: nothing here asserts anything.
 """
@@ -14,12 +14,12 @@ Figures only: nothing here asserts anything.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from openloop import open_loop
-from procs import quantile
+from procs import drain, quantile
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,6 @@ def knee(
     p99_ms: float = 1000.0,
     step: float = 1.25,
     bisections: int = 3,
-    rest_s: float = 2.0,
     limit: float = 16.0,
     say: Callable[[str], None] = print,
 ) -> tuple[float, list[Probe]]:
@@ -68,7 +67,8 @@ def knee(
         verdict = "kept up" if found.kept_up else "fell behind"
         say(f"  knee probe {rate:7.1f} calls/s: {found.answered}/{found.calls} answered, "
             f"p99 {found.p99_ms:.1f} ms: {verdict}")  # fmt: skip
-        time.sleep(rest_s)  # the queue drains before the next probe
+        parts = urlsplit(url)
+        drain(f"{parts.scheme}://{parts.netloc}")  # its queue empties before the next probe
         return found.kept_up
 
     good, bad = 0.0, None

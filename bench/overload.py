@@ -55,7 +55,7 @@ from demo import auth_headers, bodies, demo_state
 from knee import knee
 from loadgen import run_load
 from openloop import Sent, open_loop
-from procs import answers, free_port, quantile, start, stop, wait_until
+from procs import answers, drain, free_port, quantile, start, stop, wait_until
 
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
@@ -234,7 +234,7 @@ def main() -> None:
                 tallies.append(Tally(load, server.name, args.seconds, records))
                 print(f"  load {load:g}x on admission-{server.name}: {len(records)} calls, "
                       f"{time.monotonic() - began:.1f} s", flush=True)  # fmt: skip
-                time.sleep(2.0)  # the queue drains before the next segment
+                drain(server.url)  # its queue empties before the next segment, on either server
         report([t.summary(capacity) for t in tallies], args.json)
     finally:
         for server in servers:

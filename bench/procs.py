@@ -96,3 +96,20 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def drain(url: str, timeout: float = 60.0, rest_s: float = 1.0) -> float:
+    """Seconds until serving at ``url`` has no request in flight (its ``examlops_requests_in_flight``
+    gauge at 0), then ``rest_s`` more: a backlog left by one segment of load must not run into the next."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            break
+        gauge = next((line for line in text.splitlines() if line.startswith("examlops_requests_in_flight ")), None)
+        if gauge is None or float(gauge.split()[1]) == 0:
+            break
+        time.sleep(0.2)
+    time.sleep(rest_s)
+    return time.monotonic() - began

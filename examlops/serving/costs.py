@@ -1,27 +1,60 @@
 """Predict time of one call of a model by batch size, learnt from every predict call: what admission and the
 batcher's deadline rules expect a batch to take.
 
-``CostModel.observe(model, size, ms)`` keeps an exponentially weighted mean per model and exact batch size
-(names match case-insensitively, as the catalog's do). ``predict_ms(model, size)`` is that mean; a size
-never observed is interpolated linearly between the nearest observed sizes around it, scaled from the
-largest observed below it (a row costs what a row of that batch cost), or, below every observed size, the
-smallest one's mean (a smaller batch takes no longer); a model never observed takes ``prior_ms``.
+``CostModel.observe(model, size, ms)`` feeds a least-squares line ``ms = fixed + per_row * size`` per model
+(names match case-insensitively, as the catalog's do), with exponentially decaying weights so that it
+follows a change of load; ``predict_ms(model, size)`` reads the line. While the recent calls all had about
+the same size (no slope to fit) the line goes through the origin and their mean; neither coefficient is
+ever negative (a slope fitted below zero is flat); a model never observed takes ``prior_ms``.
 
-Why exact sizes: a batch's time grows with its rows, and a mean shared by sizes as far apart as 16 and 31
-was off by a third, enough for the batcher to let a batch run past a tight deadline
-(``tests/unit/serving/test_overload.py``).
+Why one line per model rather than a mean per size: every call corrects the whole line. A mean per size
+is only corrected by calls of that size, and one slow outlier (a first call, a stall) at a size the
+batcher then avoids because of it stays for good: the batcher keeps cutting batches short and the
+estimate keeps refusing (``tests/unit/serving/test_costs.py``).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from examlops.core.messages import InferenceRequest
 
-ALPHA = 0.2
-"""Weight of the newest observation in a size's mean: recent enough to follow a load change."""
+ALPHA = 0.1
+"""Weight of the newest call in the fit: the last ten to twenty calls count."""
+FLAT = 0.25
+"""Below this variance of the recent sizes (in rows squared) there is no slope to fit."""
+
+
+@dataclass(slots=True)
+class _Fit:
+    """Exponentially weighted moments of (size, ms): weight, sums of n, t, n*n and n*t."""
+
+    w: float = 0.0
+    n: float = 0.0
+    t: float = 0.0
+    nn: float = 0.0
+    nt: float = 0.0
+
+    def add(self, size: int, ms: float) -> None:
+        keep = 1.0 - ALPHA
+        self.w = keep * self.w + ALPHA
+        self.n = keep * self.n + ALPHA * size
+        self.t = keep * self.t + ALPHA * ms
+        self.nn = keep * self.nn + ALPHA * size * size
+        self.nt = keep * self.nt + ALPHA * size * ms
+
+    def line(self) -> tuple[float, float]:
+        """(fixed, per_row) of the fit: see the module docstring."""
+        mean_n, mean_t = self.n / self.w, self.t / self.w
+        variance = self.nn / self.w - mean_n * mean_n
+        if variance > FLAT:
+            slope = max(0.0, (self.nt / self.w - mean_n * mean_t) / variance)  # more rows never take less time
+            fixed = mean_t - slope * mean_n
+            if fixed >= 0.0:
+                return fixed, slope
+        return 0.0, mean_t / max(mean_n, 1.0)  # through the origin and the mean
 
 
 class CostModel:
@@ -29,37 +62,24 @@ class CostModel:
 
     def __init__(self, prior_ms: float) -> None:
         self._prior_ms = prior_ms
-        self._mean: dict[str, dict[int, float]] = {}
-        self._sizes: dict[str, list[int]] = {}  # the observed sizes of each model, sorted
+        self._fits: dict[str, _Fit] = {}
+        self._lines: dict[str, tuple[float, float]] = {}
 
     def observe(self, model: str, size: int, ms: float) -> None:
         name = model.lower()
-        means = self._mean.setdefault(name, {})
-        old = means.get(size)
-        if old is None:
-            bisect.insort(self._sizes.setdefault(name, []), size)
-            means[size] = ms
-        else:
-            means[size] = old + ALPHA * (ms - old)
+        fit = self._fits.get(name)
+        if fit is None:
+            fit = self._fits[name] = _Fit()
+        fit.add(max(1, size), ms)
+        self._lines[name] = fit.line()
 
     def predict_ms(self, model: str, size: int) -> float:
         """See the module docstring."""
-        name = model.lower()
-        means = self._mean.get(name)
-        if not means:
+        line = self._lines.get(model.lower())
+        if line is None:
             return self._prior_ms
-        found = means.get(size)
-        if found is not None:
-            return found
-        sizes = self._sizes[name]
-        at = bisect.bisect_left(sizes, size)
-        if at == 0:
-            return means[sizes[0]]
-        below = sizes[at - 1]
-        if at == len(sizes):
-            return means[below] * size / below
-        above = sizes[at]
-        return means[below] + (means[above] - means[below]) * (size - below) / (above - below)
+        fixed, per_row = line
+        return fixed + per_row * max(1, size)
 
     def work_ms(self, counts: Iterable[tuple[str, int]], max_size: int) -> float:
         """Predict time of ``counts`` (model, calls) in batches of at most ``max_size`` calls per model."""
