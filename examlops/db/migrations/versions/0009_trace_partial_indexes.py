@@ -2,7 +2,7 @@
 
 Every call's row updated all five trace indexes; most calls are answered, and a call by model name has no
 task, so those two index entries were written for values `exa trace list` finds better by time (answered:
-most rows) or never looks up (no task). Each index written costs the trace writer ~1 µs of CPU a row
+most rows) or never looks up (no task). Each index written costs the trace writer CPU on every row
 (bench/RESULTS.md, issue 16). ``SqlTraceStore`` adds ``outcome <> 'answered'`` to an outcome filter for
 another outcome, so SQLite uses the index (Postgres proves it anyway); a task filter implies ``task IS NOT
 NULL``.
