@@ -75,19 +75,25 @@ def test_payload_policy_keeps_nothing_a_hash_of_canonical_json_or_the_json() -> 
     assert PayloadPolicy("full").kept_body(b"not json") == '"not json"'
 
 
+class ListQueue:
+    """A trace queue that keeps every record put in it."""
+
+    def __init__(self) -> None:
+        self.records: list[TraceRecord] = []
+
+    def put(self, record: TraceRecord) -> bool:
+        self.records.append(record)
+        return True
+
+    def start(self) -> None: ...
+
+    def close(self, timeout_s: float = 10.0) -> None: ...
+
+
 def test_tracer_keeps_a_given_valid_id_and_records_each_call_once() -> None:
-    queued: list[TraceRecord] = []
-
-    class Queue:
-        def put(self, record: TraceRecord) -> bool:
-            queued.append(record)
-            return True
-
-        def start(self) -> None: ...
-
-        def close(self, timeout_s: float = 10.0) -> None: ...
-
-    tracer = Tracer(Queue(), PayloadPolicy("hash"), node="n1")
+    queue = ListQueue()
+    queued = queue.records
+    tracer = Tracer(queue, PayloadPolicy("hash"), node="n1")
     given = trace_id_for_job("j")
     call = tracer.begin("bus", given)
     assert call.trace_id == given
@@ -155,19 +161,10 @@ def test_sink_writes_a_full_batch_without_waiting_out_its_linger_and_close_ends_
 
 def test_a_finished_call_puts_each_of_its_facts_in_its_own_field() -> None:
     """``Tracer`` builds the record positionally (it is on the request path): every field lands by name."""
-    queued: list[TraceRecord] = []
-
-    class Queue:
-        def put(self, record: TraceRecord) -> bool:
-            queued.append(record)
-            return True
-
-        def start(self) -> None: ...
-
-        def close(self, timeout_s: float = 10.0) -> None: ...
-
+    queue = ListQueue()
+    queued = queue.records
     ticks = iter([10.0, 10.25])
-    tracer = Tracer(Queue(), PayloadPolicy("full"), node="n9", wall=lambda: 1000.0, clock=lambda: next(ticks))
+    tracer = Tracer(queue, PayloadPolicy("full"), node="n9", wall=lambda: 1000.0, clock=lambda: next(ticks))
     call = tracer.begin("bus", trace_id_for_job("j7"))
     call.model, call.adapter, call.identity, call.task, call.job_id = "M", "ad", "who", "t.x", "j7"
     call.budget_ms, call.deadline = 80.0, 1000.05
