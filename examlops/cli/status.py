@@ -37,10 +37,10 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
         state = "stopped"
     elif not supervisor_up and record.pgid is not None and not ours(record.pgid, record.stamp):
         state = "stopped"  # its pid belongs to another process now
+    elif supervisor_up and record.state == "starting":
+        state = "starting"  # the supervisor's word until it has seen it ready, even when a probe answers first
     elif healthy is False:
-        state = "starting" if record.state == "starting" and supervisor_up else "unhealthy"
-    elif healthy is None and record.state == "starting" and supervisor_up:
-        state = "starting"  # no probe of its own (bridge, flows): the supervisor's word
+        state = "unhealthy"
     else:
         state = "running"
     return {

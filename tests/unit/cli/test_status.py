@@ -1,0 +1,37 @@
+"""`exa status`'s word on one service: the supervisor's state wins over a probe that answers before it looked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from examlops.cli import status
+from examlops.platform import process
+from examlops.platform.up_state import ServiceRecord
+
+
+def _record(state: str) -> ServiceRecord:
+    return ServiceRecord(
+        name="redis", title="Redis", url="redis://127.0.0.1:1", state=state, pid=os.getpid(), health_url="http://h"
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "healthy", "supervisor_up", "expected"),
+    [
+        ("starting", True, True, "starting"),  # restarted, answering, not yet seen ready by the supervisor
+        ("starting", False, True, "starting"),
+        ("running", True, True, "running"),
+        ("running", False, True, "unhealthy"),
+        ("restarting", True, True, "restarting"),
+        ("starting", True, False, "running"),  # no supervisor to ask: the probe is all there is
+    ],
+)
+def test_a_service_state_is_the_supervisors_word_then_its_probe(
+    monkeypatch: pytest.MonkeyPatch, state: str, healthy: bool, supervisor_up: bool, expected: str
+) -> None:
+    monkeypatch.setattr(process, "probe", lambda url: healthy)
+    record = _record(state)
+    record.pgid, record.stamp = None, None
+    assert status._service_status(record, supervisor_up)["state"] == expected
