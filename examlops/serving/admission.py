@@ -35,6 +35,8 @@ from examlops.serving.costs import CostModel
 from examlops.serving.ledger import Ledger
 from examlops.serving.waiters import InFlight
 
+MARGIN_ALPHA = 0.05
+"""Weight of the newest answered call in the margin."""
 OVERDUE_SHARE = 0.25
 """The share of its expected time a batch still running past it is counted as having left."""
 
@@ -71,6 +73,7 @@ class Estimator:
         self._workers = max(1, workers)
         self._max_size = max_size
         self._per_model = per_model
+        self._margin_ms: dict[str, float] = {}
 
     def estimate_ms(
         self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None
@@ -95,6 +98,13 @@ class Estimator:
         wait_ms = (queued_ms + running_ms) / self._workers
         own_ms = self.costs.predict_ms(model, min(own + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+
+    def observe_error(self, model: str, error_ms: float) -> None:
+        """An answered call's actual time less its estimate: the margin admission keeps is twice the recent
+        mean of the late part, so that calls admitted near their budget keep room for the estimate's error."""
+        name = model.lower()
+        old = self._margin_ms.get(name, 0.0)
+        self._margin_ms[name] = old + MARGIN_ALPHA * (2.0 * max(0.0, error_ms) - old)
 
     def _running_ms(self, now: float, model: str) -> float:
         """Predict time left in the batches being handled (their ``model`` part only, per model)."""
@@ -162,6 +172,7 @@ class Estimator:
         ``Refused`` (reason ``budget``) naming the estimate otherwise."""
         running_ms = self._running_ms(now, model)
         estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
+        estimate += self._margin_ms.get(model.lower(), 0.0)
         left_ms = (due - now) * 1000.0
         if self.settings.enabled and (
             estimate > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)

@@ -242,6 +242,7 @@ class Pipeline:
             if estimate is not None:
                 actual = (asyncio.get_running_loop().time() - now) * 1000.0
                 self._metrics.estimate_error.labels(model).observe(actual - estimate)
+                self.estimator.observe_error(model, actual - estimate)
             return reply.result
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
