@@ -15,8 +15,10 @@ A call that fits its own budget is still refused when it would push a call alrea
 behind it (a later deadline), past a deadline that call can still meet (``endangers``): under EDF a tight
 call jumps the queue, so without this test admitted calls would miss their budgets under overload.
 
-It is a model, not a promise: ``error`` records how far each answered call's actual time was from its
-estimate (the ``examlops_admission_error_ms`` histogram), so an operator sees whether to trust it.
+It is a model, not a promise: each answered call's actual time less its estimate is recorded (the
+``examlops_admission_error_ms`` histogram, so an operator sees whether to trust it) and fed back
+(``observe_error``): a call is admitted only with twice the recent mean of the late part to spare, so the
+calls admitted near their budget are not the ones the estimate's error pushes past it.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ class Estimator:
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
     def observe_error(self, model: str, error_ms: float) -> None:
-        """An answered call's actual time less its estimate: the margin admission keeps is twice the recent
-        mean of the late part, so that calls admitted near their budget keep room for the estimate's error."""
+        """An answered call's actual time less its estimate (``admit``'s): the margin is twice the mean of its
+        late part, weighted ``MARGIN_ALPHA`` to the newest call."""
         name = model.lower()
         old = self._margin_ms.get(name, 0.0)
         self._margin_ms[name] = old + MARGIN_ALPHA * (2.0 * max(0.0, error_ms) - old)
@@ -169,20 +171,21 @@ class Estimator:
     def admit(self, model: str, due: float, now: float, rows: int = 1) -> float:
         """The estimate (ms) of a call of ``rows`` rows (a stream's first chunk; one for a single call) that
         can be answered within its budget without making an admitted call miss its own (``endangers``);
-        ``Refused`` (reason ``budget``) naming the estimate otherwise."""
+        ``Refused`` (reason ``budget``) naming the estimate otherwise. The estimate must fit with the model's
+        margin (``observe_error``) to spare; the one returned is without it, what ``observe_error`` compares."""
         running_ms = self._running_ms(now, model)
         estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
-        estimate += self._margin_ms.get(model.lower(), 0.0)
+        guarded = estimate + self._margin_ms.get(model.lower(), 0.0)
         left_ms = (due - now) * 1000.0
         if self.settings.enabled and (
-            estimate > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)
+            guarded > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)
         ):
             retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
             raise Refused(
                 f"no placement can answer within the budget without another call missing its own: "
-                f"{estimate:.1f} ms estimated, {max(left_ms, 0):.1f} ms left",
+                f"{guarded:.1f} ms estimated with the estimate's margin, {max(left_ms, 0):.1f} ms left",
                 reason="budget",
-                estimate_ms=round(estimate, 1),
+                estimate_ms=round(guarded, 1),
                 retry_after_s=math.ceil(retry_after),
             )
         return estimate

@@ -13,16 +13,16 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's 
   ``lead`` expects it) run past the tightest deadline in it waits for the next batch instead. With
   ``eager_below=N > 0`` it is also flushed as soon as no further item is queued while fewer than N
   batches are being handled: an idle handler never makes a lone request wait, and under load batches
-  fill while earlier ones run. With ``max_in_flight=M > 0``
-  no batch is formed while M are being handled: the rest wait here, in deadline order, not behind them.
+  fill while earlier ones run. With ``max_in_flight=M > 0`` no batch is formed while M are being handled:
+  the rest wait here, in deadline order, not behind them.
   With ``group`` (an item's group: on Ray, its model, whose replicas serve it alone), a batch holds the
   items of one group, and ``eager_below`` and ``max_in_flight`` count that group's batches: a group with
-  M batches being handled waits here while the others' items are batched. Each group has its own queue,
-  and a batch opens from the group with the earliest head among those not full: the cost of a wake-up
-  grows with the number of groups, never with the number of waiting items.
-- An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
-  ``expired(item)``. Items whose caller gave up (cancelled) are dropped too, and a batch left with none
-  is not sent.
+  M batches being handled waits here while the others' items are batched. A batch opens from the group
+  queue with the earliest head among those not full (a wake-up costs per group, not per waiting item).
+- An item whose ``due`` (loop time) has come when its batch is formed, or would come before a batch of it
+  alone is handled (as ``lead`` expects), is not handed over: it fails with ``expired(item)``; no worker
+  spends a batch's fixed cost on an answer nobody waits for. Items whose caller gave up (cancelled) are
+  dropped too, and a batch left with none is not sent.
 - The handler gets the items in queue order and returns one outcome per item, in the same order. An
   outcome that is an exception fails that item alone.
 - If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
@@ -31,9 +31,8 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's 
 - ``close`` refuses new items and fails the waiting ones with ``NotReady``; batches already handed to
   the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
 
-The wake-up future and timers are created on the running loop (``start``), never in ``__init__``: a
-batcher built outside a loop must not bind to the wrong one. The queue entries and the flush and fit rules
-are ``serving.waiters``; ``ledger`` is the queue as arrays, for the admission estimate (``serving.ledger``).
+Futures and timers are made on the running loop (``start``), never in ``__init__``. The queue entries and
+the flush and fit rules are ``serving.waiters``; ``ledger`` is the queue as arrays for admission (``serving.ledger``).
 """
 
 from __future__ import annotations
@@ -209,11 +208,14 @@ class MicroBatcher(Generic[T, R]):
             self.ledger.discard(waiter.key, waiter.seq)
             if waiter.future.done():
                 continue
-            if waiter.due <= now:
+            if waiter.due <= now or (waiter.due < math.inf and now + self._lone_s(waiter) > waiter.due):
                 waiter.future.set_exception(self._expired(waiter.item))
                 continue
             return waiter
         return None
+
+    def _lone_s(self, waiter: Waiter[T, R]) -> float:
+        return self._lead([waiter.item]) if self._lead is not None else 0.0
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -273,3 +273,20 @@ def test_the_batch_being_formed_is_work_ahead_of_every_call(forming: int) -> Non
     # The queued call keeps 85 - forming - its own 10 - its batch's 3 other rows (30): a tight call endangers
     # it once that slack is under the tight call's 10 ms (with 4 forming: 5 ms).
     assert estimator.endangers("JPCP", now + 0.01, now) == (forming == 4)
+
+
+def test_a_call_needs_the_margin_of_the_estimates_recent_late_error_to_spare_and_the_margin_decays() -> None:
+    now = 100.0
+    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([]), workers=1, max_size=1)
+    for model in ("JPCP", "CRCP"):
+        estimator.costs.observe(model, 1, 40.0)
+    assert estimator.admit("JPCP", now + 0.045, now) == pytest.approx(40.0)  # 5 ms to spare
+    for _ in range(100):
+        estimator.observe_error("jpcp", 10.0)  # answered 10 ms later than estimated, every time
+    with pytest.raises(Refused) as refused:
+        estimator.admit("JPCP", now + 0.045, now)  # 40 ms + a margin near 20 ms
+    assert refused.value.estimate_ms == pytest.approx(60.0, abs=0.2)
+    assert estimator.admit("CRCP", now + 0.045, now) == pytest.approx(40.0)  # another model: no margin
+    for _ in range(100):
+        estimator.observe_error("JPCP", -5.0)  # early: no late part, the margin fades
+    assert estimator.admit("JPCP", now + 0.045, now) == pytest.approx(40.0)

@@ -138,3 +138,28 @@ async def test_a_full_batcher_leaves_the_queue_alone_until_a_slot_frees() -> Non
         await doomed  # failed when the next batch is formed, as before
     assert await asyncio.gather(first, later) == [0, 16]
     await batcher.close()
+
+
+async def test_an_item_that_could_not_be_answered_in_time_even_alone_is_refused_late_not_handed_over() -> None:
+    gate = asyncio.Event()
+    handler = Doubler(gate=gate)
+
+    def lead(items: Sequence[int]) -> float:
+        return 0.05 + 0.01 * len(items)  # a fixed 50 ms a batch and 10 ms an item
+
+    batcher: MicroBatcher[int, int] = MicroBatcher(
+        handler, max_size=8, max_wait_s=0, max_in_flight=1, lead=lead, expired=late
+    )
+    first = await hold_one_batch(batcher, handler)
+    now = asyncio.get_running_loop().time()
+    doomed = asyncio.ensure_future(batcher.submit(7, due=now + 1.05))  # alone it needs 60 ms: done at 1.06 s
+    kept = asyncio.ensure_future(batcher.submit(8, due=now + 1.07))
+    await asyncio.sleep(1)
+    gate.set()
+    with pytest.raises(Refused) as refused:
+        await doomed
+    assert refused.value.reason == "late"
+    assert await kept == 16
+    await first
+    assert handler.batches == [[0], [8]]
+    await batcher.close()
