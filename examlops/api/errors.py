@@ -90,8 +90,8 @@ STATUS_TEXTS: dict[int, str] = {
     422: "the payload does not match the model's schema (never a model failure)",
     500: "the model raised or returned nothing (inference_failed: true)",
     503: "not ready, a dependency is unavailable, or refused: no placement can meet the budget (refused: budget, "
-    "with the estimate and Retry-After) or it ran out while queued (refused: late); a refusal carries the call's "
-    "budget_ms and budget_remaining_ms, as an answer does, and is a normal outcome",
+    "with the estimate and Retry-After) or it ran out, or would before an answer, while queued (refused: late); "
+    "a refusal carries the call's budget_ms and budget_remaining_ms, as an answer does, and is a normal outcome",
     504: "the prediction ran past the hard limit, or the caller's deadline passed",
 }
 """What each error status of an inference route means, for the OpenAPI docs."""

@@ -131,9 +131,10 @@ class ErrorReply(BaseModel):
     """On a 403: the permission the identity lacks."""
     refused: str | None = None
     """On a refusal (503, code ``refused``): ``budget`` when no placement could meet the budget (answered at
-    once, nothing queued), ``late`` when it ran out while the call was queued (it was never run)."""
+    once, nothing queued), ``late`` when it ran out, or would before an answer, while the call was queued
+    (it was never run)."""
     estimate_ms: float | None = None
-    """On an early refusal: the estimated answer time that exceeded the budget."""
+    """On an early refusal: the estimated answer time, with the estimate's margin, that decided it."""
     budget_ms: float | None = None
     """On a refusal, as on an answer: the budget the call declared or its task's default; None: it had none."""
     budget_remaining_ms: float | None = None

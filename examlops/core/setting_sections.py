@@ -57,7 +57,8 @@ class AdmissionSettings(Section):
     """Latency budgets and admission control at the ingress (seed 001)."""
 
     enabled: bool = True
-    """Refuse at once a call whose estimated answer time exceeds its budget (off: every call is queued)."""
+    """Refuse at once a call whose estimated answer time (with the estimate's margin) exceeds its budget, and
+    refuse late a queued one that could not be answered in time even alone (off: every call is queued)."""
     overhead_ms: float = Field(2.0, ge=0)
     """Milliseconds added to every estimate for what the predict time does not see (HTTP, JSON, routing)."""
     prior_ms: float = Field(5.0, gt=0)

@@ -1,5 +1,5 @@
 """Admission control at the ingress (seed 001): estimate when a call would be answered, refuse it at once
-when that is past its budget.
+when that, with a margin for the estimate's own error, is past its budget.
 
 ``Estimator`` learns, per model, the predict time by batch size (``serving.costs.CostModel``, fed by
 every predict call) and reads the queue as the micro-batcher holds it:
@@ -16,9 +16,10 @@ behind it (a later deadline), past a deadline that call can still meet (``endang
 call jumps the queue, so without this test admitted calls would miss their budgets under overload.
 
 It is a model, not a promise: each answered call's actual time less its estimate is recorded (the
-``examlops_admission_error_ms`` histogram, so an operator sees whether to trust it) and fed back
-(``observe_error``): a call is admitted only with twice the recent mean of the late part to spare, so the
-calls admitted near their budget are not the ones the estimate's error pushes past it.
+``examlops_admission_error_ms`` histogram, so an operator sees whether to trust it) and fed back, with
+the least error of each call refused late (``observe_error``): a call is admitted only when its estimate
+plus twice the recent mean of the late part (the margin, fading with time) fits its budget, so the calls
+admitted near their budget are not the ones the estimate's error pushes past it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from examlops.serving.waiters import InFlight
 
 MARGIN_ALPHA = 0.05
 """Weight of the newest answered call in the margin."""
+MARGIN_HALF_LIFE_S = 1.0
+"""The margin halves with every second without a call to learn from: a burst of late calls (a stall)
+cannot leave a margin that refuses every call, and so is never corrected."""
 OVERDUE_SHARE = 0.25
 """The share of its expected time a batch still running past it is counted as having left."""
 
@@ -75,7 +79,7 @@ class Estimator:
         self._workers = max(1, workers)
         self._max_size = max_size
         self._per_model = per_model
-        self._margin_ms: dict[str, float] = {}
+        self._margin: dict[str, tuple[float, float]] = {}  # model -> (margin ms, loop time it was set)
 
     def estimate_ms(
         self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None
@@ -101,12 +105,17 @@ class Estimator:
         own_ms = self.costs.predict_ms(model, min(own + rows, self._max_size))
         return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
 
-    def observe_error(self, model: str, error_ms: float) -> None:
-        """An answered call's actual time less its estimate (``admit``'s): the margin is twice the mean of its
-        late part, weighted ``MARGIN_ALPHA`` to the newest call."""
-        name = model.lower()
-        old = self._margin_ms.get(name, 0.0)
-        self._margin_ms[name] = old + MARGIN_ALPHA * (2.0 * max(0.0, error_ms) - old)
+    def observe_error(self, model: str, error_ms: float, now: float) -> None:
+        """An admitted call's actual time less its estimate (``admit``'s; for a call refused late, the least
+        it would have been), at loop time ``now``: the margin is twice the mean of its late part, weighted
+        ``MARGIN_ALPHA`` to the newest call, and fades with time (``MARGIN_HALF_LIFE_S``)."""
+        old = self.margin_ms(model, now)
+        self._margin[model.lower()] = (old + MARGIN_ALPHA * (2.0 * max(0.0, error_ms) - old), now)
+
+    def margin_ms(self, model: str, now: float) -> float:
+        """What a call to ``model`` needs to spare beyond its estimate to be admitted at loop time ``now``."""
+        margin, since = self._margin.get(model.lower(), (0.0, now))
+        return margin * 0.5 ** (max(0.0, now - since) / MARGIN_HALF_LIFE_S) if margin else 0.0
 
     def _running_ms(self, now: float, model: str) -> float:
         """Predict time left in the batches being handled (their ``model`` part only, per model)."""
@@ -175,7 +184,7 @@ class Estimator:
         margin (``observe_error``) to spare; the one returned is without it, what ``observe_error`` compares."""
         running_ms = self._running_ms(now, model)
         estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
-        guarded = estimate + self._margin_ms.get(model.lower(), 0.0)
+        guarded = estimate + self.margin_ms(model, now)
         left_ms = (due - now) * 1000.0
         if self.settings.enabled and (
             guarded > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)

@@ -19,12 +19,11 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's 
   items of one group, and ``eager_below`` and ``max_in_flight`` count that group's batches: a group with
   M batches being handled waits here while the others' items are batched. A batch opens from the group
   queue with the earliest head among those not full (a wake-up costs per group, not per waiting item).
-- An item whose ``due`` (loop time) has come when its batch is formed, or would come before a batch of it
-  alone is handled (as ``lead`` expects), is not handed over: it fails with ``expired(item)``; no worker
-  spends a batch's fixed cost on an answer nobody waits for. Items whose caller gave up (cancelled) are
-  dropped too, and a batch left with none is not sent.
-- The handler gets the items in queue order and returns one outcome per item, in the same order. An
-  outcome that is an exception fails that item alone.
+- An item whose ``due`` (loop time) has come when its batch is formed is not handed over: it fails with
+  ``expired(item)``; with ``early_expiry``, so does one whose ``due`` would come before a batch of it alone
+  is handled (as ``lead`` expects): no worker spends a batch's fixed cost on an answer nobody waits for.
+  Items whose caller gave up (cancelled) are dropped too, and a batch left with none is not sent.
+- The handler gets the items in queue order and returns one outcome each (an exception fails that item).
 - If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
   the same error. Batches are handled concurrently: the next one is collected while earlier ones run.
 - If the batching task dies, every waiting item fails (no caller hangs) and later submits are refused.
@@ -48,7 +47,7 @@ from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
 from examlops.serving.ledger import Ledger
-from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time
+from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time, hopeless
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +70,7 @@ class MicroBatcher(Generic[T, R]):
         horizon_s: float = 30.0,
         expired: Callable[[T], BaseException] | None = None,
         lead: Callable[[Sequence[T]], float] | None = None,
+        early_expiry: bool = False,
         group: Callable[[T], Hashable] | None = None,
         tally: Callable[[T], str] | None = None,
         name: str = "batcher",
@@ -85,6 +85,7 @@ class MicroBatcher(Generic[T, R]):
         self._horizon_s = horizon_s
         self._expired = expired or (lambda item: NotReady("the deadline passed while the item was queued"))
         self._lead = lead
+        self._early_expiry = early_expiry
         self._group = group
         self._tally = tally or (lambda item: "")
         self._name = name
@@ -202,20 +203,17 @@ class MicroBatcher(Generic[T, R]):
         self.ledger.add(waiter.key, waiter.seq, waiter.due, self._tally(waiter.item))
 
     def _take(self, heap: list[Waiter[T, R]], now: float) -> Waiter[T, R] | None:
-        """The next live item of ``heap``; items already answered are dropped, expired ones failed."""
+        """The next live item of ``heap``; items already answered are dropped, expired (or hopeless) ones failed."""
         while heap:
             waiter = heapq.heappop(heap)
             self.ledger.discard(waiter.key, waiter.seq)
             if waiter.future.done():
                 continue
-            if waiter.due <= now or (waiter.due < math.inf and now + self._lone_s(waiter) > waiter.due):
+            if waiter.due <= now or (self._early_expiry and hopeless(waiter, now, self._lead)):
                 waiter.future.set_exception(self._expired(waiter.item))
                 continue
             return waiter
         return None
-
-    def _lone_s(self, waiter: Waiter[T, R]) -> float:
-        return self._lead([waiter.item]) if self._lead is not None else 0.0
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

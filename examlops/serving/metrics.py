@@ -77,7 +77,7 @@ class PipelineMetrics:
         self.in_flight = Gauge("examlops_requests_in_flight", "Requests being served", registry=registry)
         self.refusals = Counter(
             "examlops_refusals",
-            "Calls refused for their budget: early (estimate over budget) or late (ran out while queued)",
+            "Calls refused for their budget: early (estimate over budget) or late (ran out, or would, while queued)",
             ["model", "task", "identity", "when"],
             registry=registry,
         )

@@ -6,7 +6,8 @@ one that has a deadline is admitted only when the estimate (``admission``) says 
 then, else ``Refused`` (reason ``budget``) at once, before it is queued. A call of many rows sent apart (a
 stream) is admitted once, before any row is sent (``admit``), and its rows come ``admitted``: none of them
 is refused early on its own. Queued requests wait in deadline order; one whose deadline comes while it
-waits never reaches a worker: ``Refused`` (reason ``late``).
+waits, or (with admission on) would come before a batch of it alone is answered, never reaches a worker:
+``Refused`` (reason ``late``).
 ``background=True`` work (offline jobs) queues behind every interactive call and is never refused early.
 Every refusal notes the refused call's ``budget_ms`` and deadline (``Refused.of_call``) for its reply.
 An unknown model is ``ModelNotFound``; alias and version together are ``InvalidInput``. Requests are validated in
@@ -51,7 +52,9 @@ def _model_of(req: InferenceRequest) -> str:
 
 
 def _late(req: InferenceRequest) -> Refused:
-    return Refused("the budget ran out while the call was queued; it was not run", reason="late")
+    return Refused(
+        "the budget ran out, or would before an answer, while the call was queued; it was not run", reason="late"
+    )
 
 
 class Pipeline:
@@ -101,6 +104,7 @@ class Pipeline:
             horizon_s=settings.admission.horizon_s,
             expired=_late,
             lead=self._lead_s,
+            early_expiry=settings.admission.enabled,
             group=_model_of if per_model else None,
             tally=_model_of,  # one tally per catalog model, however a call spells its name
             name="feature-transformer",
@@ -222,6 +226,7 @@ class Pipeline:
     async def infer(self, req: InferenceRequest, *, background: bool = False) -> InferenceResult:
         started = self._clock()
         model, alias = "unknown", "other"
+        now, due, estimate = 0.0, None, None
         self._metrics.in_flight.inc()
         try:
             model, alias = self._labels(req)
@@ -230,7 +235,6 @@ class Pipeline:
                 req.facts.queued_at = self._clock()
             now = asyncio.get_running_loop().time()
             due = self._due(req, now)
-            estimate = None
             if due is not None and not background and not req.admitted:
                 estimate = self.estimator.admit(model, due, now)
             reply = await self._submit(req, due, background)
@@ -240,14 +244,16 @@ class Pipeline:
             assert reply.result is not None
             self._metrics.requests.labels(model, alias, "ok").inc()
             if estimate is not None:
-                actual = (asyncio.get_running_loop().time() - now) * 1000.0
-                self._metrics.estimate_error.labels(model).observe(actual - estimate)
-                self.estimator.observe_error(model, actual - estimate)
+                done = asyncio.get_running_loop().time()
+                self._metrics.estimate_error.labels(model).observe((done - now) * 1000.0 - estimate)
+                self.estimator.observe_error(model, (done - now) * 1000.0 - estimate, done)
             return reply.result
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
             if isinstance(exc, Refused):
                 self._note_refusal(exc, req, model)
+                if exc.reason == "late" and estimate is not None and due is not None:
+                    self.estimator.observe_error(model, (due - now) * 1000.0 - estimate, due)  # at least this late
             raise
         finally:
             self._metrics.in_flight.dec()

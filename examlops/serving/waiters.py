@@ -8,6 +8,7 @@
   (less the handling time ``lead`` expects); never later than ``max_wait_s``.
 - ``fits``: whether one more item can join a batch without the batch's expected handling time running past
   its tightest ``due``; always True without ``lead`` or without any deadline.
+- ``hopeless``: whether an item's ``due`` comes before a batch of it alone would be handled.
 - ``fail_all``: fails every waiter not yet answered with one error; an answered one is left as it is.
 
 Pure: no loop, no task; the futures are the batcher's, created on its running loop.
@@ -72,3 +73,8 @@ def fits(batch: list[Waiter[T, Any]], waiter: Waiter[T, Any], now: float, lead: 
     if tightest == math.inf or lead is None:
         return True
     return now + lead([*(member.item for member in batch), waiter.item]) <= tightest
+
+
+def hopeless(waiter: Waiter[T, Any], now: float, lead: Lead[T] | None) -> bool:
+    """Whether ``waiter``'s ``due`` comes before a batch of it alone, handed over ``now``, would be handled."""
+    return lead is not None and waiter.due < math.inf and now + lead([waiter.item]) > waiter.due

@@ -3,6 +3,7 @@ chunk; no later chunk is refused early on its own, it ends at the deadline inste
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -64,10 +65,13 @@ async def test_later_chunks_of_an_admitted_stream_are_not_refused_early_when_the
         wall=world.wall,
     )
     assert [r.prediction for r in await run.first()] == [1001, 1002]
-    # 8 s of the budget left, and the estimate now says a batch takes 20 s: a call sent now alone is refused
-    # early, but the stream was admitted at its start and its later chunks run until its deadline.
+    # 8 s of the budget left; the estimate now says a batch takes 5 s and has lately been seconds late (its
+    # margin): a call sent now is refused early, but the stream was admitted at its start and its later chunks,
+    # each of which a batch alone would still answer in time, run until its deadline.
     world.wall.advance(BUDGET_S - 8)
-    slow(pipeline, 20_000.0)
+    slow(pipeline, 5_000.0)
+    for _ in range(40):
+        pipeline.estimator.observe_error("JPCP", 5_000.0, asyncio.get_running_loop().time())
     with pytest.raises(Refused):
         await pipeline.infer(req(99, deadline=deadline, budget_ms=BUDGET_S * 1000))
     *chunks, end = [json.loads(line) async for line in run.lines()]

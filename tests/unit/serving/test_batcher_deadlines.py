@@ -140,7 +140,10 @@ async def test_a_full_batcher_leaves_the_queue_alone_until_a_slot_frees() -> Non
     await batcher.close()
 
 
-async def test_an_item_that_could_not_be_answered_in_time_even_alone_is_refused_late_not_handed_over() -> None:
+@pytest.mark.parametrize("early_expiry", [True, False])
+async def test_with_early_expiry_an_item_that_could_not_be_answered_in_time_even_alone_is_never_handed_over(
+    early_expiry: bool,
+) -> None:
     gate = asyncio.Event()
     handler = Doubler(gate=gate)
 
@@ -148,7 +151,7 @@ async def test_an_item_that_could_not_be_answered_in_time_even_alone_is_refused_
         return 0.05 + 0.01 * len(items)  # a fixed 50 ms a batch and 10 ms an item
 
     batcher: MicroBatcher[int, int] = MicroBatcher(
-        handler, max_size=8, max_wait_s=0, max_in_flight=1, lead=lead, expired=late
+        handler, max_size=8, max_wait_s=0, max_in_flight=1, lead=lead, expired=late, early_expiry=early_expiry
     )
     first = await hold_one_batch(batcher, handler)
     now = asyncio.get_running_loop().time()
@@ -156,10 +159,14 @@ async def test_an_item_that_could_not_be_answered_in_time_even_alone_is_refused_
     kept = asyncio.ensure_future(batcher.submit(8, due=now + 1.07))
     await asyncio.sleep(1)
     gate.set()
-    with pytest.raises(Refused) as refused:
-        await doomed
-    assert refused.value.reason == "late"
-    assert await kept == 16
     await first
-    assert handler.batches == [[0], [8]]
+    assert await kept == 16
+    if early_expiry:
+        with pytest.raises(Refused) as refused:
+            await doomed
+        assert refused.value.reason == "late"
+        assert handler.batches == [[0], [8]]
+    else:  # handed over alone (8 would make the pair miss 7's deadline), and answered late
+        assert await doomed == 14
+        assert handler.batches == [[0], [7], [8]]
     await batcher.close()
