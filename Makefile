@@ -24,8 +24,8 @@ check: $(STAMP)  ## lint, types and the import contracts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: check  ## the whole suite: checks, then unit, integration and e2e tests
-	$(BIN)/pytest
+test: check  ## the whole suite: checks, then unit, integration and e2e tests, a test file per worker on two
+	$(BIN)/pytest -n 2 --dist loadfile
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
