@@ -158,8 +158,7 @@ class Refused(ExamlopsError):
     """The call's budget cannot be met: a normal outcome, not a failure (seed 001).
 
     ``reason`` is ``"budget"`` for an early refusal (the estimate exceeded the budget; nothing was queued)
-    or ``"late"`` (the budget ran out, or would before an answer, while the call was queued; it never
-    reached a worker).
+    or ``"late"`` (the budget ran out, or would before an answer, while queued; it never reached a worker).
     ``estimate_ms`` is the estimated answer time that decided an early refusal; ``retry_after_s`` how long
     the caller should wait before asking again (never at once: the pool has just said it is full).
     ``budget_ms`` and ``deadline`` are the refused call's: the budget it declared (or its task's default)

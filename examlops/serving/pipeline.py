@@ -52,9 +52,7 @@ def _model_of(req: InferenceRequest) -> str:
 
 
 def _late(req: InferenceRequest) -> Refused:
-    return Refused(
-        "the budget ran out, or would before an answer, while the call was queued; it was not run", reason="late"
-    )
+    return Refused("the budget ran out, or would before an answer, while queued; the call was not run", reason="late")
 
 
 class Pipeline:
