@@ -11,6 +11,11 @@ import pytest
 
 from examlops.core.settings import Settings
 
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24: rich would fix its consoles' width at import from
+# them, and tests that set COLUMNS to read one table row per line would get wrapped rows.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:

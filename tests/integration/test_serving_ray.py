@@ -13,6 +13,7 @@ import asyncio
 import os
 import pickle
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
-    home = tmp_path_factory.mktemp("r")  # short: Ray's socket paths live under it
+def server() -> Iterator[ServingProcess]:
+    # Short, not pytest's tmp path (a worker's is longer still): Ray's socket paths live under it.
+    home = Path(tempfile.mkdtemp(prefix="exa-ray-"))
+    try:
+        yield from _serve(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _serve(home: Path) -> Iterator[ServingProcess]:
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
     catalog_dir = home / "catalog"
