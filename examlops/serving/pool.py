@@ -250,8 +250,9 @@ class ProcessPredictPool:
             return
         try:
             self._roster.replace(worker, self._spawn)
-        except OSError as exc:
-            self._break(f"cannot start a predict worker: {exc}")
+        except (OSError, EOFError) as exc:  # EOFError: the forkserver is gone (a signal to the whole group)
+            log.warning("cannot start a predict worker: %r; the pool stops", exc)
+            self._break(f"cannot start a predict worker: {exc!r}")
 
     def _break(self, reason: str, *, graceful: bool = False) -> None:
         """Take no more calls: stop every worker and fail every waiter."""
