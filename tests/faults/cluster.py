@@ -183,16 +183,15 @@ class Cluster:
     ) -> Child:
         """`exa bridge start` (with its recording child), ready unless not ``wait``; ``redis_url`` and
         ``serving_port``: another way to Redis and serving (a fault proxy); ``env``: more of its environment."""
-        env = examlops_env(
-            self.home,
-            EXAMLOPS_REDIS__URL=redis_url or self.redis.url,
-            EXAMLOPS_TOKEN=TOKEN,
-            EXAMLOPS_SERVING__PORT=str(serving_port or self.serving_port),
-            EXAMLOPS_HTTP__CONNECT_TIMEOUT_S=str(FAST_HTTP.connect_timeout_s),
-            EXAMLOPS_HTTP__READ_TIMEOUT_S=str(FAST_HTTP.read_timeout_s),
-            EXAMLOPS_RECORDING__RECLAIM_IDLE_S=str(RECLAIM_RECORDS_S),
-            **dict(env or {}),
-        )
+        settings = {
+            "EXAMLOPS_REDIS__URL": redis_url or self.redis.url,
+            "EXAMLOPS_TOKEN": TOKEN,
+            "EXAMLOPS_SERVING__PORT": str(serving_port or self.serving_port),
+            "EXAMLOPS_HTTP__CONNECT_TIMEOUT_S": str(FAST_HTTP.connect_timeout_s),
+            "EXAMLOPS_HTTP__READ_TIMEOUT_S": str(FAST_HTTP.read_timeout_s),
+            "EXAMLOPS_RECORDING__RECLAIM_IDLE_S": str(RECLAIM_RECORDS_S),
+        }
+        env = examlops_env(self.home, **{**settings, **dict(env or {})})  # ``env`` may override these
         n = sum(1 for c in self.children if c.name.startswith("bridge"))
         code = "from examlops.cli.bus import bridge_app; bridge_app()"
         argv = [sys.executable, "-c", code, "start", "--concurrency", str(concurrency), "--model", "JPCP"]
