@@ -8,9 +8,11 @@ on persistent connections and reads replies by Content-Length.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -94,6 +96,20 @@ def header_lines(headers: Mapping[str, str]) -> str:
     return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect once, then keep the garbage collector off what already exists (``gc.freeze``) while the load
+    runs: a bench process that imported the platform and trained its models holds millions of objects, and
+    a full collection of them stalled the client 200-300 ms, which its records counted as the server's
+    latency (bench/RESULTS.md, 2026-12-06)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def run_load(
     url: str,
     body_for: Callable[[int], bytes],
@@ -119,7 +135,8 @@ async def run_load(
         _connection(host, port, parts.path or "/", body_for, counter, total, result, deadline, lines)
         for _ in range(concurrency)
     ]
-    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    with frozen_heap():
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     seconds = time.perf_counter() - started
     statuses: dict[int, int] = result["statuses"]  # type: ignore[assignment]
     latencies: list[float] = result["latencies"]  # type: ignore[assignment]

@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
-from loadgen import header_lines
+from loadgen import frozen_heap, header_lines
 
 
 @dataclass(slots=True)
@@ -158,8 +158,27 @@ async def open_loop(
     ``pick(rng)`` gives each request's (kind, budget in ms, body); a request waits at most its budget plus
     ``grace_s`` for its answer. With ``stop_when_refused`` no request is sent after a new connection was
     refused (the server closed its listener). ``started()`` is called as the first request is sent. Returns
-    every request, in sending order.
+    every request, in sending order. The client's garbage collector leaves the objects that existed before
+    the load alone (``loadgen.frozen_heap``).
     """
+    with frozen_heap():
+        return await _open_loop(
+            url, rate, seconds, pick, headers, max_connections, grace_s, seed, stop_when_refused, started
+        )
+
+
+async def _open_loop(
+    url: str,
+    rate: float,
+    seconds: float,
+    pick: Callable[[random.Random], tuple[str, float, bytes]],
+    headers: Mapping[str, str] | None,
+    max_connections: int,
+    grace_s: float,
+    seed: int,
+    stop_when_refused: bool,
+    started: Callable[[], None] | None,
+) -> list[Sent]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     lines = header_lines(headers or {})
