@@ -109,12 +109,12 @@ def main() -> None:
             )
         )
         print(f"closed loop: {capacity.rps:.0f} req/s (c={args.concurrency}, errors {capacity.errors})")
-        top = capacity.rps
+        top, source = capacity.rps, "closed loop"
         if args.knee and args.rate is None:
             found, _ = knee(url + TASK_PATH, top / 2, payloads[0], headers=headers, p99_ms=args.knee_p99_ms)
-            top = found or top
+            top, source = (found, "open-loop knee") if found else (top, source)
         rate = top * args.load if args.rate is None else args.rate
-        print(f"capacity {top:.0f} req/s ({'open-loop knee' if args.knee else 'closed loop'}); load {rate:.0f} req/s")
+        print(f"capacity {top:.0f} req/s ({source}); load {rate:.0f} req/s{' (--rate)' if args.rate else ''}")
         seeds = iter(range(1, 1_000_000))
 
         def pick(rng: random.Random) -> tuple[str, float, bytes]:
