@@ -91,7 +91,7 @@ class JobRunner:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         try:
-            await asyncio.to_thread(self._store.release, self.owner)
+            await _in_thread(self._store.release, self.owner)
         except ExamlopsError as exc:
             log.warning("could not release the offline jobs of %s: %s", self.owner, exc)
 
@@ -110,7 +110,7 @@ class JobRunner:
         paused, or the pipeline is not ready yet)."""
         if not self._pipeline.ready:
             return False
-        job = await asyncio.to_thread(self._store.claim, self.owner, self._wall(), self._lease_s)
+        job = await _in_thread(self._store.claim, self.owner, self._wall(), self._lease_s)
         if job is None:
             return False
         return await self.run(job)
@@ -130,7 +130,7 @@ class JobRunner:
         while True:
             await asyncio.sleep(self._lease_s / 3)
             try:
-                held = await asyncio.to_thread(self._store.renew, job_id, self.owner, self._wall() + self._lease_s)
+                held = await _in_thread(self._store.renew, job_id, self.owner, self._wall() + self._lease_s)
             except ExamlopsError as exc:  # the store is down: the write checks ownership again anyway
                 log.warning("could not renew the lease on offline job %s: %s", job_id, exc)
                 continue
@@ -140,7 +140,7 @@ class JobRunner:
 
     async def _run(self, job: Job, lost: asyncio.Event) -> bool:
         try:
-            results = await asyncio.to_thread(ResultsFile, self._results_path(job.id), job.results_bytes)
+            results = await _in_thread(ResultsFile, self._results_path(job.id), job.results_bytes)
         except OSError as exc:
             await self._end(job, JobState.FAILED, f"the results file cannot be written: {exc.strerror}")
             return True
@@ -159,7 +159,7 @@ class JobRunner:
             log.exception("offline job %s failed", job.id)
             await self._end(job, JobState.FAILED, f"unexpected error: {type(exc).__name__}")
         finally:
-            await asyncio.to_thread(results.close)
+            await _in_thread(results.close)
         return True
 
     async def _batches(self, job: Job, results: ResultsFile, lost: asyncio.Event) -> None:
@@ -167,18 +167,18 @@ class JobRunner:
         try:
             await self._run_batches(job, results, batches, lost)
         finally:
-            await asyncio.to_thread(batches.close)
+            await _in_thread(batches.close)
 
     async def _run_batches(
         self, job: Job, results: ResultsFile, batches: Generator[Batch, None, None], lost: asyncio.Event
     ) -> None:
         while not lost.is_set():
-            current = await asyncio.to_thread(self._store.get, job.id)
+            current = await _in_thread(self._store.get, job.id)
             if current is None or current.state.final:
                 return  # cancelled (or ended elsewhere) between batches
             if self._wall() >= job.expires_at:
                 raise budget_ran_out(job)
-            batch = await asyncio.to_thread(_next, batches)
+            batch = await _in_thread(_next, batches)
             if batch is None:
                 await self._end(job, JobState.DONE, "")
                 return
@@ -198,7 +198,7 @@ class JobRunner:
             job = replace(
                 job, done_batches=job.done_batches + 1, answered=job.answered + len(lines), errors=job.errors + failed
             )
-            offset = await asyncio.to_thread(self._write_batch, job, results, lines)
+            offset = await _in_thread(self._write_batch, job, results, lines)
             if offset is None:
                 return  # cancelled meanwhile, or another runner took it over: its recorded offset wins
             job = replace(job, results_bytes=offset)
@@ -226,7 +226,7 @@ class JobRunner:
             return offset if recorded else None
 
     async def _end(self, job: Job, state: JobState, error: str) -> None:
-        ended = await asyncio.to_thread(self._store.finish, job.id, state, error=error, at=self._wall())
+        ended = await _in_thread(self._store.finish, job.id, state, error=error, at=self._wall())
         if ended is not None and self._on_end is not None:
             self._on_end(ended)
 
@@ -243,6 +243,20 @@ async def _unless(lost: asyncio.Event, work: Awaitable[_T]) -> _T | None:
                 task.cancel()
         await asyncio.gather(doing, losing, return_exceptions=True)
     return None if doing.cancelled() else doing.result()
+
+
+async def _in_thread(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """``func(*args)`` in a worker thread. Cancelled, it still waits for the thread to end before the
+    cancellation goes on, so the files the thread reads or writes are closed only after it is done with them
+    (a generator closed while a thread runs it raises, and the job would fail on a plain shutdown)."""
+    running = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait((running,))  # a second cancellation does not wait
+        if not running.cancelled():
+            running.exception()  # retrieved: the cancellation is what goes on
+        raise
 
 
 async def _awaited(work: Awaitable[_T]) -> _T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from examlops.core.errors import InferenceFailed, NotReady, Refused
 from examlops.core.messages import InferenceRequest
-from examlops.jobs.files import JobFiles
+from examlops.jobs.files import JobFiles, read_batches
 from examlops.jobs.model import Job, JobState
 from examlops.jobs.runner import JobRunner
 from tests.unit.jobs.fakes import Clock, FakePipeline, InMemoryJobStore
@@ -123,6 +124,39 @@ async def test_a_runner_that_closes_mid_batch_drops_it_and_the_next_one_resumes_
     await first.close()
     job = store.get("job1")
     assert job is not None and job.done_batches == 1
+    assert store.rows["job1"].owner is None
+
+    second = FakePipeline()
+    assert await runner(store, second, files, clock, owner="node-b").run_once()
+    assert result_indices(files) == list(range(TOTAL))
+    assert second.seen == [float(i) for i in range(3, TOTAL)]
+
+
+async def test_a_runner_closed_while_a_thread_reads_its_next_batch_waits_for_the_read_and_leaves_the_job_resumable(
+    files: JobFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_second_read(path: Path, batch_size: int, start: int) -> Iterator[list[object]]:
+        for n, batch in enumerate(read_batches(path, batch_size, start)):
+            if n == 1:  # the generator is running in its thread, as a slow disk would keep it
+                reading.set()
+                release.wait(10)
+            yield batch
+
+    monkeypatch.setattr("examlops.jobs.runner.read_batches", slow_second_read)
+    first = runner(store, FakePipeline(), files, clock, poll_s=0.01)
+    first.start()
+    assert await asyncio.to_thread(reading.wait, 10)
+    closing = asyncio.ensure_future(first.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # it waits for the thread rather than closing the file under it
+    release.set()
+    await asyncio.wait_for(closing, 10)
+    job = store.get("job1")
+    assert job is not None and job.state is JobState.RUNNING and job.done_batches == 1, job
     assert store.rows["job1"].owner is None
 
     second = FakePipeline()
