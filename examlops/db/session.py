@@ -1,4 +1,5 @@
-"""``store_session(engine, doing)``: a SQLModel session whose unreachable database is ``StoreUnavailable``.
+"""``store_session(engine, doing)``: a SQLModel session whose unreachable database is ``StoreUnavailable``;
+``store_transaction(engine, doing)`` the same for a Core connection in one transaction (committed on leaving).
 
 The one translation the SQL stores share: an ``OperationalError`` (refused, dropped, locked past the busy
 wait) becomes ``StoreUnavailable`` naming what the store was doing, so callers retry or report one error of
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
@@ -22,5 +23,14 @@ def store_session(engine: Engine, doing: str) -> Iterator[Session]:
     try:
         with Session(engine) as session:
             yield session
+    except OperationalError as exc:
+        raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc
+
+
+@contextmanager
+def store_transaction(engine: Engine, doing: str) -> Iterator[Connection]:
+    try:
+        with engine.begin() as connection:
+            yield connection
     except OperationalError as exc:
         raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc

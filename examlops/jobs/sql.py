@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, or_, update
-from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy import BigInteger, Column, Index, Table, bindparam, or_, update
+from sqlalchemy import select as sql_select
+from sqlalchemy.engine import CursorResult, Engine, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from examlops.db.session import store_session
+from examlops.db.session import store_session, store_transaction
 from examlops.jobs.model import LIVE_STATES, Job, JobState
 
 _LIVE = [state.value for state in LIVE_STATES]
@@ -59,6 +60,31 @@ def _job(row: OfflineJob) -> Job:
     return Job(**values)
 
 
+_TABLE: Table = OfflineJob.__table__  # type: ignore[attr-defined]
+_C = _TABLE.c
+_HELD = (_C.id == bindparam("job_id"), _C.state.in_(_LIVE), _C.owner == bindparam("held_by"))
+_GET = sql_select(_TABLE).where(_C.id == bindparam("job_id"))
+_RENEW = update(_TABLE).where(*_HELD).values(lease_until=bindparam("new_lease_until"))
+_RECORD = (
+    update(_TABLE)
+    .where(*_HELD, _C.done_batches == bindparam("before"))
+    .values(
+        done_batches=bindparam("new_done_batches"),
+        answered=bindparam("new_answered"),
+        errors=bindparam("new_errors"),
+        results_bytes=bindparam("new_results_bytes"),
+        lease_until=bindparam("new_lease_until"),
+    )
+)
+_JOB_FIELDS = [name for name in OfflineJob.model_fields if name not in ("owner", "lease_until")]
+
+
+def _job_of(row: RowMapping) -> Job:
+    values: dict[str, Any] = {name: row[name] for name in _JOB_FIELDS}
+    values["state"] = JobState(values["state"])
+    return Job(**values)
+
+
 class SqlJobStore:
     """The job rows (contract: ``ports.JobStore``)."""
 
@@ -76,9 +102,9 @@ class SqlJobStore:
             session.commit()
 
     def get(self, job_id: str) -> Job | None:
-        with self._session("read") as session:
-            row = session.get(OfflineJob, job_id)
-            return None if row is None else _job(row)
+        with store_transaction(self._engine, "read offline jobs") as connection:
+            row = connection.execute(_GET, {"job_id": job_id}).mappings().first()
+            return None if row is None else _job_of(row)
 
     def list(self, identity: str | None = None, *, limit: int = 100) -> list[Job]:
         with self._session("read") as session:
@@ -119,21 +145,23 @@ class SqlJobStore:
         results_bytes: int,
         lease_until: float,
     ) -> bool:
-        with self._session("record a batch of") as session:
-            recorded = _update(
-                session,
-                [*_held(job_id, owner), col(OfflineJob.done_batches) == done_batches - 1],
-                done_batches=done_batches,
-                answered=answered,
-                errors=errors,
-                results_bytes=results_bytes,
-                lease_until=lease_until,
-            )
-            return recorded == 1
+        values = {
+            "job_id": job_id,
+            "held_by": owner,
+            "before": done_batches - 1,
+            "new_done_batches": done_batches,
+            "new_answered": answered,
+            "new_errors": errors,
+            "new_results_bytes": results_bytes,
+            "new_lease_until": lease_until,
+        }
+        with store_transaction(self._engine, "record a batch of offline jobs") as connection:
+            return connection.execute(_RECORD, values).rowcount == 1
 
     def renew(self, job_id: str, owner: str, lease_until: float) -> bool:
-        with self._session("renew a lease on") as session:
-            return _update(session, _held(job_id, owner), lease_until=lease_until) == 1
+        values = {"job_id": job_id, "held_by": owner, "new_lease_until": lease_until}
+        with store_transaction(self._engine, "renew a lease on offline jobs") as connection:
+            return connection.execute(_RENEW, values).rowcount == 1
 
     def finish(self, job_id: str, state: JobState, *, error: str = "", at: float) -> Job | None:
         assert state.final, f"{state} is not a final state"
@@ -157,11 +185,6 @@ class SqlJobStore:
 def _live(job_id: str) -> list[ColumnElement[bool]]:
     """The job ``job_id`` while it is live (queued or running)."""
     return [col(OfflineJob.id) == job_id, col(OfflineJob.state).in_(_LIVE)]
-
-
-def _held(job_id: str, owner: str) -> list[ColumnElement[bool]]:
-    """The job ``job_id`` while it is live and ``owner``'s."""
-    return [*_live(job_id), col(OfflineJob.owner) == owner]
 
 
 def _update(session: Session, where: Sequence[ColumnElement[bool]], **values: Any) -> int:
