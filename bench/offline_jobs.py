@@ -16,7 +16,9 @@ of ``--instances`` JPCP instances in it, and starts one `exa serve start` on a f
 
 The claim: the ``during`` p99 (median of the segments) stays within 20 % of the no-job p99 (median of the
 ``before`` and ``after`` segments, which bracket the run in time: this machine's speed drifts), and the job
-finishes.
+finishes. Each segment prints the share of the machine's CPU time the hypervisor stole over it
+(``procs.StealMeter``); the ratio is printed over all segments and again over those with at most
+``--max-steal`` (5 %), since a segment under steal ran on a slower machine than the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -39,7 +42,7 @@ from demo import auth_headers, bodies, demo_state
 from knee import knee
 from loadgen import run_load
 from openloop import open_loop
-from procs import answers, free_port, quantile, start, stop, wait_until
+from procs import StealMeter, answers, free_port, quantile, start, stop, wait_until
 
 TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
 WAIT_MS = 10_000.0
@@ -75,6 +78,9 @@ def main() -> None:
     )
     parser.add_argument("--knee-p99-ms", type=float, default=100.0, help="The p99 a rate must keep to count.")
     parser.add_argument("--rate", type=float, help="Open-loop req/s, instead of --load times the capacity.")
+    parser.add_argument(
+        "--max-steal", type=float, default=0.05, help="Segments past this steal share are compared apart too."
+    )
     parser.add_argument("--baseline", type=int, default=3, help="No-job segments before and after the job.")
     parser.add_argument("--rest", type=float, help="EXAMLOPS_JOBS__REST of serving (default: the settings').")
     parser.add_argument("--batch-size", type=int, help="EXAMLOPS_JOBS__BATCH_SIZE of serving (default: the settings').")
@@ -120,19 +126,23 @@ def main() -> None:
         def pick(rng: random.Random) -> tuple[str, float, bytes]:
             return "interactive", WAIT_MS, payloads[rng.randrange(len(payloads))]
 
-        def segment(name: str) -> list[float]:
+        steal = StealMeter()
+
+        def segment(name: str) -> Segment:
+            steal.start()
             sent = asyncio.run(open_loop(url + TASK_PATH, rate, args.segment, pick, headers=headers, seed=next(seeds)))
             latencies = [r.latency_ms if r.status == 200 else float("inf") for r in sent]
             statuses = sorted({r.status for r in sent} - {200})
             bad = sum(1 for v in latencies if v == float("inf"))
             if bad:
                 print(f"          statuses other than 200: {statuses}", flush=True)
+            stolen = steal.share()
             print(
                 f"{name:>8}: p50 {quantile(latencies, 0.5):7.2f} ms  p99 {quantile(latencies, 0.99):7.2f} ms  "
-                f"calls {len(latencies)}  not 200: {bad}",
+                f"calls {len(latencies)}  not 200: {bad}  steal {stolen:.0%}",
                 flush=True,
             )
-            return latencies
+            return Segment(quantile(latencies, 0.99) if latencies else float("nan"), stolen)
 
         before = [segment(f"before {k + 1}") for k in range(args.baseline)]
         submitted = time.monotonic()
@@ -142,7 +152,7 @@ def main() -> None:
             )
             reply.raise_for_status()
             job_id = reply.json()["job_id"]
-            during: list[list[float]] = []
+            during: list[Segment] = []
             while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("queued", "running"):
                 progress = job["progress"]
                 print(f"          job {progress['answered']}/{progress['total']}", flush=True)
@@ -150,20 +160,36 @@ def main() -> None:
             took = time.monotonic() - submitted
             after = [segment(f"after {k + 1}") for k in range(args.baseline)]
             lines_written = result_lines(client, job_id)
-        bases = [quantile(d, 0.99) for d in before + after if d]
-        base = statistics.median(bases)
-        p99s = [quantile(d, 0.99) for d in during if d]
         speed = args.instances / took
         print(f"job {job['state']} in {took:.1f} s ({speed:.0f} instances/s), {lines_written} result lines")
-        print(f"no-job p99 per segment: {', '.join(f'{v:.1f}' for v in bases)} ms")
-        if p99s:
-            print(
-                f"no-job p99 {base:.2f} ms; during-job p99 median {statistics.median(p99s):.2f} ms, "
-                f"worst {max(p99s):.2f} ms: ratio {statistics.median(p99s) / base:.2f} (median), "
-                f"{max(p99s) / base:.2f} (worst)"
-            )
+        print(f"no-job p99 per segment: {', '.join(f'{b.p99:.1f}' for b in before + after)} ms")
+        compare("all segments", before + after, during)
+        calm = [b for b in before + after if b.steal <= args.max_steal]
+        calm_during = [d for d in during if d.steal <= args.max_steal]
+        compare(f"segments with steal <= {args.max_steal:.0%}", calm, calm_during)
     finally:
         stop(process)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    p99: float
+    steal: float
+    """The machine's CPU time stolen by the hypervisor over the segment (``procs.StealMeter``)."""
+
+
+def compare(label: str, bases: list[Segment], during: list[Segment]) -> None:
+    """The during-job p99 (median of segments) against the no-job p99 (median of segments)."""
+    if not bases or not during:
+        print(f"{label}: {len(bases)} no-job and {len(during)} during-job segments: no ratio")
+        return
+    base = statistics.median(b.p99 for b in bases)
+    p99s = [d.p99 for d in during]
+    print(
+        f"{label} ({len(bases)} no-job, {len(during)} during): no-job p99 {base:.2f} ms; during-job p99 median "
+        f"{statistics.median(p99s):.2f} ms, worst {max(p99s):.2f} ms: ratio {statistics.median(p99s) / base:.2f} "
+        f"(median), {max(p99s) / base:.2f} (worst)"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,11 @@ Printed per load and server: calls sent; answered within their budget (client-si
 included); answered late; refused early and late; given up; the share of admitted calls (all but the
 early refusals) answered within budget, by budget kind; goodput (answered within budget per second) as a
 share of C (answers within budget that came while arrivals lasted, per second); p99 time of an early
-refusal. The issue's bounds: with admission, >= 99 % of admitted calls
-within budget at every load, goodput at 2x >= 80 % of C, early refusals p99 < 10 ms.
+refusal; the cores busy on average over the segment (psutil): serving's own process, its predict workers,
+and this bench's client, which share the machine; and the share of the machine's CPU time the hypervisor
+stole over it (``procs.StealMeter``: a segment under steal ran on a slower machine). The issue's bounds:
+with admission, >= 99 % of admitted calls within budget at every load, goodput at 2x >= 80 % of C, early
+refusals p99 < 10 ms.
 
     .venv/bin/python bench/overload.py [--seconds 6] [--loads 0.5 1 2 4] [--tight-ms 300] [--loose-ms 3000] \
         [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee] [--home PATH] [--seed 1]
@@ -55,7 +58,7 @@ from demo import auth_headers, bodies, demo_state
 from knee import knee
 from loadgen import run_load
 from openloop import Sent, open_loop
-from procs import answers, drain, free_port, quantile, start, stop, wait_until
+from procs import StealMeter, answers, drain, free_port, quantile, split_cpu, start, stop, wait_until
 
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog
@@ -127,6 +130,12 @@ class Tally:
     server: str
     seconds: float
     records: list[Sent]
+    cores: dict[str, float]
+    """Cores busy on average over the segment (its arrivals and the wait for their answers): ``own``
+    serving's process (HTTP, admission, batching), ``children`` its predict workers, ``here`` this bench's
+    client."""
+    steal: float
+    """The machine's CPU time stolen by the hypervisor over the segment (``procs.StealMeter``)."""
 
     def summary(self, capacity: float) -> dict[str, object]:
         sent = [r for r in self.records if r.sent]
@@ -159,6 +168,10 @@ class Tally:
             if capacity
             else float("nan"),
             "early_p99_ms": quantile([r.latency_ms for r in early], 0.99),
+            "cores_serving": self.cores["own"],
+            "cores_workers": self.cores["children"],
+            "cores_client": self.cores["here"],
+            "steal": self.steal,
         }
 
 
@@ -225,13 +238,15 @@ def main() -> None:
         for index, load in enumerate(args.loads):
             order = servers if index % 2 == 0 else servers[::-1]
             for server in order:
-                began = time.monotonic()
+                began, before, steal = time.monotonic(), split_cpu(server.process.pid), StealMeter()
                 records = asyncio.run(
                     open_loop(
                         server.url + PATH, load * capacity, args.seconds, pick, headers=headers, seed=args.seed + index
                     )
                 )
-                tallies.append(Tally(load, server.name, args.seconds, records))
+                after, took = split_cpu(server.process.pid), time.monotonic() - began
+                cores = {name: (after[name] - before[name]) / took for name in before}
+                tallies.append(Tally(load, server.name, args.seconds, records, cores, steal.share()))
                 print(f"  load {load:g}x on admission-{server.name}: {len(records)} calls, "
                       f"{time.monotonic() - began:.1f} s", flush=True)  # fmt: skip
                 drain(server.url)  # its queue empties before the next segment, on either server
@@ -245,14 +260,16 @@ def report(rows: list[dict[str, object]], as_json: bool) -> None:
     print()
     print(
         f"{'load':>5} {'adm':>4} {'offered':>7} {'within':>7} {'late':>5} {'ref.early':>9} {'ref.late':>8} "
-        f"{'gave up':>7} {'adm.within':>10} {'tight':>6} {'loose':>6} {'goodput/C':>9} {'early p99':>9}"
+        f"{'gave up':>7} {'adm.within':>10} {'tight':>6} {'loose':>6} {'goodput/C':>9} {'early p99':>9} "
+        f"{'cores: serving':>14} {'workers':>7} {'client':>6} {'steal':>5}"
     )
     for r in rows:
         print(
             f"{r['load']:>5g} {r['admission']:>4} {r['offered']:>7} {r['within']:>7} {r['late_answer']:>5} "
             f"{r['refused_early']:>9} {r['refused_late']:>8} {r['given_up']:>7} "
             f"{r['admitted_within']:>10.1%} {r['tight_within']:>6.1%} {r['loose_within']:>6.1%} "
-            f"{r['goodput_of_capacity']:>9.1%} {r['early_p99_ms']:>8.1f}ms"
+            f"{r['goodput_of_capacity']:>9.1%} {r['early_p99_ms']:>8.1f}ms "
+            f"{r['cores_serving']:>14.2f} {r['cores_workers']:>7.2f} {r['cores_client']:>6.2f} {r['steal']:>5.0%}"
         )
     if as_json:
         for r in rows:

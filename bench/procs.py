@@ -79,6 +79,48 @@ class CpuMeter:
         return spent
 
 
+def split_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of process ``pid`` itself (``own``), of its children (``children``), and of the
+    calling process itself (``here``, the bench's client)."""
+    spent = {"own": 0.0, "children": 0.0, "here": 0.0}
+    try:
+        proc = psutil.Process(pid)
+        times = proc.cpu_times()
+        spent["own"] = times.user + times.system
+        for child in proc.children(recursive=True):
+            try:
+                times = child.cpu_times()
+            except psutil.Error:
+                continue
+            spent["children"] += times.user + times.system
+    except psutil.Error:
+        pass
+    times = psutil.Process().cpu_times()
+    spent["here"] = times.user + times.system
+    return spent
+
+
+class StealMeter:
+    """The share of the machine's CPU time the hypervisor gave to other guests (``steal`` in vmstat and
+    ``psutil.cpu_times``) between ``start()`` and ``share()``. A segment with steal ran on a slower machine
+    than its neighbours: on this host steal came and went in bursts of 15-30 % lasting minutes."""
+
+    def __init__(self) -> None:
+        self._at = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        times = psutil.cpu_times()
+        return getattr(times, "steal", 0.0), sum(times)
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def share(self) -> float:
+        (steal0, total0), (steal1, total1) = self._at, self._now()
+        return (steal1 - steal0) / (total1 - total0) if total1 > total0 else 0.0
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of a process's main thread (``main``) and of all its other threads (``threads``)."""
     spent = {"main": 0.0, "threads": 0.0}
