@@ -68,6 +68,7 @@ from examlops.serving.pool_workers import PoolStats, Worker, reap, watch
 from examlops.serving.ports import ModelLoader, Rows
 
 log = logging.getLogger(__name__)
+_CLOSED = "the predict pool is closed"
 
 MAX_START_FAILURES = 3
 """Workers in a row that die before answering once: then the pool breaks instead of respawning forever."""
@@ -151,7 +152,7 @@ class ProcessPredictPool:
         self._widths.pop(key, None)
         if self._loop is not None and self._stopped is None:
             for worker in self._roster.workers():
-                watch(self._send(worker, "unload", key, None), f"unload {key!r}")
+                watch(self._send(worker, "unload", key, None), f"unload {key!r}", self._closed)
 
     async def predict(self, key: str, rows: Rows) -> npt.NDArray[np.float64]:
         self._check_open()
@@ -172,7 +173,7 @@ class ProcessPredictPool:
         """Stop every worker and fail every pending call; safe to call twice."""
         if self._loop is None:
             return
-        self._break("the predict pool is closed", graceful=True)
+        self._break(_CLOSED, graceful=True)
         await asyncio.gather(*self._reaping)
         if self._context is not CONTEXT:  # the warm fork server goes with its workers: nothing outlives serving
             await asyncio.to_thread(stop_warm_server, self._context)
@@ -195,9 +196,9 @@ class ProcessPredictPool:
         loop = self._running_loop()
         loop.add_reader(worker.conn.fileno(), self._guarded, self._on_reply, worker)
         loop.add_reader(worker.process.sentinel, self._guarded, self._retire, worker, "the predict worker exited")
-        watch(self._send(worker, "ping", "", None), "start")
+        watch(self._send(worker, "ping", "", None), "start", self._closed)
         for key, location in {**self._keys, **self._loading}.items():
-            watch(self._send(worker, "load", key, location), f"load {key!r}")
+            watch(self._send(worker, "load", key, location), f"load {key!r}", self._closed)
         return worker
 
     def _send(self, worker: Worker, op: str, key: str, argument: Any, *, limit: bool = False) -> asyncio.Future[Any]:
@@ -253,6 +254,10 @@ class ProcessPredictPool:
         except (OSError, EOFError) as exc:  # EOFError: the forkserver is gone (a signal to the whole group)
             log.warning("cannot start a predict worker: %r; the pool stops", exc)
             self._break(f"cannot start a predict worker: {exc!r}")
+
+    def _closed(self) -> bool:
+        """True once ``close`` was called (not when the pool broke)."""
+        return self._stopped == _CLOSED
 
     def _break(self, reason: str, *, graceful: bool = False) -> None:
         """Take no more calls: stop every worker and fail every waiter."""

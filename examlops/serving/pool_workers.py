@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -125,11 +126,12 @@ async def reap(process: BaseProcess, timeout_s: float) -> None:
     await asyncio.to_thread(stop_child, process, timeout_s, ask=False)
 
 
-def watch(future: asyncio.Future[Any], what: str) -> None:
-    """Log the failure of a request nobody awaits (start-up loads, unloads)."""
+def watch(future: asyncio.Future[Any], what: str, closing: Callable[[], bool] = lambda: False) -> None:
+    """Log the failure of a request nobody awaits (start-up loads, unloads), unless ``closing()`` says the
+    pool was closed on purpose (what it failed is what the close dropped)."""
 
     def report(done: asyncio.Future[Any]) -> None:
-        if not done.cancelled() and (exc := done.exception()) is not None:
+        if not done.cancelled() and (exc := done.exception()) is not None and not closing():
             log.warning("a predict worker could not %s: %s", what, exc)
 
     future.add_done_callback(report)

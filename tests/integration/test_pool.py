@@ -62,6 +62,8 @@ def linear(rows: np.ndarray) -> np.ndarray:
 def load_scripted(location: str) -> ScriptedModel:
     if location == "missing":
         raise FileNotFoundError("no artifact at 'missing'")
+    if location.startswith("slow-load:"):
+        time.sleep(float(location.split(":")[1]))
     return ScriptedModel(location)
 
 
@@ -274,6 +276,26 @@ def test_close_fails_every_pending_call_and_leaves_no_process_behind() -> None:
     run_with_pool(scenario)
     assert len(outcomes) == 3
     assert all(isinstance(outcome, PipelineUnavailable) for outcome in outcomes)
+
+
+def test_loads_a_close_drops_are_not_logged_as_failures(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(pool: ProcessPredictPool) -> None:
+        await pool.load("m", "slow-load:2")  # the worker and the warm spare both load it
+        first = {child.pid for child in child_processes()}
+        os.kill(await worker_pid_of(pool), signal.SIGKILL)  # the spare takes over; a new spare starts, loading "m"
+        deadline = time.monotonic() + 10
+        while not ({child.pid for child in child_processes()} - first) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert {child.pid for child in child_processes()} - first, "no new spare was started"
+
+    with caplog.at_level("WARNING", logger="examlops.serving"):
+        run_with_pool(scenario)  # closes while the new spare's start and load are still running
+    assert [r.getMessage() for r in caplog.records if "could not" in r.getMessage()] == []
+
+
+async def worker_pid_of(pool: ProcessPredictPool) -> int:
+    await pool.load("pid", "pid")
+    return await worker_pid(pool)
 
 
 def test_a_worker_exits_when_its_parent_is_gone_or_closes_the_pipe() -> None:
