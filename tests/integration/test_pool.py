@@ -283,14 +283,21 @@ def test_loads_a_close_drops_are_not_logged_as_failures(caplog: pytest.LogCaptur
         await pool.load("m", "slow-load:2")  # the worker and the warm spare both load it
         first = {child.pid for child in child_processes()}
         os.kill(await worker_pid_of(pool), signal.SIGKILL)  # the spare takes over; a new spare starts, loading "m"
-        deadline = time.monotonic() + 10
-        while not ({child.pid for child in child_processes()} - first) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert {child.pid for child in child_processes()} - first, "no new spare was started"
+        assert await new_child(first), "no new spare was started"
 
     with caplog.at_level("WARNING", logger="examlops.serving"):
         run_with_pool(scenario)  # closes while the new spare's start and load are still running
     assert [r.getMessage() for r in caplog.records if "could not" in r.getMessage()] == []
+
+
+async def new_child(before: set[int], within: float = 10.0) -> bool:
+    """Whether a worker not in ``before`` is running within ``within`` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if {child.pid for child in child_processes()} - before:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 async def worker_pid_of(pool: ProcessPredictPool) -> int:
