@@ -1,6 +1,7 @@
 """What every inference route does around the pipeline call: the budget it declares and the answer it gets.
 
 ``check_ready``: a call is taken only once the hot set is loaded and until serving drains.
+``arrival``: when serving read the request's first bytes, where its budget starts.
 ``declared_budget``: the body's ``budget_ms``, else the ``X-Examlops-Budget-Ms`` header, else the default
 (a task's), else None; a header that is not a positive number of milliseconds is ``InvalidInput`` naming
 it. ``answer`` builds the reply of a call with what was left of its budget (``core.budget``).
@@ -13,6 +14,7 @@ from typing import Protocol
 
 from starlette.requests import Request
 
+from examlops.api.protocol import RECEIVED_AT
 from examlops.api.schemas import InferReply
 from examlops.core.budget import BUDGET_HEADER, parse_budget_header, remaining_ms
 from examlops.core.errors import InvalidInput, NotReady
@@ -28,6 +30,13 @@ def check_ready(pipeline: Ready, request: Request) -> None:
     """``NotReady`` while the hot set loads and once serving drains for shutdown: no call is taken then."""
     if not pipeline.ready or request.app.state.draining:
         raise NotReady("the hot set is still loading" if not pipeline.ready else "serving is shutting down")
+
+
+def arrival(request: Request) -> float:
+    """The ``time.time()`` serving read the request's first bytes (``api.protocol``); now when the server
+    running the app does not stamp it (a test client, Ray Serve's proxy)."""
+    stamped = request.scope.get("state", {}).get(RECEIVED_AT)
+    return stamped if isinstance(stamped, float) else time.time()
 
 
 def declared_budget(request: Request, body_budget: float | None, default_ms: float | None = None) -> float | None:

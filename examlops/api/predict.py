@@ -12,7 +12,6 @@ the call goes.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -20,7 +19,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from examlops.api.auth import SECURED, request_caller
-from examlops.api.calls import answer, check_ready, declared_budget
+from examlops.api.calls import answer, arrival, check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.lean import LeanRoute, path_parameters
 from examlops.api.schemas import InferBody, InferReply, PredictBody
@@ -69,7 +68,7 @@ def predict_routes(pipeline: Predicting) -> APIRouter:
     router = APIRouter(route_class=LeanRoute)
 
     async def serve(request: Request, kind: type[PredictBody], path_model: str | None, caller: Caller) -> Response:
-        received_at = time.time()
+        received_at = arrival(request)
         raw = await request.body()
         call = call_of(request)
         if call is not None:

@@ -13,7 +13,9 @@ subclass adds, per connection:
   ``http.disconnect``;
 - a cap on open connections (``max_connections``): the one over it gets a 503 with our error body and
   is closed before any of its bytes is read;
-- bytes that are not HTTP get a 400 with our error body instead of uvicorn's plain text.
+- bytes that are not HTTP get a 400 with our error body instead of uvicorn's plain text;
+- the time its first bytes were read, in the request's state (``RECEIVED_AT``): a call's budget counts from
+  there, so the time a request waited for the event loop before its handler ran is spent from it too.
 
 A refusal is written, the write side shut (``write_eof``) and what the peer still sends discarded for
 ``LINGER_S`` before the socket closes: closing at once, with the peer's bytes unread, makes the kernel send
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +39,8 @@ from examlops.api.schemas import ErrorReply
 log = logging.getLogger(__name__)
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+RECEIVED_AT = "examlops_received_at"
+"""The key in a request's state (``scope["state"]``) of the ``time.time()`` its first bytes were read."""
 LINGER_S = 1.0
 """How long a refused connection's incoming bytes are read and dropped before the socket closes."""
 
@@ -102,6 +107,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase = "head"
+        self.scope["state"][RECEIVED_AT] = time.time()
 
     def on_headers_complete(self) -> None:
         self._phase = "body"

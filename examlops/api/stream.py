@@ -19,7 +19,6 @@ refused or answered as a single call is; one that stops early notes its code on 
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -27,7 +26,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import SECURED, request_caller
-from examlops.api.calls import check_ready, declared_budget
+from examlops.api.calls import arrival, check_ready, declared_budget
 from examlops.api.errors import describe_validation, documented, error_response
 from examlops.api.schemas import ModelStreamBody, StreamChunk, TaskStreamBody
 from examlops.api.stream_run import NDJSON, NdjsonStream, StreamRun
@@ -164,7 +163,7 @@ def stream_routes(pipeline: Streaming, tasks: Tasks | None, settings: Settings) 
     )
     async def stream_model(model: str, request: Request) -> Response:
         """Many predictions from one model, streamed as NDJSON as each batch finishes (budget: the whole)."""
-        received_at = time.time()
+        received_at = arrival(request)
         call = call_of(request)
         if call is not None:
             call.model = model[:128]

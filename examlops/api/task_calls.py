@@ -18,7 +18,6 @@ or the error ``Response`` the route returns as it is. Nothing is sent to the pip
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -27,7 +26,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from examlops.api.auth import request_caller
-from examlops.api.calls import Ready, check_ready, declared_budget
+from examlops.api.calls import Ready, arrival, check_ready, declared_budget
 from examlops.api.errors import describe_validation, error_response
 from examlops.api.schemas import TaskInferBody, TaskStreamBody
 from examlops.api.tracing import call_of
@@ -64,7 +63,7 @@ async def open_task_call(
     request: Request, task: str, kind: type[B], pipeline: Ready, tasks: Tasks
 ) -> TaskCall[B] | Response:
     """The opened call, or the error reply of the first check that failed (module docstring)."""
-    received_at = time.time()
+    received_at = arrival(request)
     call = call_of(request)
     if call is not None:
         call.task = task[:128]

@@ -314,3 +314,36 @@ async def written_trace(http: httpx.AsyncClient, trace_id: str) -> dict[str, Any
             return trace
         assert reply.status_code == 404 and time.monotonic() < deadline, reply.text
         await asyncio.sleep(0.1)
+
+
+async def test_a_budget_counts_from_when_serving_read_the_request_not_from_when_its_handler_ran(
+    serving: Any,
+) -> None:
+    """The call's last header line comes 2.5 s after its first bytes (as the loop would read it late when
+    busy): a 7 s budget has 4.5 s left when the handler runs, under the 5 s estimate."""
+
+    async def post(rest_after_s: float) -> tuple[int, dict[str, Any]]:
+        body = json.dumps(PAYLOAD | {"budget_ms": 7_000}).encode()
+        head = (
+            f"POST /v1/models/JPCP/predict HTTP/1.1\r\nhost: serving\r\nauthorization: Bearer {serving.token}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        ).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", serving.port)
+        try:
+            writer.write(head[:20])
+            await writer.drain()
+            await asyncio.sleep(rest_after_s)
+            writer.write(head[20:] + body)
+            await writer.drain()
+            reply = await asyncio.wait_for(reader.read(), 30)
+        finally:
+            writer.close()
+        status = int(reply.split(b" ", 2)[1])
+        return status, json.loads(reply.partition(b"\r\n\r\n")[2])
+
+    status, answered = await post(0)
+    assert status == 200, answered
+    status, refused = await post(2.5)
+    assert status == 503, refused
+    assert (refused["code"], refused["refused"]) == ("refused", "budget"), refused
+    assert refused["budget_remaining_ms"] < 4_600 and refused["estimate_ms"] >= 5_000
