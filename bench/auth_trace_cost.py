@@ -38,7 +38,10 @@ range; the total (all on requests over all on seconds against the same of
 off); each segment's server CPU per request (its process and children: predict
 workers, trace writer; from the segment's start until its traces are written),
 and the median of those on and off, a figure far steadier than req/s when
-other work shares the machine. Then the check: the on-server wrote exactly one trace per request it got
+other work shares the machine; each segment's steal (the machine's CPU time
+the hypervisor gave to other guests, ``procs.StealMeter``) and the cost again
+over the pairs with at most ``--max-steal`` in both segments. Then the check:
+the on-server wrote exactly one trace per request it got
 (answered ones with outcome ``answered``, under the ``admin`` identity when
 authentication is on; none when its tracing is off), the off-server none, and
 nobody else any (printed OK or MISMATCH, with the traces the on-server's sink
@@ -76,7 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, demo_state
 from demo import bodies as demo_bodies
 from loadgen import LoadResult, run_load
-from procs import CpuMeter, answers, free_port, quantile, start, stop, wait_until
+from procs import CpuMeter, StealMeter, answers, free_port, quantile, start, stop, wait_until
 
 from examlops.bootstrap import sql_engine
 from examlops.core.settings import Settings
@@ -94,6 +97,8 @@ class Segment:
     result: LoadResult
     cpu_s: float
     """CPU seconds the server's process tree spent from the segment's start until its traces were written."""
+    steal: float = 0.0
+    """The machine's CPU time the hypervisor stole over the segment (``procs.StealMeter``)."""
 
     @property
     def rps(self) -> float:
@@ -216,6 +221,9 @@ def main() -> None:
     parser.add_argument(
         "--on", nargs="+", choices=FEATURES, default=list(FEATURES), help="What the on-server has on (default: both)."
     )
+    parser.add_argument(
+        "--max-steal", type=float, default=0.05, help="Pairs past this steal share are left out of a second figure."
+    )
     parser.add_argument("--control", action="store_true", help="Both servers with both off: the bench's bias.")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-auth-trace"))
     args = parser.parse_args()
@@ -242,15 +250,15 @@ def main() -> None:
         meter = CpuMeter({str(on): server.process.pid for on, server in servers.items()})
         for pair, order in enumerate(pair_orders(args.pairs, args.seed)):
             for on in order:
-                cpu_before = meter.read()[str(on)]
+                cpu_before, steal = meter.read()[str(on)], StealMeter()
                 result = load(servers[on], args.path, bodies, args.requests, args.concurrency)
                 drain = wait_for_traces(settings, servers[on])
                 cpu_s = meter.read()[str(on)] - cpu_before
-                segments.append(Segment(on, pair, result, cpu_s))
+                segments.append(Segment(on, pair, result, cpu_s, steal.share()))
                 print(
                     f"pair {pair + 1:>2} {'on ' if on else 'off'}: {result.rps:7.0f} req/s, p50 {result.p50:6.2f} ms, "
-                    f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(segments[-1]):.0f} µs CPU/request"
-                    + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
+                    f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(segments[-1]):.0f} µs CPU/request, "
+                    f"steal {segments[-1].steal:.0%}" + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
                     flush=True,
                 )
         drops = dropped(servers[True]) if servers[True].tracing else 0.0
@@ -299,18 +307,26 @@ def report(
         print("CONTROL RUN: the on-server has authentication and tracing off too; any cost below is the bench's bias")
     print(f"on: {' and '.join(said) or 'nothing'}; off: development, authentication and tracing disabled\n")
     header = f"{'seg':<4} {'pair':>4} {'side':<4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
-    print(f"{header} {'CPU µs/req':>10}")
+    print(f"{header} {'CPU µs/req':>10} {'steal':>5}")
     for i, seg in enumerate(segments):
         r = seg.result
         side = "on" if seg.on else "off"
         print(
             f"{i + 1:<4} {seg.pair + 1:>4} {side:<4} {r.rps:>7.0f} {r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6} "
-            f"{cpu_us(seg):>10.0f}"
+            f"{cpu_us(seg):>10.0f} {seg.steal:>5.0%}"
         )
     on = [s for s in segments if s.on]
     off = [s for s in segments if not s.on]
     costs = [100 * (1 - b.rps / a.rps) for a in off for b in on if a.pair == b.pair]
     print(f"\nper pair, throughput cost (1 - on/off): {spread(costs)}")
+    calm = [
+        100 * (1 - b.rps / a.rps)
+        for a in off
+        for b in on
+        if a.pair == b.pair and max(a.steal, b.steal) <= args.max_steal
+    ]
+    if calm:
+        print(f"pairs with steal <= {args.max_steal:.0%} in both segments ({len(calm)}): {spread(calm)}")
     rps_on = sum(s.result.sent for s in on) / sum(s.result.seconds for s in on)
     rps_off = sum(s.result.sent for s in off) / sum(s.result.seconds for s in off)
     print(f"total: off {rps_off:.0f} req/s, on {rps_on:.0f} req/s: {100 * (1 - rps_on / rps_off):.1f} %")
