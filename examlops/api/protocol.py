@@ -15,7 +15,9 @@ subclass adds, per connection:
   is closed before any of its bytes is read;
 - bytes that are not HTTP get a 400 with our error body instead of uvicorn's plain text;
 - the time its first bytes were read, in the request's state (``RECEIVED_AT``): a call's budget counts from
-  there, so the time a request waited for the event loop before its handler ran is spent from it too.
+  there, so the time a request waited for the event loop before its handler ran is spent from it too (and,
+  for a request pipelined behind another on its connection, the time it waited for that one's answer;
+  time its bytes spent in the socket's buffer before the loop read them is not counted).
 
 A refusal is written, the write side shut (``write_eof``) and what the peer still sends discarded for
 ``LINGER_S`` before the socket closes: closing at once, with the peer's bytes unread, makes the kernel send

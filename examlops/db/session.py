@@ -29,6 +29,8 @@ def store_session(engine: Engine, doing: str) -> Iterator[Session]:
 
 @contextmanager
 def store_transaction(engine: Engine, doing: str) -> Iterator[Connection]:
+    """A Core connection in one transaction: committed on leaving, rolled back on any error; an
+    ``OperationalError`` is ``StoreUnavailable`` naming ``doing``."""
     try:
         with engine.begin() as connection:
             yield connection

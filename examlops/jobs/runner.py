@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from examlops.core.errors import ExamlopsError, InvalidInput
 from examlops.jobs.answers import Expired, Pause, answer, batch_lines, budget_ran_out
@@ -50,6 +50,7 @@ from examlops.jobs.ports import BackgroundInference, JobStore
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 Batch = list[Instance | InvalidInput]
 JobEnded = Callable[[Job], None]
@@ -245,15 +246,20 @@ async def _unless(lost: asyncio.Event, work: Awaitable[_T]) -> _T | None:
     return None if doing.cancelled() else doing.result()
 
 
-async def _in_thread(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
-    """``func(*args)`` in a worker thread. Cancelled, it still waits for the thread to end before the
-    cancellation goes on, so the files the thread reads or writes are closed only after it is done with them
-    (a generator closed while a thread runs it raises, and the job would fail on a plain shutdown)."""
+async def _in_thread(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``func(*args, **kwargs)`` in a worker thread. Cancelled (once or more), it still waits for the thread
+    to end before the cancellation goes on, so the files the thread reads or writes are closed only after it
+    is done with them (a generator closed while a thread runs it raises, and the job would fail on a plain
+    shutdown). A thread that never ends (a hung disk) therefore holds the runner's ``close`` too."""
     running = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
-        await asyncio.wait((running,))  # a second cancellation does not wait
+        while not running.done():
+            try:
+                await asyncio.wait((running,))
+            except asyncio.CancelledError:
+                continue  # cancelled again: the thread still holds the job's files
         if not running.cancelled():
             running.exception()  # retrieved: the cancellation is what goes on
         raise

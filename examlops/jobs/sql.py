@@ -2,8 +2,14 @@
 
 One row per job, keyed by its id; times are UNIX seconds (floats), so both SQLite and Postgres hand back
 what was stored. Every conditional write is one ``UPDATE ... WHERE`` whose row count says whether it
-happened (no read-then-write race between processes): ``_update``, over the conditions ``_live`` (the job
-is queued or running) and ``_held`` (and it is the caller's). Database errors are ``StoreUnavailable``.
+happened (no read-then-write race between processes): ``_update`` over ``_live`` (the job is queued or
+running), and ``_RENEW`` and ``_RECORD`` over ``_HELD`` (live, and the caller's). Database errors are
+``StoreUnavailable``.
+
+The calls the runner makes on every batch (``get``, ``renew``, ``record_batch``) run Core statements built
+once at import, with bound parameters: through the ORM session, with a statement built per call, they took
+about three times the CPU, in a thread that shares serving's interpreter lock with its event loop
+(bench/RESULTS.md, "the job runner's per-batch SQL").
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def _job(row: OfflineJob) -> Job:
     return Job(**values)
 
 
-_TABLE: Table = OfflineJob.__table__  # type: ignore[attr-defined]
+_TABLE: Table = OfflineJob.__table__  # type: ignore[attr-defined]  # SQLModel declares it on table models only
 _C = _TABLE.c
 _HELD = (_C.id == bindparam("job_id"), _C.state.in_(_LIVE), _C.owner == bindparam("held_by"))
 _GET = sql_select(_TABLE).where(_C.id == bindparam("job_id"))

@@ -68,7 +68,6 @@ from examlops.serving.pool_workers import PoolStats, Worker, reap, watch
 from examlops.serving.ports import ModelLoader, Rows
 
 log = logging.getLogger(__name__)
-_CLOSED = "the predict pool is closed"
 
 MAX_START_FAILURES = 3
 """Workers in a row that die before answering once: then the pool breaks instead of respawning forever."""
@@ -94,6 +93,8 @@ class ProcessPredictPool:
         self._reaping: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: str | None = None
+        self._closing = False
+        """``close`` was called (the pool did not break on its own)."""
         self._replaced = self._in_flight = self._start_failures = 0
 
     async def start(self) -> None:
@@ -173,7 +174,8 @@ class ProcessPredictPool:
         """Stop every worker and fail every pending call; safe to call twice."""
         if self._loop is None:
             return
-        self._break(_CLOSED, graceful=True)
+        self._closing = True
+        self._break("the predict pool is closed", graceful=True)
         await asyncio.gather(*self._reaping)
         if self._context is not CONTEXT:  # the warm fork server goes with its workers: nothing outlives serving
             await asyncio.to_thread(stop_warm_server, self._context)
@@ -256,8 +258,7 @@ class ProcessPredictPool:
             self._break(f"cannot start a predict worker: {exc!r}")
 
     def _closed(self) -> bool:
-        """True once ``close`` was called (not when the pool broke)."""
-        return self._stopped == _CLOSED
+        return self._closing
 
     def _break(self, reason: str, *, graceful: bool = False) -> None:
         """Take no more calls: stop every worker and fail every waiter."""

@@ -31,7 +31,13 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from examlops.core.children import CONTEXT, ChildContext, start_child, stop_child
-from examlops.core.errors import ExamlopsError, InferenceFailed, ModelLoadError, VersionNotFound
+from examlops.core.errors import (
+    ExamlopsError,
+    InferenceFailed,
+    ModelLoadError,
+    PipelineUnavailable,
+    VersionNotFound,
+)
 from examlops.serving import pool_worker
 from examlops.serving.ports import ModelLoader
 
@@ -127,11 +133,13 @@ async def reap(process: BaseProcess, timeout_s: float) -> None:
 
 
 def watch(future: asyncio.Future[Any], what: str, closing: Callable[[], bool] = lambda: False) -> None:
-    """Log the failure of a request nobody awaits (start-up loads, unloads), unless ``closing()`` says the
-    pool was closed on purpose (what it failed is what the close dropped)."""
+    """Log the failure of a request nobody awaits (start-up loads, unloads), unless it is the
+    ``PipelineUnavailable`` of a pool that ``closing()`` says was closed on purpose (the close dropped it)."""
 
     def report(done: asyncio.Future[Any]) -> None:
-        if not done.cancelled() and (exc := done.exception()) is not None and not closing():
+        if done.cancelled() or (exc := done.exception()) is None:
+            return
+        if not (isinstance(exc, PipelineUnavailable) and closing()):
             log.warning("a predict worker could not %s: %s", what, exc)
 
     future.add_done_callback(report)

@@ -165,6 +165,38 @@ async def test_a_runner_closed_while_a_thread_reads_its_next_batch_waits_for_the
     assert second.seen == [float(i) for i in range(3, TOTAL)]
 
 
+async def test_a_runner_cancelled_twice_while_a_thread_reads_still_waits_for_the_read_and_fails_nothing(
+    files: JobFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_second_read(path: Path, batch_size: int, start: int) -> Iterator[list[object]]:
+        for n, batch in enumerate(read_batches(path, batch_size, start)):
+            if n == 1:
+                reading.set()
+                release.wait(10)
+            yield batch
+
+    monkeypatch.setattr("examlops.jobs.runner.read_batches", slow_second_read)
+    first = runner(store, FakePipeline(), files, clock, poll_s=0.01)
+    first.start()
+    task = first._task
+    assert task is not None
+    assert await asyncio.to_thread(reading.wait, 10)
+    closing = asyncio.ensure_future(first.close())
+    await asyncio.sleep(0.05)
+    closing.cancel()  # the close is cancelled in turn: the runner's task is cancelled a second time
+    await asyncio.sleep(0.05)
+    assert not task.done()  # still waiting for the read
+    release.set()
+    await asyncio.wait_for(asyncio.gather(closing, task, return_exceptions=True), 10)
+    assert task.cancelled() and closing.cancelled()
+    job = store.get("job1")
+    assert job is not None and job.state is JobState.RUNNING and job.done_batches == 1, job
+
+
 async def test_a_cancelled_job_stops_between_batches(files: JobFiles) -> None:
     store, clock, ended = InMemoryJobStore(), Clock(), []
     store.add(make_job(files, clock))
