@@ -132,21 +132,28 @@ async def test_a_runner_that_closes_mid_batch_drops_it_and_the_next_one_resumes_
     assert second.seen == [float(i) for i in range(3, TOTAL)]
 
 
-async def test_a_runner_closed_while_a_thread_reads_its_next_batch_waits_for_the_read_and_leaves_the_job_resumable(
-    files: JobFiles, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, clock = InMemoryJobStore(), Clock()
-    store.add(make_job(files, clock))
+def hold_the_second_read(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the runner's read of the second batch stop inside the generator, in its thread (as a slow disk
+    would keep it): ``reading`` is set once it is there, and it goes on once ``release`` is set."""
     reading, release = threading.Event(), threading.Event()
 
     def slow_second_read(path: Path, batch_size: int, start: int) -> Iterator[list[object]]:
         for n, batch in enumerate(read_batches(path, batch_size, start)):
-            if n == 1:  # the generator is running in its thread, as a slow disk would keep it
+            if n == 1:
                 reading.set()
                 release.wait(10)
             yield batch
 
     monkeypatch.setattr("examlops.jobs.runner.read_batches", slow_second_read)
+    return reading, release
+
+
+async def test_a_runner_closed_while_a_thread_reads_its_next_batch_waits_for_the_read_and_leaves_the_job_resumable(
+    files: JobFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, clock = InMemoryJobStore(), Clock()
+    store.add(make_job(files, clock))
+    reading, release = hold_the_second_read(monkeypatch)
     first = runner(store, FakePipeline(), files, clock, poll_s=0.01)
     first.start()
     assert await asyncio.to_thread(reading.wait, 10)
@@ -170,16 +177,7 @@ async def test_a_runner_cancelled_twice_while_a_thread_reads_still_waits_for_the
 ) -> None:
     store, clock = InMemoryJobStore(), Clock()
     store.add(make_job(files, clock))
-    reading, release = threading.Event(), threading.Event()
-
-    def slow_second_read(path: Path, batch_size: int, start: int) -> Iterator[list[object]]:
-        for n, batch in enumerate(read_batches(path, batch_size, start)):
-            if n == 1:
-                reading.set()
-                release.wait(10)
-            yield batch
-
-    monkeypatch.setattr("examlops.jobs.runner.read_batches", slow_second_read)
+    reading, release = hold_the_second_read(monkeypatch)
     first = runner(store, FakePipeline(), files, clock, poll_s=0.01)
     first.start()
     task = first._task
