@@ -20,19 +20,21 @@ from examlops.core.errors import StoreUnavailable
 
 @contextmanager
 def store_session(engine: Engine, doing: str) -> Iterator[Session]:
-    try:
-        with Session(engine) as session:
-            yield session
-    except OperationalError as exc:
-        raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc
+    with _unavailable(doing), Session(engine) as session:
+        yield session
 
 
 @contextmanager
 def store_transaction(engine: Engine, doing: str) -> Iterator[Connection]:
     """A Core connection in one transaction: committed on leaving, rolled back on any error; an
     ``OperationalError`` is ``StoreUnavailable`` naming ``doing``."""
+    with _unavailable(doing), engine.begin() as connection:
+        yield connection
+
+
+@contextmanager
+def _unavailable(doing: str) -> Iterator[None]:
     try:
-        with engine.begin() as connection:
-            yield connection
+        yield
     except OperationalError as exc:
         raise StoreUnavailable(f"cannot {doing}: {exc.orig}") from exc

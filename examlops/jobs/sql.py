@@ -14,13 +14,13 @@ about three times the CPU, in a thread that shares serving's interpreter lock wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, Index, Table, bindparam, or_, update
 from sqlalchemy import select as sql_select
-from sqlalchemy.engine import CursorResult, Engine, RowMapping
+from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -60,12 +60,6 @@ class OfflineJob(SQLModel, table=True):
     lease_until: float | None = None
 
 
-def _job(row: OfflineJob) -> Job:
-    values: dict[str, Any] = row.model_dump(exclude={"owner", "lease_until"})
-    values["state"] = JobState(row.state)
-    return Job(**values)
-
-
 _TABLE: Table = OfflineJob.__table__  # type: ignore[attr-defined]  # SQLModel declares it on table models only
 _C = _TABLE.c
 _HELD = (_C.id == bindparam("job_id"), _C.state.in_(_LIVE), _C.owner == bindparam("held_by"))
@@ -85,7 +79,8 @@ _RECORD = (
 _JOB_FIELDS = [name for name in OfflineJob.model_fields if name not in ("owner", "lease_until")]
 
 
-def _job_of(row: RowMapping) -> Job:
+def _job(row: Mapping[Any, Any]) -> Job:
+    """The ``Job`` of a row's columns (its lease, ``owner`` and ``lease_until``, is the store's alone)."""
     values: dict[str, Any] = {name: row[name] for name in _JOB_FIELDS}
     values["state"] = JobState(values["state"])
     return Job(**values)
@@ -110,14 +105,14 @@ class SqlJobStore:
     def get(self, job_id: str) -> Job | None:
         with store_transaction(self._engine, "read offline jobs") as connection:
             row = connection.execute(_GET, {"job_id": job_id}).mappings().first()
-            return None if row is None else _job_of(row)
+            return None if row is None else _job(row)
 
     def list(self, identity: str | None = None, *, limit: int = 100) -> list[Job]:
         with self._session("read") as session:
             query = select(OfflineJob).order_by(col(OfflineJob.created_at).desc()).limit(limit)
             if identity is not None:
                 query = query.where(col(OfflineJob.identity) == identity)
-            return [_job(row) for row in session.exec(query).all()]
+            return [_job(row.model_dump()) for row in session.exec(query).all()]
 
     def claim(self, owner: str, now: float, lease_s: float) -> Job | None:
         free = or_(col(OfflineJob.owner).is_(None), col(OfflineJob.owner) == owner, col(OfflineJob.lease_until) < now)
@@ -204,5 +199,5 @@ def _update(session: Session, where: Sequence[ColumnElement[bool]], **values: An
 
 def _reread(session: Session, job_id: str) -> Job | None:
     """The job as the database holds it now (after a write of this session)."""
-    row = session.get(OfflineJob, job_id, populate_existing=True)
+    row = session.connection().execute(_GET, {"job_id": job_id}).mappings().first()
     return None if row is None else _job(row)
