@@ -13,7 +13,8 @@ makes it) and starts two `exa serve start` side by side on it, on free ports:
 ``--on auth`` or ``--on tracing`` turns only that one on in the on-server
 (the other off, as in the off-server), to tell their costs apart; ``--control``
 turns both off in it too: the "cost" it prints is the bench's own bias and
-noise, and should be ~0. Both take the same settings otherwise (``--workers``
+noise, and should be ~0. ``--on-setting EXAMLOPS_NAME=VALUE`` (repeatable) gives the on-server a setting
+(the trace writer's ``EXAMLOPS_TRACING__BATCH``, say). Both take the same settings otherwise (``--workers``
 predict workers each). The load alternates between them in short segments:
 ``--requests`` POSTs of JPCP bodies at ``--concurrency`` keep-alive
 connections (``loadgen``, a raw asyncio client, so the client is not what is
@@ -50,7 +51,7 @@ folder's SQL, which both servers share.
 
     .venv/bin/python bench/auth_trace_cost.py [--requests 2000] [--pairs 12] [--concurrency 64] \
         [--warm-up 500] [--seed 1] [--workers N] [--path /v1/models/JPCP/predict] \
-        [--on auth tracing | --control]
+        [--on auth tracing | --control] [--on-setting EXAMLOPS_NAME=VALUE]
 
 Figures only: nothing here asserts anything. Target: a cost of at most 5 % at c=64.
 """
@@ -184,11 +185,19 @@ def dropped(server: Server) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-def start_server(home: Path, on: bool, features: set[str], headers: dict[str, str], workers: int | None) -> Server:
+def start_server(
+    home: Path,
+    on: bool,
+    features: set[str],
+    headers: dict[str, str],
+    workers: int | None,
+    settings: dict[str, str] | None = None,
+) -> Server:
     """A serving process on a free port with ``features`` (of ``FEATURES``) on, the others off; the load to it
-    sends ``headers`` when authentication is on."""
+    sends ``headers`` when authentication is on. ``settings``: more ``EXAMLOPS_*`` variables for it."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= settings or {}
     env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_SERVING__PORT": str(port), "EXAMLOPS_TRACING__NODE": NODES[on]}
     if workers is not None:
         env["EXAMLOPS_PREDICT__WORKERS"] = str(workers)
@@ -225,11 +234,21 @@ def main() -> None:
         "--max-steal", type=float, default=0.05, help="Pairs past this steal share are left out of a second figure."
     )
     parser.add_argument("--control", action="store_true", help="Both servers with both off: the bench's bias.")
+    parser.add_argument(
+        "--on-setting",
+        action="append",
+        default=[],
+        metavar="EXAMLOPS_NAME=VALUE",
+        help="A setting of the on-server only (repeatable), e.g. EXAMLOPS_TRACING__BATCH=1024.",
+    )
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-auth-trace"))
     args = parser.parse_args()
     features = set() if args.control else set(args.on)
     if args.pairs < 1 or args.requests < 1:
         parser.error("--pairs and --requests must be at least 1")
+    on_settings = dict(item.partition("=")[::2] for item in args.on_setting)
+    if any(not name.startswith("EXAMLOPS_") or not value for name, value in on_settings.items()):
+        parser.error("--on-setting takes EXAMLOPS_NAME=VALUE")
 
     home = args.home.resolve()
     settings, catalog = demo_state(home)
@@ -243,7 +262,9 @@ def main() -> None:
     try:
         # One after the other: both seed the task map in the shared SQL at start.
         for on in (True, False):
-            servers[on] = start_server(home, on, features if on else set(), headers, args.workers)
+            servers[on] = start_server(
+                home, on, features if on else set(), headers, args.workers, on_settings if on else None
+            )
         for on in (True, False):
             load(servers[on], args.path, bodies, args.warm_up, args.concurrency)
         wait_for_traces(settings, servers[True])

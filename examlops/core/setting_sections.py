@@ -154,10 +154,12 @@ class TracingSettings(Section):
     bound: int = Field(10_000, ge=1)
     """Traces waiting to be written at most; past it a trace is dropped and counted
     (`examlops_traces_dropped_total`), never the request slowed."""
-    batch: int = Field(256, ge=1)
+    batch: int = Field(2048, ge=1)
     """Traces written at most in one SQL transaction."""
-    linger_s: float = Field(0.2, ge=0)
-    """How long the writer waits for more traces when fewer than ``batch`` are waiting."""
+    linger_s: float = Field(1.0, ge=0)
+    """How long the writer waits for more traces when fewer than ``batch`` are waiting. Few, large batches
+    cost serving's event loop less than many small ones (``bench/trace_loop_cost.py``: about half of
+    tracing's cost to it at 256 and 0.2 s); a trace is in SQL within about this long."""
     prune_every_s: float = Field(300.0, gt=0)
     """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
     node: str = ""
