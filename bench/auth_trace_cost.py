@@ -20,9 +20,10 @@ predict workers each). The load alternates between them in short segments:
 connections (``loadgen``, a raw asyncio client, so the client is not what is
 measured) to ``--path`` (``/v1/models/JPCP/predict`` by default, which records
 no drift snapshot, so only authentication and tracing differ;
-``/infer-pipeline/infer`` also works). At the 1,300-2,000 req/s seen here a
-segment of the default 2,000 requests lasts 1-1.5 s; 300-500 make segments
-too short to say much.
+``/infer-pipeline/infer`` also works). At the 1,500-2,500 req/s seen here a
+segment of the default 12,000 requests lasts 5-8 s. A segment must be several times the trace writer's
+linger (``tracing.linger_s``, 1 s): the traces of a segment's last linger are written after its load ends,
+where its req/s does not see them, so short segments understate tracing's cost (bench/RESULTS.md).
 Each pair of segments (one per server) runs in an order a seeded shuffle picks
 (``--seed``), as many pairs of each order as there are pairs, as
 ``recording_cost.py`` does and for its reason: this machine's speed drifts by
@@ -49,7 +50,7 @@ nobody else any (printed OK or MISMATCH, with the traces the on-server's sink
 dropped, from its ``/metrics``). The rows are counted by node in the state
 folder's SQL, which both servers share.
 
-    .venv/bin/python bench/auth_trace_cost.py [--requests 2000] [--pairs 12] [--concurrency 64] \
+    .venv/bin/python bench/auth_trace_cost.py [--requests 12000] [--pairs 8] [--concurrency 64] \
         [--warm-up 500] [--seed 1] [--workers N] [--path /v1/models/JPCP/predict] \
         [--on auth tracing | --control] [--on-setting EXAMLOPS_NAME=VALUE]
 
@@ -220,8 +221,8 @@ def start_server(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="Requests per segment.")
-    parser.add_argument("--pairs", type=int, default=12, help="On/off pairs of segments.")
+    parser.add_argument("--requests", type=int, default=12_000, help="Requests per segment.")
+    parser.add_argument("--pairs", type=int, default=8, help="On/off pairs of segments.")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--warm-up", type=int, default=500, help="Untimed requests to each server first.")
     parser.add_argument("--seed", type=int, default=1, help="Seeds the order of the pairs (printed).")

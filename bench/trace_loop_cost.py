@@ -10,17 +10,21 @@ predict runtime answers at once (zeros), so what is measured is the loop thread'
 authentication, admission, batching, tracing. The on-app's trace writer runs as in serving (its thread
 here, its child process apart).
 
-The two alternate over ``--rounds`` rounds of ``--calls`` calls (the order flips every round); printed:
+The two alternate over ``--rounds`` rounds of ``--calls`` calls (the order flips every round), and after
+each of the on-app's rounds the bench waits ``--settle`` seconds off the clock, so that the writer's last
+batch of a round is not written during the next one (the apps share this thread). Printed:
 the median CPU time of this thread per call of each (``time.thread_time``: the writer thread and child
 are not counted, only what they cost this thread), and the median and quartiles of the paired
-differences (on minus off, round by round), the steadiest figure here.
+differences (on minus off, round by round), the steadiest figure here; then the traces the on-app wrote
+and dropped (a run that drops traces understates the cost). The per-app figures include this bench's own
+ASGI calls; the difference does not. The bench clears the shell's ``EXAMLOPS_*`` variables first.
 
 ``--on auth`` or ``--on tracing`` turns only one on in the on-app; ``--on-setting EXAMLOPS_NAME=VALUE``
 (repeatable) gives the on-app a setting, e.g. the trace writer's batch (``EXAMLOPS_TRACING__BATCH=256
 EXAMLOPS_TRACING__LINGER_S=0.2``: the defaults before 2048 and 1 s) to compare two settings run after
 run.
 
-    .venv/bin/python bench/trace_loop_cost.py [--rounds 30] [--calls 1500] [--concurrency 64] \
+    .venv/bin/python bench/trace_loop_cost.py [--rounds 30] [--calls 1500] [--concurrency 64] [--settle 1.5] \
         [--on auth tracing] [--on-setting EXAMLOPS_NAME=VALUE] [--home PATH]
 
 Figures only: nothing here asserts anything.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import time
@@ -86,12 +91,15 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def app_env(home: Path, on: bool, features: set[str], settings: dict[str, str]) -> dict[str, str]:
-    env = {"EXAMLOPS_HOME": str(home), "EXAMLOPS_TRACING__NODE": "loop-on" if on else "loop-off"}
+    """An app's ``EXAMLOPS_*`` variables: ``settings`` (the on-app's only), then the state folder, node and
+    features, which they cannot override."""
+    env = dict(settings) if on else {}
+    env |= {"EXAMLOPS_HOME": str(home), "EXAMLOPS_TRACING__NODE": "loop-on" if on else "loop-off"}
     if not (on and "auth" in features):
         env |= {"EXAMLOPS_ENVIRONMENT": "development", "EXAMLOPS_AUTH__ENABLED": "false"}
     if not (on and "tracing" in features):
         env["EXAMLOPS_TRACING__ENABLED"] = "false"
-    return env | (settings if on else {})
+    return env
 
 
 def build(env: dict[str, str]) -> ASGIApp:
@@ -125,6 +133,13 @@ async def ready(app: ASGIApp, timeout_s: float = 120.0) -> None:
 
 
 async def call(app: ASGIApp, body: bytes, token: bytes | None, *, method: str = "POST", path: str = PATH) -> int:
+    return (await exchange(app, body, token, method=method, path=path))[0]
+
+
+async def exchange(
+    app: ASGIApp, body: bytes, token: bytes | None, *, method: str = "POST", path: str = PATH
+) -> tuple[int, bytes]:
+    """One ASGI call of ``app``: its status and body."""
     headers = [(b"host", b"bench"), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if token is not None:
         headers.append((b"authorization", b"Bearer " + token))
@@ -145,6 +160,7 @@ async def call(app: ASGIApp, body: bytes, token: bytes | None, *, method: str = 
     }
     given = False
     status = 0
+    reply: list[bytes] = []
 
     async def receive() -> Message:
         nonlocal given
@@ -158,9 +174,11 @@ async def call(app: ASGIApp, body: bytes, token: bytes | None, *, method: str = 
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
+        elif message["type"] == "http.response.body":
+            reply.append(message.get("body", b""))
 
     await app(scope, receive, send)
-    return status
+    return status, b"".join(reply)
 
 
 async def load(app: ASGIApp, bodies: list[bytes], token: bytes | None, calls: int, concurrency: int) -> float:
@@ -191,7 +209,16 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return ordered[n // 4], statistics.median(ordered), ordered[(3 * n) // 4]
 
 
+async def trace_counts(app: ASGIApp) -> str:
+    """The app's traces written and dropped, from its ``/metrics``."""
+    _, text = await exchange(app, b"", None, method="GET", path="/metrics")
+    found = dict(re.findall(r"^examlops_traces_(written|dropped)_total ([0-9.e+]+)$", text.decode(), re.MULTILINE))
+    return f"{float(found.get('written', 'nan')):.0f} traces written, {float(found.get('dropped', 'nan')):.0f} dropped"
+
+
 async def run(args: argparse.Namespace, features: set[str], settings: dict[str, str]) -> None:
+    for name in [name for name in os.environ if name.startswith("EXAMLOPS_")]:
+        del os.environ[name]  # the apps' settings are the bench's, not the shell's
     home = args.home.resolve()
     demo_settings, catalog = demo_state(home)
     token = admin_token(demo_settings).encode() if "auth" in features else None
@@ -210,13 +237,17 @@ async def run(args: argparse.Namespace, features: set[str], settings: dict[str, 
         for is_on in (True, False) if round_ % 2 == 0 else (False, True):
             app, app_token = (on, token) if is_on else (off, None)
             per_call[is_on].append(await load(app, bodies, app_token, args.calls, args.concurrency))
+            if is_on:  # off the clock: the round's last traces are written before the next round
+                await asyncio.sleep(args.settle)
     for is_on in (True, False):
         print(
             f"{'on ' if is_on else 'off'}: {statistics.median(per_call[is_on]):6.1f} µs CPU per call (median of "
             f"{args.rounds} rounds; range {min(per_call[is_on]):.1f}-{max(per_call[is_on]):.1f})"
         )
     low, mid, high = quartiles([a - b for a, b in zip(per_call[True], per_call[False], strict=True)])
-    print(f"on - off, paired by round: median {mid:+.1f} µs, quartiles {low:+.1f} / {high:+.1f} µs", flush=True)
+    print(f"on - off, paired by round: median {mid:+.1f} µs, quartiles {low:+.1f} / {high:+.1f} µs")
+    if "tracing" in features:
+        print(f"on-app: {await trace_counts(on)}", flush=True)
     # The apps' lifespans are left running: closing them waits on the trace writer and the pools, none of
     # it measured any more; the process ends here and its children with it.
     os._exit(0)
@@ -227,6 +258,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=1500, help="Calls per app per round.")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--settle", type=float, default=1.5, help="Seconds after each on-round, off the clock, for its traces."
+    )
     parser.add_argument("--on", nargs="+", choices=FEATURES, default=list(FEATURES), help="What the on-app has on.")
     parser.add_argument(
         "--on-setting", action="append", default=[], metavar="EXAMLOPS_NAME=VALUE", help="A setting of the on-app."

@@ -158,8 +158,8 @@ class TracingSettings(Section):
     """Traces written at most in one SQL transaction."""
     linger_s: float = Field(1.0, ge=0)
     """How long the writer waits for more traces when fewer than ``batch`` are waiting. Few, large batches
-    cost serving's event loop less than many small ones (``bench/trace_loop_cost.py``: about half of
-    tracing's cost to it at 256 and 0.2 s); a trace is in SQL within about this long."""
+    cost serving less than many small ones (``bench/auth_trace_cost.py --on-setting``, figures in
+    ``bench/RESULTS.md``); a trace is in SQL within about this long."""
     prune_every_s: float = Field(300.0, gt=0)
     """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
     node: str = ""

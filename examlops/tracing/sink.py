@@ -7,10 +7,10 @@ Contract:
   and counted (``dropped``; ``examlops_traces_dropped_total`` on the registry given). A request is never
   slowed or failed by tracing.
 - One writer thread takes up to ``batch`` records at a time (lingering ``linger_s`` for more when fewer
-  wait) and hands them to ``TraceStore.add`` in one transaction. While the store is unavailable it retries
-  the same batch with backoff (``core.backoff``), so nothing already taken is lost to an outage; the queue
-  fills behind it and further traces are dropped. A batch that fails otherwise is logged and counted
-  as dropped.
+  wait, and taking what waits whenever half of ``bound`` does) and hands them to ``TraceStore.add`` in one
+  transaction. While the store is unavailable it retries the same batch with backoff (``core.backoff``),
+  so nothing already taken is lost to an outage; the queue fills behind it and further traces are
+  dropped. A batch that fails otherwise is logged and counted as dropped.
 - Every ``prune_every_s`` the writer applies the retention (``TraceStore.prune``): rows past
   ``row_max_age_s`` deleted, input and output past ``payload_max_age_s`` cleared. Pruning at write time
   keeps a serving instance that runs without the control plane within its retention too.
@@ -184,8 +184,10 @@ class TraceSink:
             if len(batch) >= self.batch or wait <= 0 or self._closed:
                 return batch
             # Sleep until the batch can be filled or the linger is over, rather than wake for each record or
-            # on a short clock: each wake-up takes the GIL from the request path (bench/RESULTS.md).
-            self._sleep(self.batch - len(batch), wait)
+            # on a short clock: each wake-up takes the GIL from the request path (bench/RESULTS.md). Never
+            # for more than half the bound: a queue that cannot hold the batch's room would drop traces
+            # while the writer lingers.
+            self._sleep(max(1, min(self.batch - len(batch), self.bound // 2)), wait)
 
     def _sleep(self, want: int, timeout_s: float) -> None:
         """Wait at most ``timeout_s`` for ``want`` records waiting (or ``close``); a put missed by the race

@@ -144,6 +144,19 @@ def test_sink_retries_a_batch_while_the_store_is_down_and_loses_nothing_taken() 
     assert len(store.rows) == 3 and sink.stats().retried == 2 and sink.stats().dropped == 0
 
 
+def test_a_bound_below_the_batch_never_drops_traces_while_the_writer_lingers() -> None:
+    store = InMemoryTraceStore()
+    sink = TraceSink(store, bound=10, batch=100, linger_s=30.0)
+    sink.start()
+    began = time.monotonic()
+    for i in range(40):  # the writer takes what waits whenever half the bound does, not at 100
+        sink.put(record(i))
+        time.sleep(0.002)
+    sink.close(5)
+    assert time.monotonic() - began < 5
+    assert len(store.rows) == 40 and sink.stats().dropped == 0
+
+
 def test_sink_writes_a_full_batch_without_waiting_out_its_linger_and_close_ends_a_linger() -> None:
     store = InMemoryTraceStore()
     sink = TraceSink(store, bound=100, batch=4, linger_s=30.0)
