@@ -151,7 +151,7 @@ def test_a_bound_below_the_batch_never_drops_traces_while_the_writer_lingers() -
     began = time.monotonic()
     for i in range(40):  # the writer takes what waits whenever half the bound does, not at 100
         sink.put(record(i))
-        time.sleep(0.002)
+        time.sleep(0.02)  # 100 ms for the writer to take five before the bound is reached
     sink.close(5)
     assert time.monotonic() - began < 5
     assert len(store.rows) == 40 and sink.stats().dropped == 0
