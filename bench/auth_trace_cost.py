@@ -78,7 +78,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import auth_headers, demo_state
+from demo import add_on_setting, auth_headers, demo_state, on_settings
 from demo import bodies as demo_bodies
 from loadgen import LoadResult, run_load
 from procs import CpuMeter, StealMeter, answers, free_port, quantile, start, stop, wait_until
@@ -235,21 +235,13 @@ def main() -> None:
         "--max-steal", type=float, default=0.05, help="Pairs past this steal share are left out of a second figure."
     )
     parser.add_argument("--control", action="store_true", help="Both servers with both off: the bench's bias.")
-    parser.add_argument(
-        "--on-setting",
-        action="append",
-        default=[],
-        metavar="EXAMLOPS_NAME=VALUE",
-        help="A setting of the on-server only (repeatable), e.g. EXAMLOPS_TRACING__BATCH=1024.",
-    )
+    add_on_setting(parser, "on-server")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-auth-trace"))
     args = parser.parse_args()
     features = set() if args.control else set(args.on)
     if args.pairs < 1 or args.requests < 1:
         parser.error("--pairs and --requests must be at least 1")
-    on_settings = dict(item.partition("=")[::2] for item in args.on_setting)
-    if any(not name.startswith("EXAMLOPS_") or not value for name, value in on_settings.items()):
-        parser.error("--on-setting takes EXAMLOPS_NAME=VALUE")
+    settings_on = on_settings(parser, args)
 
     home = args.home.resolve()
     settings, catalog = demo_state(home)
@@ -264,7 +256,7 @@ def main() -> None:
         # One after the other: both seed the task map in the shared SQL at start.
         for on in (True, False):
             servers[on] = start_server(
-                home, on, features if on else set(), headers, args.workers, on_settings if on else None
+                home, on, features if on else set(), headers, args.workers, settings_on if on else None
             )
         for on in (True, False):
             load(servers[on], args.path, bodies, args.warm_up, args.concurrency)

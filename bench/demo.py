@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -40,3 +41,23 @@ def bodies(dim: int, count: int, *, seed: int) -> list[dict[str, object]]:
     """``count`` request bodies of ``dim`` embedding values drawn near zero (``node_count`` 12), reproducible."""
     rng = np.random.default_rng(seed)
     return [{"embedding": [float(v) for v in rng.normal(0, 0.05, dim)], "node_count": 12} for _ in range(count)]
+
+
+def add_on_setting(parser: argparse.ArgumentParser, who: str) -> None:
+    """``--on-setting EXAMLOPS_NAME=VALUE`` (repeatable): a setting of the bench's "on" side only (``who``);
+    read it with ``on_settings``."""
+    parser.add_argument(
+        "--on-setting",
+        action="append",
+        default=[],
+        metavar="EXAMLOPS_NAME=VALUE",
+        help=f"A setting of the {who} only (repeatable), e.g. EXAMLOPS_TRACING__BATCH=256.",
+    )
+
+
+def on_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """The ``--on-setting`` values as environment variables; a usage error for one that is not one."""
+    settings = dict(item.partition("=")[::2] for item in args.on_setting)
+    if any(not name.startswith("EXAMLOPS_") or not value for name, value in settings.items()):
+        parser.error("--on-setting takes EXAMLOPS_NAME=VALUE")
+    return settings

@@ -50,7 +50,7 @@ import orjson
 from starlette.types import ASGIApp, Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import admin_token, demo_state
+from demo import add_on_setting, admin_token, demo_state, on_settings
 from demo import bodies as demo_bodies
 
 FEATURES = ("auth", "tracing")
@@ -262,14 +262,10 @@ def main() -> None:
         "--settle", type=float, default=1.5, help="Seconds after each on-round, off the clock, for its traces."
     )
     parser.add_argument("--on", nargs="+", choices=FEATURES, default=list(FEATURES), help="What the on-app has on.")
-    parser.add_argument(
-        "--on-setting", action="append", default=[], metavar="EXAMLOPS_NAME=VALUE", help="A setting of the on-app."
-    )
+    add_on_setting(parser, "on-app")
     parser.add_argument("--home", type=Path, default=Path(".examlops/bench-trace-loop"))
     args = parser.parse_args()
-    settings = dict(item.partition("=")[::2] for item in args.on_setting)
-    if any(not name.startswith("EXAMLOPS_") or not value for name, value in settings.items()):
-        parser.error("--on-setting takes EXAMLOPS_NAME=VALUE")
+    settings = on_settings(parser, args)
     if args.rounds < 1 or args.calls < 1:
         parser.error("--rounds and --calls must be at least 1")
     print(f"on: {' and '.join(sorted(args.on))}{''.join(f', {k}={v}' for k, v in settings.items())}; off: neither")
