@@ -40,7 +40,9 @@ range; the total (all on requests over all on seconds against the same of
 off); each segment's server CPU per request (its process and children: predict
 workers, trace writer; from the segment's start until its traces are written),
 and the median of those on and off, a figure far steadier than req/s when
-other work shares the machine; each segment's steal (the machine's CPU time
+other work shares the machine; the same for serving's event-loop thread alone (one thread, on a CPU about
+95 % of the load: the bound on its throughput) and with its other threads (the trace writer's), per pair
+too, and how busy the loop was; each segment's steal (the machine's CPU time
 the hypervisor gave to other guests, ``procs.StealMeter``) and the cost again
 over the pairs with at most ``--max-steal`` in both segments. Then the check:
 the on-server wrote exactly one trace per request it got
@@ -81,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import add_on_setting, auth_headers, demo_state, on_settings
 from demo import bodies as demo_bodies
 from loadgen import LoadResult, run_load
-from procs import CpuMeter, StealMeter, answers, free_port, quantile, start, stop, wait_until
+from procs import CpuMeter, StealMeter, answers, free_port, quantile, start, stop, thread_cpu, wait_until
 
 from examlops.bootstrap import sql_engine
 from examlops.core.settings import Settings
@@ -101,6 +103,12 @@ class Segment:
     """CPU seconds the server's process tree spent from the segment's start until its traces were written."""
     steal: float = 0.0
     """The machine's CPU time the hypervisor stole over the segment (``procs.StealMeter``)."""
+    loop_s: float = 0.0
+    """CPU seconds of the serving process's main thread (its event loop) over the same span as ``cpu_s``."""
+    threads_s: float = 0.0
+    """CPU seconds of the serving process's other threads (the trace writer's, the token cache's) over it."""
+    loop_busy: float = 0.0
+    """The share of the load's wall time the event-loop thread was on a CPU."""
 
     @property
     def rps(self) -> float:
@@ -264,15 +272,29 @@ def main() -> None:
         meter = CpuMeter({str(on): server.process.pid for on, server in servers.items()})
         for pair, order in enumerate(pair_orders(args.pairs, args.seed)):
             for on in order:
-                cpu_before, steal = meter.read()[str(on)], StealMeter()
+                pid = servers[on].process.pid
+                cpu_before, threads_before, steal = meter.read()[str(on)], thread_cpu(pid), StealMeter()
                 result = load(servers[on], args.path, bodies, args.requests, args.concurrency)
+                threads_loaded = thread_cpu(pid)
                 drain = wait_for_traces(settings, servers[on])
                 cpu_s = meter.read()[str(on)] - cpu_before
-                segments.append(Segment(on, pair, result, cpu_s, steal.share()))
+                threads_after = thread_cpu(pid)
+                seg = Segment(
+                    on,
+                    pair,
+                    result,
+                    cpu_s,
+                    steal.share(),
+                    threads_after["main"] - threads_before["main"],
+                    threads_after["threads"] - threads_before["threads"],
+                    (threads_loaded["main"] - threads_before["main"]) / max(1e-9, result.seconds),
+                )
+                segments.append(seg)
                 print(
                     f"pair {pair + 1:>2} {'on ' if on else 'off'}: {result.rps:7.0f} req/s, p50 {result.p50:6.2f} ms, "
-                    f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(segments[-1]):.0f} µs CPU/request, "
-                    f"steal {segments[-1].steal:.0%}" + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
+                    f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(seg):.0f} µs CPU/request "
+                    f"({per_request(seg, seg.loop_s):.0f} loop, busy {seg.loop_busy:.0%}), steal {seg.steal:.0%}"
+                    + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
                     flush=True,
                 )
         drops = dropped(servers[True]) if servers[True].tracing else 0.0
@@ -285,7 +307,30 @@ def main() -> None:
 def cpu_us(segment: Segment) -> float:
     """The server's CPU microseconds per request of the segment (its process and children: predict workers,
     trace writer)."""
-    return 1e6 * segment.cpu_s / max(1, segment.result.sent)
+    return per_request(segment, segment.cpu_s)
+
+
+def per_request(segment: Segment, seconds: float) -> float:
+    return 1e6 * seconds / max(1, segment.result.sent)
+
+
+def loop_report(on: list[Segment], off: list[Segment]) -> None:
+    """What the serving process's own threads spent per request: the event loop (one thread: the bound on
+    throughput while it is busy most of the load) and the others (the trace writer hands batches to its
+    child from one, holding the GIL the loop needs while it pickles)."""
+    for name, of in (
+        ("event-loop thread", lambda s: s.loop_s),
+        ("event-loop and other threads", lambda s: s.loop_s + s.threads_s),
+    ):
+        costs = [100 * (per_request(b, of(b)) / per_request(a, of(a)) - 1) for a in off for b in on if a.pair == b.pair]
+        median_on = statistics.median(per_request(s, of(s)) for s in on)
+        median_off = statistics.median(per_request(s, of(s)) for s in off)
+        print(
+            f"serving's {name}, CPU per request: off {median_off:.0f} µs, on {median_on:.0f} µs (medians); "
+            f"per pair, on/off - 1: {spread(costs)}"
+        )
+    busy = statistics.median(s.loop_busy for s in [*on, *off])
+    print(f"the event-loop thread was on a CPU {busy:.0%} of the load's time (median of segments)")
 
 
 def spread(costs: list[float]) -> str:
@@ -321,13 +366,14 @@ def report(
         print("CONTROL RUN: the on-server has authentication and tracing off too; any cost below is the bench's bias")
     print(f"on: {' and '.join(said) or 'nothing'}; off: development, authentication and tracing disabled\n")
     header = f"{'seg':<4} {'pair':>4} {'side':<4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
-    print(f"{header} {'CPU µs/req':>10} {'steal':>5}")
+    print(f"{header} {'CPU µs/req':>10} {'loop':>5} {'other':>5} {'busy':>5} {'steal':>5}")
     for i, seg in enumerate(segments):
         r = seg.result
         side = "on" if seg.on else "off"
         print(
             f"{i + 1:<4} {seg.pair + 1:>4} {side:<4} {r.rps:>7.0f} {r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6} "
-            f"{cpu_us(seg):>10.0f} {seg.steal:>5.0%}"
+            f"{cpu_us(seg):>10.0f} {per_request(seg, seg.loop_s):>5.0f} {per_request(seg, seg.threads_s):>5.0f} "
+            f"{seg.loop_busy:>5.0%} {seg.steal:>5.0%}"
         )
     on = [s for s in segments if s.on]
     off = [s for s in segments if not s.on]
@@ -350,6 +396,7 @@ def report(
         f"server CPU per request (process and children, median of segments): off {cpu_off:.0f} µs, "
         f"on {cpu_on:.0f} µs: {100 * (cpu_on / cpu_off - 1):+.1f} %"
     )
+    loop_report(on, off)
     p50_on = statistics.median(v for s in on for v in s.result.latencies_ms)
     p50_off = statistics.median(v for s in off for v in s.result.latencies_ms)
     p99_on = quantile([v for s in on for v in s.result.latencies_ms], 0.99)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict
@@ -51,6 +50,7 @@ from examlops.api.tasks import task_routes
 from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware
 from examlops.api.v2 import v2_routes
+from examlops.core.collector import quiet_collector
 from examlops.core.errors import ExamlopsError
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -126,9 +126,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def start() -> None:
             await pipeline.start()
-            # Everything allocated so far (imports, the hot set) lives as long as the process: move it
-            # out of the collector's reach so full collections stay short under load.
-            gc.freeze()
+            # Everything allocated so far (imports, the hot set) lives as long as the process: out of the
+            # collector's reach, and young objects collected rarely (core.collector).
+            quiet_collector()
 
         tracer.start()
         starting = asyncio.create_task(start(), name="pipeline-start")

@@ -13,6 +13,7 @@ columns is a ``RuntimeError`` at compile time.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +28,24 @@ from examlops.tracing.record import TraceRecord
 
 def sqlite_at(at: float) -> str:
     """The text SQLAlchemy's SQLite ``DateTime`` stores for the UTC time of ``at`` (UNIX seconds):
-    ``YYYY-MM-DD HH:MM:SS.ffffff``, microseconds always written."""
-    return datetime.fromtimestamp(at, UTC).isoformat(" ", "microseconds")[:26]
+    ``YYYY-MM-DD HH:MM:SS.ffffff``, microseconds always written, rounded as ``datetime.fromtimestamp`` rounds.
+
+    The date and time of the last whole second are kept: a batch's traces share their seconds, and a
+    datetime per row was most of the row's conversion (bench/RESULTS.md)."""
+    fraction, whole = math.modf(at)
+    micros, second = round(fraction * 1e6), int(whole)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    elif micros < 0:
+        second, micros = second - 1, micros + 1_000_000
+    last = _last_second[0]
+    if last[0] != second:
+        last = _last_second[0] = (second, datetime.fromtimestamp(second, UTC).isoformat(" ")[:19])
+    return f"{last[1]}.{micros:06d}"
+
+
+_last_second: list[tuple[int | None, str]] = [(None, "")]
+"""``sqlite_at``'s last whole second and its text, one tuple replaced whole (threads see a consistent pair)."""
 
 
 def _aware(at: float) -> datetime:

@@ -87,6 +87,29 @@ def test_a_revocation_takes_effect_within_the_ttl_and_not_before_the_cache_expir
     assert store.key_reads == reads + 1
 
 
+def test_the_memory_only_path_answers_a_verified_token_until_its_ttl_or_grace_ends_and_nothing_else(
+    service: IdentityService, resolver: IdentityResolver, store: InMemoryIdentityStore, clocks: Clocks
+) -> None:
+    _, old = service.add("console", Role.OPERATOR)
+    assert resolver.cached(old.token) is None  # never verified: authenticate decides
+    assert resolver.cached(None) is None and resolver.cached("exa_nope_nope") is None
+    caller = resolver.authenticate(old.token)
+    reads = store.key_reads
+    assert resolver.cached(old.token) == caller
+    assert resolver.cached(old.token + "x") is None  # another string, however close
+    service.rotate("console", grace_s=40)
+    clocks.advance(20)
+    assert resolver.cached(old.token) == caller  # within the TTL: memory only, as authenticate would
+    assert store.key_reads == reads
+    resolver.forget()
+    resolver.authenticate(old.token)  # now knows the key's grace deadline
+    clocks.advance(19)
+    assert resolver.cached(old.token) == caller
+    clocks.advance(1)  # the deadline holds exactly on the memory-only path too
+    assert resolver.cached(old.token) is None
+    refusal(resolver, old.token)
+
+
 def test_rotation_keeps_the_old_token_until_the_grace_deadline_exactly(
     service: IdentityService, resolver: IdentityResolver, clocks: Clocks
 ) -> None:
