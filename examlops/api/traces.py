@@ -65,7 +65,7 @@ def traces_router(store: TraceStore) -> APIRouter:
         """One trace by the id its reply carried (``X-Examlops-Trace``, a bus reply's ``trace``)."""
         record = await asyncio.to_thread(store.get, trace_id.strip().lower()[:64])
         if record is None:
-            raise NotFound(f"no trace {trace_id[:64]!r}")
+            raise NotFound(f"no trace {trace_id[:64]!r} (a call's trace reaches the store within about a second of it)")
         return trace_fields(record)
 
     return router

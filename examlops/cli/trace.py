@@ -107,7 +107,7 @@ def show_trace(trace_id: Annotated[str, typer.Argument(help="The id from X-Examl
         acting_identity(settings, Permission.READ_TRACES)
         record = trace_reader(sql_engine(settings)).get(trace_id.strip().lower())
         if record is None:
-            raise NotFound(f"no trace {trace_id[:64]!r}")
+            raise NotFound(f"no trace {trace_id[:64]!r} (a call's trace reaches the store within about a second of it)")
     data = trace_json(record)
     if as_json:
         print_json(data)

@@ -10,7 +10,8 @@ Contract:
   wait, and taking what waits whenever half of ``bound`` does) and hands them to ``TraceStore.add`` in one
   transaction. While the store is unavailable it retries the same batch with backoff (``core.backoff``),
   so nothing already taken is lost to an outage; the queue fills behind it and further traces are
-  dropped. A batch that fails otherwise is logged and counted as dropped.
+  dropped. A batch that fails otherwise is written again in halves, so a record the store refuses drops
+  itself only (logged, counted as dropped), up to ``_SPLIT_FAILURES`` failed writes a batch.
 - Every ``prune_every_s`` the writer applies the retention (``TraceStore.prune``): rows past
   ``row_max_age_s`` deleted, input and output past ``payload_max_age_s`` cleared. Pruning at write time
   keeps a serving instance that runs without the control plane within its retention too.
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
 """How long the writer waits for a first record before it looks at its stop flag and the prune clock."""
+_SPLIT_FAILURES = 24
+"""Failed writes (other than outages) a batch may take while it is split to find the records the store
+refuses: about two refused records in a batch of 2,048 are isolated, more is a store that refuses them all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +75,8 @@ class TraceSink:
         store: TraceStore,
         *,
         bound: int = 10_000,
-        batch: int = 256,
-        linger_s: float = 0.2,
+        batch: int = 2048,
+        linger_s: float = 1.0,
         payload_max_age_s: float = 7 * 86400.0,
         row_max_age_s: float = 30 * 86400.0,
         prune_every_s: float = 300.0,
@@ -205,6 +209,16 @@ class TraceSink:
 
     def _write(self, batch: list[TraceRecord]) -> None:
         try:
+            self._write_or_split(batch, [_SPLIT_FAILURES])
+        finally:
+            self._busy = False
+
+    def _write_or_split(self, batch: list[TraceRecord], failures: list[int]) -> None:
+        """Write ``batch`` (waiting out an outage); a batch that fails otherwise is written again in halves, so
+        that a record the store refuses (a NUL in a text on Postgres, say) costs only itself. After
+        ``_SPLIT_FAILURES`` failures in one batch what fails next is dropped whole (each half already split
+        is tried once more): a store that refuses every record is not asked once per record."""
+        try:
             while True:
                 try:
                     self.store.add(batch)
@@ -220,10 +234,14 @@ class TraceSink:
                     self._written_metric.inc(len(batch))
                 return
         except Exception:
-            log.exception("a batch of %d traces could not be written; dropped", len(batch))
-            self._drop(len(batch))
-        finally:
-            self._busy = False
+            failures[0] -= 1
+            if len(batch) == 1 or failures[0] <= 0:
+                log.exception("%d traces could not be written; dropped (the first: %s)", len(batch), batch[0].trace_id)
+                self._drop(len(batch))
+                return
+        half = len(batch) // 2
+        self._write_or_split(batch[:half], failures)
+        self._write_or_split(batch[half:], failures)
 
     def _prune(self) -> None:
         self._next_prune = self.wall() + self.prune_every_s

@@ -161,3 +161,20 @@ def test_outcome_and_task_filters_find_rows_the_partial_indexes_leave_out(engine
                 "EXPLAIN QUERY PLAN SELECT count(*) FROM trace WHERE outcome = 'failed' AND outcome <> 'answered'"
             ).all()
         assert "ix_trace_outcome" in str(plan)
+
+
+def test_a_record_the_database_refuses_costs_only_itself(engine: Engine) -> None:
+    store = SqlTraceStore(engine)
+    sink = TraceSink(store, batch=64, linger_s=5.0)
+    sink.start()
+    records = [trace(model="JP\x00CP" if i == 17 else "JPCP") for i in range(64)]
+    try:
+        for one in records:
+            sink.put(one)
+        assert sink.flush(20)
+    finally:
+        sink.close(10)
+    refused = engine.dialect.name == "postgresql"  # Postgres refuses a NUL in a text; SQLite stores it
+    assert all(store.get(one.trace_id) is not None for i, one in enumerate(records) if i != 17)
+    assert (store.get(records[17].trace_id) is None) is refused
+    assert sink.stats().dropped == int(refused) and sink.stats().written == 64 - int(refused)

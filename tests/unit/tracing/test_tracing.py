@@ -6,6 +6,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from examlops.core.backoff import Backoff
 from examlops.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, PipelineUnavailable, StoreUnavailable
@@ -155,6 +156,41 @@ def test_a_bound_below_the_batch_never_drops_traces_while_the_writer_lingers() -
     sink.close(5)
     assert time.monotonic() - began < 5
     assert len(store.rows) == 40 and sink.stats().dropped == 0
+
+
+class RefusingTraceStore(InMemoryTraceStore):
+    """Refuses, as Postgres refuses a NUL in a text, every batch holding a record of model ``refused``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusals = 0
+
+    def add(self, records: Sequence[TraceRecord]) -> int:
+        if any(r.model == "refused" for r in records):
+            self.refusals += 1
+            raise ValueError("A string literal cannot contain NUL (0x00) characters.")
+        return super().add(records)
+
+
+def test_a_record_the_store_refuses_drops_itself_only_and_a_store_refusing_all_is_not_asked_per_record() -> None:
+    store = RefusingTraceStore()
+    sink = TraceSink(store, bound=5_000, batch=2048, linger_s=30.0)
+    sink.start()
+    for i in range(2048):
+        sink.put(replace(record(i), model="refused") if i in (100, 1500) else record(i))
+    assert sink.flush(10)
+    assert len(store.rows) == 2046 and sink.stats().written == 2046 and sink.stats().dropped == 2
+    assert record(100).trace_id not in store.rows and record(1500).trace_id not in store.rows
+    assert store.refusals <= 24
+
+    refusing_all = RefusingTraceStore()
+    sink = TraceSink(refusing_all, bound=5_000, batch=2048, linger_s=30.0)
+    sink.start()
+    for i in range(2048):
+        sink.put(replace(record(i), model="refused"))
+    sink.close(10)
+    assert sink.stats().dropped == 2048 and not refusing_all.rows
+    assert refusing_all.refusals <= 24 + 11  # the budget, then a last try of each half already split (11 deep)
 
 
 def test_sink_writes_a_full_batch_without_waiting_out_its_linger_and_close_ends_a_linger() -> None:
