@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -99,9 +98,8 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 def tune_garbage_collection() -> None:
-    """Keep the garbage collector off a bridge's hot path: collect once, then ``core.collector.quiet_collector``
-    (start-up objects frozen, the youngest generation collected every 20,000 net allocations instead of 700)."""
-    gc.collect()
+    """Keep the garbage collector off a bridge's hot path: ``core.collector.quiet_collector`` (start-up's garbage
+    collected, the rest frozen, the youngest generation collected every 20,000 net allocations instead of 700)."""
     quiet_collector(20_000)
 
 

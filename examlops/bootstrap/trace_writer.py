@@ -8,9 +8,10 @@ event loop (``bench/auth_trace_cost.py``; figures in ``bench/RESULTS.md``).
 
 Failure modes: a child that died, or a pipe that broke, is ``StoreUnavailable`` (the sink retries the
 batch with backoff, and the next call starts a new child); a store that is down in the child is
-``StoreUnavailable`` too; anything else the child met is a ``RuntimeError`` naming it (the sink logs it and
-drops the batch). The child reads its settings from its environment, as every child does, and refuses to
-write when they name another database than its parent's (checked by digest: no secret crosses the pipe).
+``StoreUnavailable`` too; anything else the child met is a ``RuntimeError`` naming it (the sink writes the
+batch again in halves and drops what is refused: ``tracing.sink``). The child reads its settings from its
+environment, as every child does, and refuses to write when they name another database than its parent's
+(checked by digest: no secret crosses the pipe).
 """
 
 from __future__ import annotations

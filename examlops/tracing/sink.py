@@ -11,7 +11,8 @@ Contract:
   transaction. While the store is unavailable it retries the same batch with backoff (``core.backoff``),
   so nothing already taken is lost to an outage; the queue fills behind it and further traces are
   dropped. A batch that fails otherwise is written again in halves, so a record the store refuses drops
-  itself only (logged, counted as dropped), up to ``_SPLIT_FAILURES`` failed writes a batch.
+  itself only (logged, counted as dropped); a store that refuses every record is asked at most about
+  ``_SPLIT_FAILURES`` + log2(``batch``) times a batch.
 - Every ``prune_every_s`` the writer applies the retention (``TraceStore.prune``): rows past
   ``row_max_age_s`` deleted, input and output past ``payload_max_age_s`` cleared. Pruning at write time
   keeps a serving instance that runs without the control plane within its retention too.
@@ -49,8 +50,9 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.5
 """How long the writer waits for a first record before it looks at its stop flag and the prune clock."""
 _SPLIT_FAILURES = 24
-"""Failed writes (other than outages) a batch may take while it is split to find the records the store
-refuses: about two refused records in a batch of 2,048 are isolated, more is a store that refuses them all."""
+"""Failed writes (other than outages) a batch may take, net of the writes that succeed, while it is split to
+find the records the store refuses: about half as many refused records a batch are isolated, each costing only
+itself; a store that refuses them all spends it and is asked no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,11 +215,14 @@ class TraceSink:
         finally:
             self._busy = False
 
-    def _write_or_split(self, batch: list[TraceRecord], failures: list[int]) -> None:
+    def _write_or_split(self, batch: list[TraceRecord], failures: list[int]) -> bool:
         """Write ``batch`` (waiting out an outage); a batch that fails otherwise is written again in halves, so
-        that a record the store refuses (a NUL in a text on Postgres, say) costs only itself. After
-        ``_SPLIT_FAILURES`` failures in one batch what fails next is dropped whole (each half already split
-        is tried once more): a store that refuses every record is not asked once per record."""
+        that a record the store refuses (a NUL in a text on Postgres, say) costs only itself. A failed write
+        spends one of ``_SPLIT_FAILURES`` and a write that succeeds gives one back: a store that refuses every
+        record is not asked once per record (once the budget is spent what fails is dropped whole, each half
+        already split tried once more), while one that takes the rest isolates about ``_SPLIT_FAILURES`` / 2
+        refused records. False when the writer was stopped during an outage: the rest of the batch is then
+        dropped without asking the store again."""
         try:
             while True:
                 try:
@@ -226,22 +231,25 @@ class TraceSink:
                     self.retried += 1
                     if self._stop.wait(self._outage.lost(exc)):
                         self._drop(len(batch))
-                        return
+                        return False
                     continue
                 self._outage.back()
                 self.written += len(batch)
                 if self._written_metric is not None:
                     self._written_metric.inc(len(batch))
-                return
+                failures[0] += 1
+                return True
         except Exception:
             failures[0] -= 1
             if len(batch) == 1 or failures[0] <= 0:
                 log.exception("%d traces could not be written; dropped (the first: %s)", len(batch), batch[0].trace_id)
                 self._drop(len(batch))
-                return
+                return True
         half = len(batch) // 2
-        self._write_or_split(batch[:half], failures)
-        self._write_or_split(batch[half:], failures)
+        if not self._write_or_split(batch[:half], failures):
+            self._drop(len(batch) - half)
+            return False
+        return self._write_or_split(batch[half:], failures)
 
     def _prune(self) -> None:
         self._next_prune = self.wall() + self.prune_every_s
