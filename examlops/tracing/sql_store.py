@@ -26,7 +26,8 @@ from sqlalchemy import Index, bindparam, delete, func, text, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlmodel import Field, Session, SQLModel, col, select
 from sqlmodel.sql.expression import SelectOfScalar
 
@@ -77,6 +78,10 @@ class Trace(SQLModel, table=True):
     input: str
     output: str
 
+
+_UNAVAILABLE = (OperationalError, ProgrammingError, InterfaceError, PoolTimeout)
+"""The database down, unreachable, out of connections or without the table: ``StoreUnavailable``, which the
+sink waits out. Any other error (a value the database refuses, say) is the records' own."""
 
 _FILLED = ("alias", "version", "batch_id", "batch_size", "queue_wait_ms", "predict_ms")
 """Fields a later record of a call fills when the stored one left them empty (serving knows them, its bridge
@@ -131,7 +136,7 @@ class SqlTraceStore:
                 known = set(connection.execute(_KNOWN, {"ids": ids}).scalars())
                 for verdict, group in _groups(last):
                     self._upsert(connection, group, known, verdict=verdict)
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be written: {exc}") from exc
         return len(ids) - len(known)
 
@@ -197,7 +202,7 @@ class SqlTraceStore:
         try:
             with Session(self._engine) as session:
                 row = session.get(Trace, trace_id)
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
         return None if row is None else _record(row)
 
@@ -207,7 +212,7 @@ class SqlTraceStore:
         try:
             with Session(self._engine) as session:
                 return [_record(row) for row in session.exec(statement).all()]
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
 
     def outcomes(self, model: str, since: float, *, limit: int = 1_000_000) -> list[CallOutcome]:
@@ -223,7 +228,7 @@ class SqlTraceStore:
         try:
             with Session(self._engine) as session:
                 rows = session.execute(statement).all()
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
         return [CallOutcome(v, o, e, u, _timestamp(a)) for v, o, e, u, a in rows]
 
@@ -232,7 +237,7 @@ class SqlTraceStore:
         try:
             with Session(self._engine) as session:
                 return int(session.exec(statement).one())
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be read: {exc}") from exc
 
     def prune(self, now: float, *, payload_max_age_s: float, row_max_age_s: float) -> Pruned:
@@ -244,7 +249,7 @@ class SqlTraceStore:
                 kept = (col(Trace.input) != "") | (col(Trace.output) != "")
                 clear = update(Trace).where(col(Trace.at) < payload_before, kept).values(input="", output="")
                 cleared = connection.execute(clear).rowcount
-        except (OperationalError, ProgrammingError) as exc:
+        except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"the trace table cannot be pruned: {exc}") from exc
         return Pruned(int(deleted or 0), int(cleared or 0))
 

@@ -178,3 +178,20 @@ def test_a_record_the_database_refuses_costs_only_itself(engine: Engine) -> None
     assert all(store.get(one.trace_id) is not None for i, one in enumerate(records) if i != 17)
     assert (store.get(records[17].trace_id) is None) is refused
     assert sink.stats().dropped == int(refused) and sink.stats().written == 64 - int(refused)
+
+
+def test_a_store_out_of_connections_is_unavailable_not_a_refusal_of_the_records(tmp_path: Path) -> None:
+    from examlops.core.errors import StoreUnavailable
+    from examlops.db.engine import create_sql_engine
+
+    settings = Settings(home=tmp_path)
+    upgrade_database(settings)
+    engine = create_sql_engine(settings.sql_url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    held = engine.connect()  # the pool's only connection
+    try:
+        with pytest.raises(StoreUnavailable):
+            SqlTraceStore(engine).add([trace()])
+    finally:
+        held.close()
+    assert SqlTraceStore(engine).add([trace()]) == 1
+    engine.dispose()
