@@ -28,6 +28,9 @@ from examlops.bootstrap.tracing import call_tracer
 from examlops.core.collector import quiet_collector
 from examlops.core.settings import Settings
 
+BRIDGE_YOUNG = 20_000
+"""The bridge's youngest-generation threshold after start-up (``core.collector.quiet_collector``)."""
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
@@ -78,7 +81,7 @@ class BridgeProcess:
                     bridge = Bridge(
                         self.settings, self.catalog, redis, http, keys, tasks=tasks, record=self.record, tracer=tracer
                     )
-                    tune_garbage_collection()
+                    quiet_collector(BRIDGE_YOUNG)  # the collector off the hot path (core.collector)
                     await bridge.run(self._stop)
         finally:
             await redis.aclose()
@@ -95,12 +98,6 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
     else:
         uvloop.run(main)
-
-
-def tune_garbage_collection() -> None:
-    """Keep the garbage collector off a bridge's hot path: ``core.collector.quiet_collector`` (start-up's garbage
-    collected, the rest frozen, the youngest generation collected every 20,000 net allocations instead of 700)."""
-    quiet_collector(20_000)
 
 
 def bus_keys(settings: Settings, engine: Engine | None = None) -> BusKeys:
