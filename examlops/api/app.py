@@ -50,7 +50,7 @@ from examlops.api.tasks import task_routes
 from examlops.api.traces import traces_router
 from examlops.api.tracing import TraceMiddleware
 from examlops.api.v2 import v2_routes
-from examlops.core.collector import quiet_collector
+from examlops.core.collector import PauseMeter, quiet_collector
 from examlops.core.errors import ExamlopsError
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -121,6 +121,7 @@ def create_app(
     the app and stops before the pipeline closes, so that its batch in flight is dropped, not failed.
     """
     tracer = tracer or Tracer(None)
+    pauses = PauseMeter(metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,6 +131,7 @@ def create_app(
             # collector's reach, and young objects collected rarely (core.collector).
             quiet_collector()
 
+        pauses.start()
         tracer.start()
         starting = asyncio.create_task(start(), name="pipeline-start")
         if job_runner is not None:
@@ -144,6 +146,7 @@ def create_app(
                 await starting
             await pipeline.close()
             await asyncio.to_thread(tracer.close)
+            pauses.stop()
 
     app = FastAPI(
         title="examlops serving",
@@ -216,7 +219,8 @@ def create_app(
 
     @app.get("/metrics", tags=["health"])
     async def prometheus() -> Response:
-        """Prometheus metrics: requests by model, alias and outcome; latency; batch sizes; in flight."""
+        """Prometheus metrics: requests by model, alias and outcome; latency; batch sizes; in flight; the garbage
+        collector's pauses."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -303,3 +304,25 @@ async def test_a_long_model_name_is_echoed_as_a_short_prefix_only(
     assert "m" * 300 not in reply.text
     assert reply.json()["model"] == "m" * 64 + "…"
     assert len(reply.content) < 600
+
+
+async def test_metrics_show_the_collectors_pauses_while_the_app_runs_and_it_stops_timing_them_after(
+    settings: Settings, pipeline: FakePipeline
+) -> None:
+    registry = CollectorRegistry()
+    app = create_app(settings, pipeline, registry, identities=None)
+    thresholds = gc.get_threshold()
+    try:
+        async with app.router.lifespan_context(app):
+            gc.collect(2)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serving") as c:
+                text = (await c.get("/metrics")).text
+            assert 'examlops_gc_pause_seconds_count{generation="2"}' in text
+        counted = registry.get_sample_value("examlops_gc_pause_seconds_count", {"generation": "2"})
+        assert counted is not None and counted >= 1
+        gc.collect(2)
+        assert registry.get_sample_value("examlops_gc_pause_seconds_count", {"generation": "2"}) == counted
+    finally:
+        gc.unfreeze()  # the lifespan froze the test process's objects (core.collector.quiet_collector)
+        gc.set_threshold(*thresholds)

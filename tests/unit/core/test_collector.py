@@ -1,5 +1,5 @@
 """``quiet_collector``: start-up's garbage collected, the rest frozen, the youngest generation collected rarely,
-cycles still collected."""
+cycles still collected; ``PauseMeter``: every collection timed, by generation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from examlops.core.collector import YOUNG, quiet_collector
+from examlops.core.collector import YOUNG, PauseMeter, quiet_collector
 
 
 @pytest.fixture
@@ -58,3 +59,29 @@ def test_garbage_left_by_start_up_is_not_frozen_for_the_life_of_the_process() ->
     quiet_collector()  # as serving's lifespan calls it
     gc.collect()
     assert gone() is None, "an unreachable cycle frozen at start-up is never collected"
+
+
+def pauses_counted(registry: CollectorRegistry, generation: int) -> float:
+    value = registry.get_sample_value("examlops_gc_pause_seconds_count", {"generation": str(generation)})
+    return value or 0.0
+
+
+def test_every_collection_is_timed_by_generation_while_the_meter_runs_and_none_after_it_stops() -> None:
+    registry = CollectorRegistry()
+    meter = PauseMeter(registry)
+    meter.start()
+    meter.start()  # idempotent: each collection is still counted once
+    try:
+        gc.collect(0)
+        gc.collect(2)
+        assert pauses_counted(registry, 0) >= 1
+        assert pauses_counted(registry, 2) >= 1
+        total = registry.get_sample_value("examlops_gc_pause_seconds_sum", {"generation": "2"})
+        assert total is not None and total > 0
+    finally:
+        meter.stop()
+    meter.stop()  # stopping twice is harmless
+    assert not any(getattr(callback, "__self__", None) is meter for callback in gc.callbacks)
+    before = pauses_counted(registry, 2)
+    gc.collect(2)
+    assert pauses_counted(registry, 2) == before
