@@ -97,7 +97,8 @@ class Server:
     process: subprocess.Popen[bytes]
 
 
-def start_server(home: Path, admission: bool, workers: int) -> Server:
+def start_server(home: Path, admission: bool, workers: int, extra: dict[str, str] | None = None) -> Server:
+    """One ``exa serve start`` of the bench (module docstring); ``extra``: more settings (``EXAMLOPS_...``)."""
     port = free_port()
     name = "on" if admission else "off"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
@@ -112,6 +113,7 @@ def start_server(home: Path, admission: bool, workers: int) -> Server:
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
+    env |= extra or {}
     process = start([sys.executable, "-m", "examlops.cli.main", "serve", "start"], env, home / f"serving-{name}.log")
     url = f"http://127.0.0.1:{port}"
     try:
