@@ -9,9 +9,10 @@ rate of ``--rates``, the queue drained between segments. Printed per segment:
 - the client's side: calls sent, the share of admitted calls answered within budget, goodput (answers
   within budget that came while arrivals lasted, per second), early refusals' p50, p90 and p99;
 - the garbage collector's pauses over the segment (``examlops_gc_pause_seconds`` from ``/metrics``): how
-  many by generation, their total, and how many took 5 ms or more;
-- by half-second of arrival (the traces' ``at``): tight and loose calls answered (late answers are few and
-  in the client's share), refused late (queued, then dropped: expired or hopeless) and refused early;
+  many by generation, their total, and how many took over 5 ms;
+- by half-second of arrival (the client's own records): tight and loose calls answered within budget,
+  admitted but not answered in time (refused late: expired or hopeless in the queue; answered late; given
+  up), and refused early;
 - the predict batches, in the order they were handed to the worker (a member's arrival plus its queue
   wait): when, size, predict time, and how many of its calls were tight.
 
@@ -103,24 +104,30 @@ def report_client(records: list[Sent], seconds: float) -> None:
           f"p90 {quantile(early, 0.9):.1f}, p99 {quantile(early, 0.99):.1f} ms")  # fmt: skip
 
 
-def timeline(rows: list[Row], tight_ms: float) -> Iterator[str]:
-    start = min(row[0] for row in rows)
+def timeline(records: list[Sent], rows: list[Row], tight_ms: float) -> Iterator[str]:
+    """The segment's arrivals by half-second (the client's records: what each caller got) and its batches
+    (the server's traces), each in seconds from the segment's start as its side saw it."""
     bins: dict[float, Counter[str]] = defaultdict(Counter)
-    batches: dict[str, list[tuple[float, int, float, bool]]] = defaultdict(list)
-    for at, batch_id, size, predict_ms, wait_ms, outcome, code, budget in rows:
-        kind = "T" if budget is not None and budget <= tight_ms else "L"
-        slot = int((at - start) / BIN_S) * BIN_S
-        if outcome == "answered":
-            bins[slot][f"{kind} answered"] += 1
-        elif code == "refused":
-            bins[slot][f"{kind} late" if wait_ms is not None else f"{kind} early"] += 1
-        if batch_id and predict_ms is not None and wait_ms is not None:
-            batches[batch_id].append((at - start + wait_ms / 1000, size or 0, predict_ms, kind == "T"))
-    yield "  arrivals (s)  tight: answered late early | loose: answered late early"
+    for record in records:
+        kind = "T" if record.budget_ms <= tight_ms else "L"
+        slot = int(record.sent_at / BIN_S) * BIN_S
+        if record.status == 200:
+            bins[slot][f"{kind} within" if record.latency_ms <= record.budget_ms else f"{kind} late"] += 1
+        elif record.status == 503 and record.refused == "budget":
+            bins[slot][f"{kind} early"] += 1
+        else:  # refused late (expired or hopeless in the queue), given up, or another error
+            bins[slot][f"{kind} late"] += 1
+    yield "  arrivals (s)  tight: within not early | loose: within not early   (not: admitted, no answer in time)"
     for slot in sorted(bins):
         c = bins[slot]
-        yield (f"  {slot:5.1f}        {c['T answered']:5d} {c['T late']:4d} {c['T early']:5d} |"
-               f" {c['L answered']:6d} {c['L late']:4d} {c['L early']:5d}")  # fmt: skip
+        yield (f"  {slot:5.1f}        {c['T within']:5d} {c['T late']:4d} {c['T early']:5d} |"
+               f" {c['L within']:6d} {c['L late']:4d} {c['L early']:5d}")  # fmt: skip
+    start = min((row[0] for row in rows), default=0.0)
+    batches: dict[str, list[tuple[float, int, float, bool]]] = defaultdict(list)
+    for at, batch_id, size, predict_ms, wait_ms, _, _, budget in rows:
+        if batch_id and predict_ms is not None and wait_ms is not None:
+            tight = budget is not None and budget <= tight_ms
+            batches[batch_id].append((at - start + wait_ms / 1000, size or 0, predict_ms, tight))
     yield "  batches: handed over (s), size, predict ms, tight calls"
     ordered = sorted(batches.values(), key=lambda members: min(m[0] for m in members))
     line: list[str] = []
@@ -176,12 +183,10 @@ def main() -> None:
             count = sum(pauses.get(f"n{g}", 0.0) for g in range(3))
             print(f"  garbage collector: {pauses.get('n0', 0):.0f} / {pauses.get('n1', 0):.0f} / "
                   f"{pauses.get('n2', 0):.0f} pauses by generation, {pauses.get('sum', 0) * 1000:.0f} ms in all, "
-                  f"{count - pauses.get('short', 0):.0f} of 5 ms or more")  # fmt: skip
+                  f"{count - pauses.get('short', 0):.0f} over 5 ms")  # fmt: skip
             time.sleep(1.5)  # the trace writer's batch (about a second)
-            rows = traces(settings, began - 0.5, ended)
-            if rows:
-                for line in timeline(rows, args.tight_ms):
-                    print(line)
+            for line in timeline(records, traces(settings, began - 0.5, ended), args.tight_ms):
+                print(line)
     finally:
         stop(server.process)
 

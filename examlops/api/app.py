@@ -119,6 +119,9 @@ def create_app(
     Every inference call gets a trace id (``X-Examlops-Trace``) and, with a ``tracer`` that has a queue,
     one trace record (``api.tracing``). With ``jobs``, `/v1/jobs` (``api.jobs``); ``job_runner`` starts with
     the app and stops before the pipeline closes, so that its batch in flight is dropped, not failed.
+    The app registers ``examlops_gc_pause_seconds`` on ``metrics`` (one app per registry: a second raises
+    prometheus_client's duplicate error) and its lifespan hooks the garbage collector (``gc.callbacks``) from
+    start to end (``core.collector.PauseMeter``).
     """
     tracer = tracer or Tracer(None)
     pauses = PauseMeter(metrics)
@@ -132,20 +135,22 @@ def create_app(
             quiet_collector()
 
         pauses.start()
-        tracer.start()
-        starting = asyncio.create_task(start(), name="pipeline-start")
-        if job_runner is not None:
-            job_runner.start()
-        try:
-            yield
-        finally:
+        try:  # the collector's hook leaves with the app, however start-up or shutdown ends
+            tracer.start()
+            starting = asyncio.create_task(start(), name="pipeline-start")
             if job_runner is not None:
-                await job_runner.close()
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await starting
-            await pipeline.close()
-            await asyncio.to_thread(tracer.close)
+                job_runner.start()
+            try:
+                yield
+            finally:
+                if job_runner is not None:
+                    await job_runner.close()
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+                await pipeline.close()
+                await asyncio.to_thread(tracer.close)
+        finally:
             pauses.stop()
 
     app = FastAPI(

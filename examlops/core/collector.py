@@ -37,12 +37,15 @@ def quiet_collector(young: int = YOUNG) -> None:
 
 
 PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""From a young collection of a quiet server (under a millisecond) to a full one under a deep queue."""
 
 
 class PauseMeter:
-    """Times every collection of the process (``gc.callbacks``) into ``examlops_gc_pause_seconds`` on
-    ``registry``, labelled by the generation collected (0 youngest, 2 all). ``start`` and ``stop`` add and
-    remove the callback (each idempotent); the histogram stays with its registry."""
+    """Times every collection of the process (``gc.callbacks``), whichever thread runs it, into
+    ``examlops_gc_pause_seconds`` on ``registry``, labelled by the generation collected (0 youngest, 2 all).
+    ``start`` and ``stop`` add and remove the callback (each idempotent); the histogram stays with its
+    registry. A second meter on the same registry raises prometheus_client's duplicate-timeseries
+    ``ValueError``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         histogram = Histogram(
@@ -64,7 +67,9 @@ class PauseMeter:
             gc.callbacks.remove(self._timed)
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
-        # A collection runs to its end with the GIL held: its start and stop come in pairs, never interleaved.
+        # CPython runs one collection at a time in the process, so a start and its stop pair up even though the
+        # GIL may change hands inside a callback. The label children are made once, in __init__: the callback
+        # must not call labels(), whose lock the thread that triggered the collection may hold.
         if phase == "start":
             self._began = time.perf_counter()
         elif self._began:
