@@ -46,6 +46,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,27 @@ MARK = "Overload"
 PATH = f"/v1/models/{MODEL}/predict"
 
 
+def heavy_model(train_rows: int, width: int) -> KNeighborsRegressor:
+    """The bench's heavy model: a brute-force k-NN over ``train_rows`` rows of ``width`` features (fixed seed)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(0, 0.05, (train_rows, width))
+    return KNeighborsRegressor(n_neighbors=5, algorithm="brute").fit(x, x[:, :8].sum(axis=1))
+
+
+def mixed_budgets(
+    pool: list[bytes], tight_ms: float, loose_ms: float
+) -> Callable[[random.Random], tuple[str, float, bytes]]:
+    """``open_loop``'s pick: a body of ``pool``, half of the calls with the tight budget and half with the loose."""
+
+    def pick(rng: random.Random) -> tuple[str, float, bytes]:
+        kind, budget = ("tight", tight_ms) if rng.random() < 0.5 else ("loose", loose_ms)
+        body = dict(orjson.loads(pool[rng.randrange(len(pool))]))
+        body["budget_ms"] = budget
+        return kind, budget, orjson.dumps(body)
+
+    return pick
+
+
 def heavy_version(settings: Settings, catalog: Catalog, train_rows: int) -> str:
     """The version of the heavy model (registered on first use): JPCP Production and ``Overload`` point at it."""
     registry = MlflowRegistry(settings.mlflow_tracking_uri, settings.state_dir / "cache" / "models")
@@ -77,11 +99,7 @@ def heavy_version(settings: Settings, catalog: Catalog, train_rows: int) -> str:
     if MARK in have:
         return have[MARK].version
     spec = catalog.get(MODEL)
-    width = spec.embedding_dim + 1
-    rng = np.random.default_rng(7)
-    x = rng.normal(0, 0.05, (train_rows, width))
-    y = x[:, :8].sum(axis=1)
-    model = KNeighborsRegressor(n_neighbors=5, algorithm="brute").fit(x, y)
+    model = heavy_model(train_rows, spec.embedding_dim + 1)
     experiment = ensure_experiment(registry, settings, "examlops-bench")
     params = {"model": "KNeighborsRegressor(brute)", "train_rows": str(train_rows)}
     version = log_and_register(registry, settings, experiment, spec, model, "overload-knn", {}, params).version
@@ -230,12 +248,7 @@ def main() -> None:
                 capacity = found
             print(f"capacity: {capacity:.0f} calls/s (the knee of open-loop arrivals on admission-off)")
 
-        def pick(rng: random.Random) -> tuple[str, float, bytes]:
-            kind, budget = ("tight", args.tight_ms) if rng.random() < 0.5 else ("loose", args.loose_ms)
-            body = dict(orjson.loads(pool[rng.randrange(len(pool))]))
-            body["budget_ms"] = budget
-            return kind, budget, orjson.dumps(body)
-
+        pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
         tallies: list[Tally] = []
         for index, load in enumerate(args.loads):
             order = servers if index % 2 == 0 else servers[::-1]

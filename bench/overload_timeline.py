@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import sys
 import time
 from collections import Counter, defaultdict
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
 from loadgen import run_load
 from openloop import Sent, open_loop
-from overload import MODEL, PATH, heavy_version, start_server
+from overload import MODEL, PATH, heavy_version, mixed_budgets, start_server
 from procs import drain, quantile, stop
 
 from examlops.bootstrap.sql import sql_engine
@@ -164,12 +163,7 @@ def main() -> None:
             asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=total,
                                  concurrency=concurrency, headers=headers))  # fmt: skip
 
-        def pick(rng: random.Random) -> tuple[str, float, bytes]:
-            kind, budget = ("tight", args.tight_ms) if rng.random() < 0.5 else ("loose", args.loose_ms)
-            body = dict(orjson.loads(pool[rng.randrange(len(pool))]))
-            body["budget_ms"] = budget
-            return kind, budget, orjson.dumps(body)
-
+        pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
         for index, rate in enumerate(args.rates):
             before, began = gc_pauses(server.url), time.time()
             records = asyncio.run(

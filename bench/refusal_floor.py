@@ -31,6 +31,8 @@ from openloop import open_loop
 from procs import answers, free_port, quantile, start, stop, wait_until
 
 REFUSAL = orjson.dumps({"error": "over budget", "code": "refused", "refused": "budget", "estimate_ms": 400.0})
+WIDTH = 385
+"""The demo models' 384-value embedding and the node count: the heavy model's width (``overload.heavy_version``)."""
 SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -64,12 +66,10 @@ def serve(port: int) -> None:
 
 def burn(train_rows: int) -> None:
     import numpy as np
-    from sklearn.neighbors import KNeighborsRegressor
+    from overload import heavy_model
 
-    rng = np.random.default_rng(7)
-    x = rng.normal(0, 0.05, (train_rows, 385))
-    model = KNeighborsRegressor(n_neighbors=5, algorithm="brute").fit(x, x[:, :8].sum(axis=1))
-    batch = rng.normal(0, 0.05, (32, 385))
+    model = heavy_model(train_rows, WIDTH)
+    batch = np.random.default_rng(8).normal(0, 0.05, (32, WIDTH))
     while True:
         model.predict(batch)
 
