@@ -111,6 +111,7 @@ def create_app(
     traces: TraceStore | None = None,
     jobs: JobService | None = None,
     job_runner: BackgroundWork | None = None,
+    collector: BackgroundWork | None = None,
 ) -> FastAPI:
     """The serving app. Its lifespan starts the pipeline (the hot set loads in the background) and closes it.
 
@@ -121,7 +122,8 @@ def create_app(
     the app and stops before the pipeline closes, so that its batch in flight is dropped, not failed.
     The app registers ``examlops_gc_pause_seconds`` on ``metrics`` (one app per registry: a second raises
     prometheus_client's duplicate error) and its lifespan hooks the garbage collector (``gc.callbacks``) from
-    start to end (``core.collector.PauseMeter``).
+    start to end (``core.collector.PauseMeter``). ``collector`` (the composition root's
+    ``core.collector.LoadGovernor``) runs from the end of start-up to the start of shutdown.
     """
     tracer = tracer or Tracer(None)
     pauses = PauseMeter(metrics)
@@ -133,6 +135,8 @@ def create_app(
             # Everything allocated so far (imports, the hot set) lives as long as the process: out of the
             # collector's reach, and young objects collected rarely (core.collector).
             quiet_collector()
+            if collector is not None:
+                collector.start()
 
         pauses.start()
         try:  # the collector's hook leaves with the app, however start-up or shutdown ends
@@ -143,6 +147,8 @@ def create_app(
             try:
                 yield
             finally:
+                if collector is not None:
+                    await collector.close()
                 if job_runner is not None:
                     await job_runner.close()
                 starting.cancel()

@@ -57,6 +57,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     from examlops.api.app import create_app
     from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
+    from examlops.core.collector import LoadGovernor
     from examlops.dashboard import attach_sources
     from examlops.registry.loader import WARM_MODULES, load_sklearn_model
     from examlops.serving.pipeline import Pipeline
@@ -86,6 +87,8 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
     jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
+    pause_at = settings.serving.collector_pause_at
+    collector = LoadGovernor(lambda: pipeline.in_flight, metrics, pause_at=pause_at) if pause_at else None
     app = create_app(
         settings,
         pipeline,
@@ -96,6 +99,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
         identities=identity_resolver(settings, engine),
         jobs=jobs,
         job_runner=job_runner,
+        collector=collector,
     )
     attach_sources(app, dashboard_sources(settings, engine, events))
     return app

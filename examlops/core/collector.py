@@ -1,5 +1,6 @@
 """The garbage collector of a long-running server (serving, the bridge): ``quiet_collector()`` after start-up,
-and ``PauseMeter``, which times its pauses for the server's metrics.
+``PauseMeter``, which times its pauses for the server's metrics, and ``LoadGovernor``, which holds
+automatic collection off while many calls are in flight.
 
 Start-up's garbage is collected once, then what start-up built (the imports, a loaded hot set) is frozen: no
 later collection walks it (a cycle frozen while unreachable would never be freed). The youngest
@@ -12,16 +13,30 @@ A collection stops every thread of the process, the event loop's with it: every 
 then waits for the collection too. ``PauseMeter`` makes those pauses visible (``examlops_gc_pause_seconds``,
 by generation); under overload, with a thousand calls queued, one of the middle generation took 45-87 ms
 (bench/RESULTS.md).
+
+Those pauses grow with the calls in flight: each waiting call holds about 150 tracked objects (its ASGI
+stack's coroutines, closures, request and trace), all alive, so a collection under a deep queue walks them
+and frees next to nothing. ``LoadGovernor`` switches automatic collection off while at least ``pause_at``
+calls are in flight and on again once fewer than half as many are, when the collection that follows walks
+what is still alive then, little. While it is off, the young generation's count of net allocations
+(``gc.get_count()[0]``) still grows with whatever garbage cycles the load makes; at ``cap`` the governor
+collects the young generation once (a pause as long as that generation is big) and holds on, so memory held
+by cycles stays bounded under any length of overload.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+log = logging.getLogger(__name__)
 
 YOUNG = 10_000
 """Serving's: against 700, +8.6 % of throughput at c=64; 5,000 and 20,000 did no better (bench/RESULTS.md)."""
@@ -75,3 +90,80 @@ class PauseMeter:
         elif self._began:
             self._by_generation[info["generation"]].observe(time.perf_counter() - self._began)
             self._began = 0.0
+
+
+class LoadGovernor:
+    """Automatic collection off while ``in_flight()`` is at least ``pause_at``, on again below half of it (at
+    least 1); while it is off, the young generation is collected once each time ``cap`` net allocations have
+    built up in it (module docstring). ``in_flight`` is read every ``poll_s`` on the event loop that called
+    ``start``; ``examlops_gc_deferred`` on ``registry`` is 1 while collection is held off. The governor only
+    undoes what it did: collection that was already off when it looked is left off, and ``close`` switches
+    on again only what it switched off. An ``in_flight`` that raises is logged and the governor stops,
+    collection on."""
+
+    def __init__(
+        self,
+        in_flight: Callable[[], int],
+        registry: CollectorRegistry,
+        *,
+        pause_at: int,
+        cap: int = 500_000,
+        poll_s: float = 0.05,
+    ) -> None:
+        if pause_at < 1 or cap < 1 or poll_s <= 0:
+            raise ValueError("pause_at and cap must be >= 1 and poll_s > 0")
+        self._in_flight = in_flight
+        self._pause_at, self._resume_below = pause_at, max(1, pause_at // 2)
+        self._cap, self._poll_s = cap, poll_s
+        self._deferred = Gauge(
+            "examlops_gc_deferred",
+            "1 while automatic garbage collection is held off because many calls are in flight",
+            registry=registry,
+        )
+        self._holding = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def holding(self) -> bool:
+        """Collection is off because this governor switched it off."""
+        return self._holding
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="gc-governor")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._release()
+
+    def step(self) -> None:
+        """One look at the load: hold collection off, or let it run again (what ``start``'s task does)."""
+        calls = self._in_flight()
+        if self._holding:
+            if calls < self._resume_below:
+                self._release()
+            elif gc.get_count()[0] >= self._cap:
+                gc.collect(0)  # the cycles the load made since: one young collection, then held off again
+        elif calls >= self._pause_at and gc.isenabled():
+            gc.disable()
+            self._holding = True
+            self._deferred.set(1)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self.step()
+                await asyncio.sleep(self._poll_s)
+        except Exception:
+            log.exception("the garbage collector's governor stopped; automatic collection stays on")
+            self._release()
+
+    def _release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self._deferred.set(0)
+            gc.enable()

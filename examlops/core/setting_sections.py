@@ -234,6 +234,10 @@ class ServingSettings(Section):
     """Open connections at most; one more is answered 503 (our error body) and closed at once. Lowered at
     start to leave room under the process's open-files limit (``RLIMIT_NOFILE`` less 128 for the predict
     pool, SQL and log files), so connections can never exhaust file descriptors."""
+    collector_pause_at: int = Field(128, ge=0)
+    """Calls in flight at which serving holds its automatic garbage collection off, until fewer than half as
+    many are (``core.collector.LoadGovernor``): under a deep queue a collection walks every waiting call and
+    frees next to nothing, while the event loop, and every refusal, waits for it. 0: never held off."""
 
     @property
     def local_url(self) -> str:

@@ -118,11 +118,17 @@ class Pipeline:
         self._metrics = PipelineMetrics(self.registry, self._hotset)
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = self._ready = self._closed = False
+        self._calls = 0
 
     @property
     def ready(self) -> bool:
         """True once every model's default alias has loaded, until close (or the batching task dies)."""
         return self._ready and not self._closed and self._batcher.running
+
+    @property
+    def in_flight(self) -> int:
+        """Calls inside ``infer`` now: waiting, being predicted or being answered."""
+        return self._calls
 
     async def start(self) -> None:
         """Start batching and load the hot set; aliases whose load failed keep retrying behind."""
@@ -226,6 +232,7 @@ class Pipeline:
         model, alias = "unknown", "other"
         now, due, estimate = 0.0, None, None
         self._metrics.in_flight.inc()
+        self._calls += 1
         try:
             model, alias = self._labels(req)
             self._enter(req)
@@ -254,6 +261,7 @@ class Pipeline:
                     self.estimator.observe_error(model, (due - now) * 1000.0 - estimate, due)  # at least this late
             raise
         finally:
+            self._calls -= 1
             self._metrics.in_flight.dec()
             self._metrics.latency.labels(model, alias).observe(self._clock() - started)
 

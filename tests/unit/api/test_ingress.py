@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from examlops.api.app import create_app
 from examlops.api.schemas import ErrorReply
+from examlops.core.collector import LoadGovernor
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelNotFound
 from examlops.core.messages import InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
@@ -351,3 +353,30 @@ async def test_an_app_whose_start_up_fails_leaves_no_hook_on_the_garbage_collect
         async with app.router.lifespan_context(app):
             pass
     assert gc.callbacks == before
+
+
+async def test_the_collectors_governor_runs_while_the_app_lives_and_leaves_collection_on_after(
+    settings: Settings, pipeline: FakePipeline
+) -> None:
+    registry = CollectorRegistry()
+    in_flight = {"calls": 500}
+    governor = LoadGovernor(lambda: in_flight["calls"], registry, pause_at=100, poll_s=0.005)
+    app = create_app(settings, pipeline, registry, identities=None, collector=governor)
+    thresholds = gc.get_threshold()
+    try:
+        async with app.router.lifespan_context(app):
+            for _ in range(400):
+                if governor.holding:
+                    break
+                await asyncio.sleep(0.005)
+            assert governor.holding and not gc.isenabled()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://serving") as c:
+                text = (await c.get("/metrics")).text
+            assert "examlops_gc_deferred 1.0" in text
+        assert gc.isenabled() and not governor.holding
+        assert registry.get_sample_value("examlops_gc_deferred") == 0.0
+    finally:
+        gc.enable()
+        gc.unfreeze()  # the lifespan froze the test process's objects (core.collector.quiet_collector)
+        gc.set_threshold(*thresholds)

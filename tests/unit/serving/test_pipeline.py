@@ -305,6 +305,21 @@ async def test_a_request_in_flight_finishes_on_its_version_across_a_reload(world
     assert (await pipeline.infer(req())).version == "4"
 
 
+async def test_in_flight_counts_the_calls_inside_infer_until_each_is_answered_or_fails(world: World) -> None:
+    pipeline = world.pipeline()
+    await pipeline.start()
+    world.runtime.gate, world.runtime.started = asyncio.Event(), asyncio.Event()
+    calls = [asyncio.create_task(pipeline.infer(req())) for _ in range(3)]
+    await world.runtime.started.wait()
+    assert pipeline.in_flight == 3
+    with pytest.raises(InvalidInput):
+        await pipeline.infer(req(0, alias="canary"))  # refused on entry: in and out again
+    assert pipeline.in_flight == 3
+    world.runtime.gate.set()
+    await asyncio.gather(*calls)
+    assert pipeline.in_flight == 0
+
+
 async def test_a_refused_new_version_leaves_the_old_one_serving_degraded(world: World) -> None:
     world.runtime.fail_load = {"JPCP/4"}
     pipeline = world.pipeline()

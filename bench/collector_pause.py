@@ -1,0 +1,103 @@
+"""Overload with serving's garbage-collector governor on and off, side by side in one run (issue 17).
+
+``core.collector.LoadGovernor`` holds automatic collection off while ``serving.collector_pause_at`` calls
+(128 by default) are in flight. Two admission-on ``exa serve start`` on the overload bench's state folder
+(its heavy k-NN model, registered there once by ``overload.py``; ``overload.start_server``), one with the
+defaults and one with ``EXAMLOPS_SERVING__COLLECTOR_PAUSE_AT=0`` (the collector as before), warmed as
+``overload.py`` warms its servers. Then, for each rate of ``--rates``, ``--seconds`` of open-loop arrivals
+(half ``--tight-ms``, half ``--loose-ms`` budgets) on each server in turn, the order alternating, each
+queue drained before the next segment. Printed per segment and server: calls sent; early refusals and
+their p50, p90, p99 and longest time (client side, HTTP included); the share of admitted calls answered
+within budget and the calls refused late; goodput (answers within budget that came while arrivals lasted,
+per second); the collector's pauses over the segment (``examlops_gc_pause_seconds`` from ``/metrics``):
+how many, how many over 5 ms, their total; and the machine's CPU stolen by the hypervisor.
+
+    .venv/bin/python bench/collector_pause.py --rates 600 600 600 [--seconds 6] [--home PATH]
+
+Figures only: nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import auth_headers, bodies, demo_state
+from loadgen import run_load
+from openloop import Sent, open_loop
+from overload import MODEL, PATH, Server, heavy_version, mixed_budgets, start_server
+from overload_timeline import gc_pauses
+from procs import StealMeter, drain, quantile, stop
+
+OFF = {"EXAMLOPS_SERVING__COLLECTOR_PAUSE_AT": "0"}
+
+
+def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float], steal: float) -> str:
+    sent = [r for r in records if r.sent]
+    early = [r.latency_ms for r in sent if r.status == 503 and r.refused == "budget"]
+    admitted = [r for r in sent if not (r.status == 503 and r.refused == "budget")]
+    within = [r for r in admitted if r.status == 200 and r.latency_ms <= r.budget_ms]
+    goodput = sum(1 for r in within if r.sent_at + r.latency_ms / 1000 <= seconds) / seconds
+    late = sum(1 for r in sent if r.status == 503 and r.refused == "late")
+    count = sum(pauses.get(f"n{g}", 0.0) for g in range(3))
+    return (
+        f"  {name:>8}: {len(sent):5d} sent, {len(early):5d} refused early "
+        f"(p50 {quantile(early, 0.5):5.1f}, p90 {quantile(early, 0.9):5.1f}, p99 {quantile(early, 0.99):6.1f}, "
+        f"max {quantile(early, 1.0):6.1f} ms); admitted within budget "
+        f"{len(within) / len(admitted) if admitted else float('nan'):6.1%}, {late:4d} refused late; "
+        f"goodput {goodput:5.0f}/s; collector {count:3.0f} pauses, {count - pauses.get('short', 0.0):3.0f} over 5 ms, "
+        f"{pauses.get('sum', 0.0) * 1000:5.0f} ms; steal {steal:4.0%}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", type=float, nargs="+", required=True, help="Calls per second, one segment each.")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--tight-ms", type=float, default=300.0)
+    parser.add_argument("--loose-ms", type=float, default=3000.0)
+    parser.add_argument("--train-rows", type=int, default=100_000)
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-overload"))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    home = args.home.resolve()
+    settings, catalog = demo_state(home)
+    heavy_version(settings, catalog, args.train_rows)
+    headers = auth_headers(settings)
+    pool = [orjson.dumps(b) for b in bodies(catalog.get(MODEL).embedding_dim, 64, seed=args.seed)]
+    servers: list[tuple[str, Server]] = []
+    try:
+        servers.append(("governor", start_server(home, True, 1)))
+        servers.append(("off", start_server(home, True, 1, OFF)))
+        loose = [orjson.dumps({**orjson.loads(b), "budget_ms": args.loose_ms}) for b in pool]
+        for _, server in servers:
+            for total, concurrency in ((200, 8), (600, 32)):  # as overload.py warms its servers
+                asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=total,
+                                     concurrency=concurrency, headers=headers))  # fmt: skip
+        pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
+        for index, rate in enumerate(args.rates):
+            print(f"segment {index + 1}: {rate:g} calls/s for {args.seconds:g} s", flush=True)
+            for name, server in servers if index % 2 == 0 else servers[::-1]:
+                before, steal = gc_pauses(server.url), StealMeter()
+                records = asyncio.run(
+                    open_loop(server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index)
+                )
+                after = gc_pauses(server.url)
+                pauses = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+                print(row(name, records, args.seconds, pauses, steal.share()), flush=True)
+                drain(server.url)
+                time.sleep(1.0)
+    finally:
+        for _, server in servers:
+            stop(server.process)
+
+
+if __name__ == "__main__":
+    main()
