@@ -123,7 +123,7 @@ def create_app(
     The app registers ``examlops_gc_pause_seconds`` on ``metrics`` (one app per registry: a second raises
     prometheus_client's duplicate error) and its lifespan hooks the garbage collector (``gc.callbacks``) from
     start to end (``core.collector.PauseMeter``). ``collector`` (the composition root's
-    ``core.collector.LoadGovernor``) runs from the end of start-up to the start of shutdown.
+    ``core.collector.LoadGovernor``) runs from the end of a start-up that succeeded to the start of shutdown.
     """
     tracer = tracer or Tracer(None)
     pauses = PauseMeter(metrics)
@@ -142,18 +142,18 @@ def create_app(
         try:  # the collector's hook leaves with the app, however start-up or shutdown ends
             tracer.start()
             starting = asyncio.create_task(start(), name="pipeline-start")
-            if job_runner is not None:
-                job_runner.start()
             try:
+                if job_runner is not None:
+                    job_runner.start()
                 yield
             finally:
+                starting.cancel()  # first: a start-up that ends now must not start the governor after its close
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
                 if collector is not None:
                     await collector.close()
                 if job_runner is not None:
                     await job_runner.close()
-                starting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await starting
                 await pipeline.close()
                 await asyncio.to_thread(tracer.close)
         finally:

@@ -20,9 +20,12 @@ from examlops.registry.catalog import Catalog, load_catalog
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
 
+    from examlops.core.collector import LoadGovernor
     from examlops.registry.mlflow_client import HttpLimits
     from examlops.registry.mlflow_registry import MlflowRegistry
+    from examlops.serving.pipeline import Pipeline
     from examlops.serving.ports import PredictRuntime
 
 
@@ -57,7 +60,6 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     from examlops.api.app import create_app
     from examlops.bootstrap.dashboard import dashboard_sources
     from examlops.bootstrap.identity import identity_resolver
-    from examlops.core.collector import LoadGovernor
     from examlops.dashboard import attach_sources
     from examlops.registry.loader import WARM_MODULES, load_sklearn_model
     from examlops.serving.pipeline import Pipeline
@@ -87,8 +89,7 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     )
     tasks = TaskResolver(SqlTaskMap(engine), settings.traffic.rules_ttl_s)
     jobs, job_runner = offline_jobs(settings, engine, tasks, pipeline, tracer)
-    pause_at = settings.serving.collector_pause_at
-    collector = LoadGovernor(lambda: pipeline.in_flight, metrics, pause_at=pause_at) if pause_at else None
+    collector = load_governor(settings, pipeline, metrics)
     app = create_app(
         settings,
         pipeline,
@@ -103,6 +104,14 @@ def serving_app(settings: Settings, runtime: PredictRuntime | None = None) -> Fa
     )
     attach_sources(app, dashboard_sources(settings, engine, events))
     return app
+
+
+def load_governor(settings: Settings, pipeline: Pipeline, metrics: CollectorRegistry) -> LoadGovernor | None:
+    """Serving's collector governor over ``pipeline``'s calls in flight; None with ``serving.collector_pause_at`` 0."""
+    from examlops.core.collector import LoadGovernor
+
+    pause_at = settings.serving.collector_pause_at
+    return LoadGovernor(lambda: pipeline.in_flight, metrics, pause_at=pause_at) if pause_at else None
 
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:

@@ -235,9 +235,13 @@ class ServingSettings(Section):
     start to leave room under the process's open-files limit (``RLIMIT_NOFILE`` less 128 for the predict
     pool, SQL and log files), so connections can never exhaust file descriptors."""
     collector_pause_at: int = Field(128, ge=0)
-    """Calls in flight at which serving holds its automatic garbage collection off, until fewer than half as
-    many are (``core.collector.LoadGovernor``): under a deep queue a collection walks every waiting call and
-    frees next to nothing, while the event loop, and every refusal, waits for it. 0: never held off."""
+    """Calls in flight in the pipeline (each instance of a stream or of a V2 request, and each offline-job
+    instance, counts as one) at which serving holds its automatic garbage collection off, until fewer than
+    ``collector_pause_at // 2`` are (``core.collector.LoadGovernor``; ``examlops_gc_deferred`` is 1
+    meanwhile): under a deep queue a collection walks every waiting call and frees next to nothing, while
+    the event loop, and every refusal, waits for it. While held, the young generation is still collected
+    each time it has grown by 500,000 net allocations (``examlops_gc_held_collections_total``). 0: never
+    held off."""
 
     @property
     def local_url(self) -> str:

@@ -380,3 +380,50 @@ async def test_the_collectors_governor_runs_while_the_app_lives_and_leaves_colle
         gc.enable()
         gc.unfreeze()  # the lifespan froze the test process's objects (core.collector.quiet_collector)
         gc.set_threshold(*thresholds)
+
+
+@dataclass
+class SlowStartPipeline(FakePipeline):
+    """Start-up that ends only when ``loaded`` is set (a hot set still loading at shutdown)."""
+
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self) -> None:
+        await self.loaded.wait()
+        await super().start()
+
+
+class LoadingEndsDuringClose:
+    """A job runner whose close lets the pipeline's start-up end meanwhile."""
+
+    def __init__(self, pipeline: SlowStartPipeline) -> None:
+        self.pipeline = pipeline
+
+    def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.pipeline.loaded.set()
+        await asyncio.sleep(0.05)
+
+
+async def test_a_start_up_still_running_at_shutdown_never_starts_the_governor(
+    settings: Settings, pipeline: FakePipeline
+) -> None:
+    slow = SlowStartPipeline(pipeline.catalog)
+    registry = CollectorRegistry()
+    governor = LoadGovernor(lambda: 500, registry, pause_at=100, poll_s=0.005)
+    app = create_app(
+        settings, slow, registry, identities=None, job_runner=LoadingEndsDuringClose(slow), collector=governor
+    )
+    thresholds = gc.get_threshold()
+    try:
+        async with app.router.lifespan_context(app):
+            await asyncio.sleep(0.02)  # shut down while the hot set still loads
+        await asyncio.sleep(0.05)
+        assert governor._task is None, "the governor started after the app shut down"
+        assert gc.isenabled() and not governor.holding
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)

@@ -15,10 +15,14 @@ from examlops.core.collector import LoadGovernor
 
 
 @pytest.fixture(autouse=True)
-def collector_on_after() -> Iterator[None]:
-    was = gc.isenabled()
+def collector_as_cpython_starts() -> Iterator[None]:
+    """Collection on at CPython's thresholds for each test (others in the process raise them, mypy to 200,000),
+    and as it was after."""
+    was, thresholds = gc.isenabled(), gc.get_threshold()
     gc.enable()
+    gc.set_threshold(700, 10, 10)
     yield
+    gc.set_threshold(*thresholds)
     if was:
         gc.enable()
     else:
@@ -68,7 +72,7 @@ def test_a_cycle_made_while_held_off_is_collected_once_collection_is_on_again() 
     a.other, b.other = b, a
     gone = weakref.ref(a)
     del a, b
-    kept = [[] for _ in range(30_000)]  # would trigger young collections, were collection on
+    kept: list[list[int]] = [[] for _ in range(30_000)]  # would trigger young collections, were collection on
     assert gone() is not None, "collected while held off"
     calls.now = 4
     governor.step()
@@ -78,20 +82,21 @@ def test_a_cycle_made_while_held_off_is_collected_once_collection_is_on_again() 
 
 
 def test_at_the_cap_the_young_generation_is_collected_and_collection_stays_held_off() -> None:
-    calls = Calls()
-    governor = LoadGovernor(calls, CollectorRegistry(), pause_at=10, cap=5_000)
+    calls, registry = Calls(), CollectorRegistry()
+    governor = LoadGovernor(calls, registry, pause_at=10, cap=5_000)
     calls.now = 10
     governor.step()
     a, b = Node(), Node()
     a.other, b.other = b, a
     gone = weakref.ref(a)
     del a, b
-    kept = [[] for _ in range(6_000)]
+    kept: list[list[int]] = [[] for _ in range(6_000)]
     assert gc.get_count()[0] >= 5_000
     governor.step()
     assert gone() is None
     assert gc.get_count()[0] < 5_000
     assert governor.holding and not gc.isenabled()
+    assert registry.get_sample_value("examlops_gc_held_collections_total") == 1
     assert len(kept) == 6_000
 
 
@@ -111,7 +116,9 @@ async def test_the_running_governor_follows_the_load_and_close_switches_collecti
     calls = Calls()
     governor = LoadGovernor(calls, CollectorRegistry(), pause_at=10, poll_s=0.005)
     governor.start()
-    governor.start()  # idempotent
+    task = governor._task
+    governor.start()
+    assert governor._task is task, "a second start made a second task"
     calls.now = 12
     await eventually(lambda: governor.holding)
     assert not gc.isenabled()
@@ -122,6 +129,33 @@ async def test_the_running_governor_follows_the_load_and_close_switches_collecti
     await eventually(lambda: governor.holding)
     await governor.close()
     assert gc.isenabled() and not governor.holding
+    governor.start()
+    assert governor._task is None, "started again after close"
+
+
+async def test_a_governor_whose_task_is_cancelled_leaves_collection_on() -> None:
+    calls = Calls()
+    calls.now = 12
+    governor = LoadGovernor(calls, CollectorRegistry(), pause_at=10, poll_s=0.005)
+    governor.start()
+    await eventually(lambda: governor.holding)
+    assert governor._task is not None
+    governor._task.cancel()  # as the loop's teardown cancels what is left
+    await asyncio.gather(governor._task, return_exceptions=True)
+    assert gc.isenabled() and not governor.holding
+
+
+def test_collection_switched_on_by_someone_else_ends_the_hold() -> None:
+    calls, registry = Calls(), CollectorRegistry()
+    governor = LoadGovernor(calls, registry, pause_at=10)
+    calls.now = 12
+    governor.step()
+    assert governor.holding
+    gc.enable()
+    governor.step()
+    assert not governor.holding and registry.get_sample_value("examlops_gc_deferred") == 0.0
+    governor.step()  # still loaded: held off again
+    assert governor.holding and not gc.isenabled()
 
 
 async def test_a_governor_whose_load_cannot_be_read_stops_with_collection_on(caplog: pytest.LogCaptureFixture) -> None:
