@@ -10,7 +10,8 @@ queue drained before the next segment. Printed per segment and server: calls sen
 their p50, p90, p99 and longest time (client side, HTTP included); the share of admitted calls answered
 within budget and the calls refused late; goodput (answers within budget that came while arrivals lasted,
 per second); the collector's pauses over the segment (``examlops_gc_pause_seconds`` from ``/metrics``):
-how many, how many over 5 ms, their total; and the machine's CPU stolen by the hypervisor.
+how many, how many over 5 ms, their total, and how many the governor made at its cap
+(``examlops_gc_held_collections_total``); and the machine's CPU stolen by the hypervisor.
 
     .venv/bin/python bench/collector_pause.py --rates 600 600 600 [--seconds 6] [--home PATH]
 
@@ -25,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
@@ -38,7 +41,15 @@ from procs import StealMeter, drain, quantile, stop
 OFF = {"EXAMLOPS_SERVING__COLLECTOR_PAUSE_AT": "0"}
 
 
-def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float], steal: float) -> str:
+def held_collections(url: str) -> float:
+    """``examlops_gc_held_collections_total`` of serving's ``/metrics`` (0 without a governor)."""
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+        if family.name == "examlops_gc_held_collections":
+            return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+    return 0.0
+
+
+def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float], held: float, steal: float) -> str:
     sent = [r for r in records if r.sent]
     early = [r.latency_ms for r in sent if r.status == 503 and r.refused == "budget"]
     admitted = [r for r in sent if not (r.status == 503 and r.refused == "budget")]
@@ -51,8 +62,10 @@ def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float]
         f"(p50 {quantile(early, 0.5):5.1f}, p90 {quantile(early, 0.9):5.1f}, p99 {quantile(early, 0.99):6.1f}, "
         f"max {quantile(early, 1.0):6.1f} ms); admitted within budget "
         f"{len(within) / len(admitted) if admitted else float('nan'):6.1%}, {late:4d} refused late; "
-        f"goodput {goodput:5.0f}/s; collector {count:3.0f} pauses, {count - pauses.get('short', 0.0):3.0f} over 5 ms, "
-        f"{pauses.get('sum', 0.0) * 1000:5.0f} ms; steal {steal:4.0%}"
+        f"goodput {goodput:5.0f}/s; collector {count:3.0f} pauses ("
+        + "/".join(f"{pauses.get(f'n{g}', 0.0):.0f}" for g in range(3))
+        + f" by generation), {count - pauses.get('short', 0.0):3.0f} over 5 ms, "
+        f"{pauses.get('sum', 0.0) * 1000:5.0f} ms ({held:.0f} at the governor's cap); steal {steal:4.0%}"
     )
 
 
@@ -85,13 +98,14 @@ def main() -> None:
         for index, rate in enumerate(args.rates):
             print(f"segment {index + 1}: {rate:g} calls/s for {args.seconds:g} s", flush=True)
             for name, server in servers if index % 2 == 0 else servers[::-1]:
-                before, steal = gc_pauses(server.url), StealMeter()
+                before, held, steal = gc_pauses(server.url), held_collections(server.url), StealMeter()
                 records = asyncio.run(
                     open_loop(server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index)
                 )
                 after = gc_pauses(server.url)
                 pauses = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-                print(row(name, records, args.seconds, pauses, steal.share()), flush=True)
+                held = held_collections(server.url) - held
+                print(row(name, records, args.seconds, pauses, held, steal.share()), flush=True)
                 drain(server.url)
                 time.sleep(1.0)
     finally:

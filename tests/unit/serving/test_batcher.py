@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
+import weakref
 from collections.abc import Sequence
 
 import pytest
@@ -339,3 +341,30 @@ async def test_close_empties_the_ledger_with_the_queue() -> None:
     assert len(batcher.ledger) == 0
     for outcome in await asyncio.gather(*calls, return_exceptions=True):
         assert isinstance(outcome, NotReady)
+
+
+class Item:
+    """An item the garbage collector tracks and a weak reference can follow."""
+
+
+async def test_a_failed_item_is_freed_by_reference_counting_alone_without_the_collector() -> None:
+    refused: list[Item] = []
+
+    async def refuse_the_first(items: Sequence[Item]) -> list[Item | BaseException]:
+        return [InvalidInput("refused") if item is refused[0] else item for item in items]
+
+    batcher: MicroBatcher[Item, Item] = MicroBatcher(refuse_the_first, max_size=4, max_wait_s=0.01)
+    refused.append(Item())
+    gone = weakref.ref(refused[0])
+    was = gc.isenabled()
+    gc.disable()  # no collection may free it: a reference cycle would keep it
+    try:
+        with pytest.raises(InvalidInput):
+            await batcher.submit(refused[0])
+        refused[0] = Item()
+        await batcher.submit(Item())  # the batching task's next batch: it lets go of the last one
+        assert gone() is None, "a failed submit left the item in a reference cycle"
+    finally:
+        if was:
+            gc.enable()
+        await batcher.close()
