@@ -245,7 +245,13 @@ class Pipeline:
             reply = await self._submit(req, due, background)
             alias = self._label(model, reply.alias) if reply.alias else alias
             if reply.error is not None:
-                raise reply.error
+                # Raised fresh (one error may answer a whole group) and with no name left here for it: its
+                # traceback keeps this frame, and a reference back would make a cycle only a collection frees.
+                error = reply.error.with_traceback(None)
+                try:
+                    raise error
+                finally:
+                    del error, reply
             assert reply.result is not None
             self._metrics.requests.labels(model, alias, "ok").inc()
             if estimate is not None:
@@ -288,7 +294,9 @@ class Pipeline:
             async with asyncio.timeout_at(due):
                 return await submitted
         except TimeoutError:
-            raise _late(req) from None
+            pass
+        # Raised outside the handler: no context to keep the timeout, whose frame keeps this task (a cycle).
+        raise _late(req)
 
     def _lead_s(self, batch: Sequence[InferenceRequest]) -> float:
         """Seconds the batcher must flush ``batch`` ahead of its tightest deadline: its predict time."""
