@@ -148,7 +148,7 @@ def create_app(
                 yield
             finally:
                 starting.cancel()  # first: a start-up that ends now must not start the governor after its close
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # the rest of shutdown runs regardless
                     await starting
                 if collector is not None:
                     await collector.close()

@@ -29,8 +29,10 @@ calls are in flight and on again once fewer than half as many are. What it moves
 - The first automatic collection after the hold walks the young generation as it is then: everything
   allocated since the last collection and still there.
 
-Memory held by cycles under a hold therefore grows by at most ``cap`` net allocations between collections
-at the cap, plus what the middle generation gathers until the hold ends.
+Memory held by cycles under a hold therefore grows by about ``cap`` net allocations of container objects
+between collections at the cap (the count is read every ``poll_s``, so it may pass ``cap`` by what one
+poll's interval allocates), plus what the middle generation gathers until the hold ends. Serving's calls
+leave no cycles of their own when they fail or are refused (``serving.batcher``, ``serving.pipeline``).
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class LoadGovernor:
     ``examlops_gc_held_collections_total``, the young collections made at the cap.
 
     The governor only undoes what it did: collection that was off already when it looked is left off, and
-    collection someone else switched on again ends its hold. However its task ends (``close``, a cancel, an
+    collection someone else switched on again ends its hold (until the next look finds the load still high;
+    a switch off and on again between two looks goes unseen). However its task ends (``close``, a cancel, an
     ``in_flight`` that raises, which is logged), collection is on again; ``start`` after ``close`` does
     nothing."""
 

@@ -180,3 +180,17 @@ async def test_a_governor_whose_load_cannot_be_read_stops_with_collection_on(cap
 def test_settings_out_of_range_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="pause_at"):
         LoadGovernor(Calls(), CollectorRegistry(), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_close_passes_its_callers_cancellation_on_and_still_switches_collection_on() -> None:
+    calls = Calls()
+    calls.now = 12
+    governor = LoadGovernor(calls, CollectorRegistry(), pause_at=10, poll_s=0.005)
+    governor.start()
+    await eventually(lambda: governor.holding)
+    closing = asyncio.create_task(governor.close())
+    await asyncio.sleep(0)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert gc.isenabled() and not governor.holding
