@@ -27,14 +27,11 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import auth_headers, bodies, demo_state
-from loadgen import run_load
 from openloop import Sent, open_loop
-from overload import MODEL, PATH, Server, heavy_version, mixed_budgets, start_server
+from overload import PATH, Server, mixed_budgets, segment_options, segment_state, start_server, warm
 from overload_timeline import gc_pauses
 from procs import StealMeter, drain, quantile, stop
 
@@ -71,29 +68,16 @@ def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", type=float, nargs="+", required=True, help="Calls per second, one segment each.")
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--tight-ms", type=float, default=300.0)
-    parser.add_argument("--loose-ms", type=float, default=3000.0)
-    parser.add_argument("--train-rows", type=int, default=100_000)
-    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-overload"))
-    parser.add_argument("--seed", type=int, default=1)
+    segment_options(parser)
     args = parser.parse_args()
 
-    home = args.home.resolve()
-    settings, catalog = demo_state(home)
-    heavy_version(settings, catalog, args.train_rows)
-    headers = auth_headers(settings)
-    pool = [orjson.dumps(b) for b in bodies(catalog.get(MODEL).embedding_dim, 64, seed=args.seed)]
+    _, home, headers, pool = segment_state(args)
     servers: list[tuple[str, Server]] = []
     try:
         servers.append(("governor", start_server(home, True, 1)))
         servers.append(("off", start_server(home, True, 1, OFF)))
-        loose = [orjson.dumps({**orjson.loads(b), "budget_ms": args.loose_ms}) for b in pool]
         for _, server in servers:
-            for total, concurrency in ((200, 8), (600, 32)):  # as overload.py warms its servers
-                asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=total,
-                                     concurrency=concurrency, headers=headers))  # fmt: skip
+            warm(server.url, pool, args.loose_ms, headers)
         pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
         for index, rate in enumerate(args.rates):
             print(f"segment {index + 1}: {rate:g} calls/s for {args.seconds:g} s", flush=True)

@@ -108,6 +108,37 @@ def heavy_version(settings: Settings, catalog: Catalog, train_rows: int) -> str:
     return version
 
 
+def segment_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the benches that replay overload segments on this bench's state folder (``--rates`` and
+    what ``segment_state`` reads)."""
+    parser.add_argument("--rates", type=float, nargs="+", required=True, help="Calls per second, one segment each.")
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--tight-ms", type=float, default=300.0)
+    parser.add_argument("--loose-ms", type=float, default=3000.0)
+    parser.add_argument("--train-rows", type=int, default=100_000)
+    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-overload"))
+    parser.add_argument("--seed", type=int, default=1)
+
+
+def segment_state(args: argparse.Namespace) -> tuple[Settings, Path, dict[str, str], list[bytes]]:
+    """For ``segment_options``' values: the settings and folder of ``--home`` with its heavy model registered,
+    the admin's headers, and the pool of 64 bodies."""
+    home = args.home.resolve()
+    settings, catalog = demo_state(home)
+    heavy_version(settings, catalog, args.train_rows)
+    pool = [orjson.dumps(b) for b in bodies(catalog.get(MODEL).embedding_dim, 64, seed=args.seed)]
+    return settings, home, auth_headers(settings), pool
+
+
+def warm(url: str, pool: list[bytes], loose_ms: float, headers: dict[str, str]) -> None:
+    """Warm a server as the segment benches do: 200 calls with the loose budget at c=8, then 600 at c=32
+    (connections, the estimator's cost table, the model's first calls)."""
+    loose = [orjson.dumps({**orjson.loads(b), "budget_ms": loose_ms}) for b in pool]
+    for total, concurrency in ((200, 8), (600, 32)):
+        asyncio.run(run_load(url + PATH, lambda i: loose[i % len(loose)], total=total, concurrency=concurrency,
+                             headers=headers))  # fmt: skip
+
+
 @dataclass
 class Server:
     name: str

@@ -33,15 +33,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import auth_headers, bodies, demo_state
-from loadgen import run_load
 from openloop import Sent, open_loop
-from overload import MODEL, PATH, heavy_version, mixed_budgets, start_server
+from overload import PATH, mixed_budgets, segment_options, segment_state, start_server, warm
 from procs import drain, quantile, stop
 
 from examlops.bootstrap.sql import sql_engine
@@ -142,27 +139,13 @@ def timeline(records: list[Sent], rows: list[Row], tight_ms: float) -> Iterator[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", type=float, nargs="+", required=True, help="Calls per second, one segment each.")
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--tight-ms", type=float, default=300.0)
-    parser.add_argument("--loose-ms", type=float, default=3000.0)
-    parser.add_argument("--train-rows", type=int, default=100_000)
-    parser.add_argument("--home", type=Path, default=Path(".examlops/bench-overload"))
-    parser.add_argument("--seed", type=int, default=1)
+    segment_options(parser)
     args = parser.parse_args()
 
-    home = args.home.resolve()
-    settings, catalog = demo_state(home)
-    heavy_version(settings, catalog, args.train_rows)
-    headers = auth_headers(settings)
-    pool = [orjson.dumps(b) for b in bodies(catalog.get(MODEL).embedding_dim, 64, seed=args.seed)]
+    settings, home, headers, pool = segment_state(args)
     server = start_server(home, True, 1, {"EXAMLOPS_TRACING__ENABLED": "true"})
     try:
-        loose = [orjson.dumps({**orjson.loads(b), "budget_ms": args.loose_ms}) for b in pool]
-        for total, concurrency in ((200, 8), (600, 32)):  # as overload.py warms its servers
-            asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=total,
-                                 concurrency=concurrency, headers=headers))  # fmt: skip
-
+        warm(server.url, pool, args.loose_ms, headers)
         pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
         for index, rate in enumerate(args.rates):
             before, began = gc_pauses(server.url), time.time()

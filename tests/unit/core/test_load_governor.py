@@ -52,6 +52,13 @@ class Node:
         self.other: Node | None = None
 
 
+def unreachable_cycle() -> weakref.ref[Node]:
+    """Two nodes that only refer to each other; the reference follows one until a collection frees it."""
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
 def test_collection_is_held_off_from_pause_at_calls_until_fewer_than_half_as_many() -> None:
     calls, registry = Calls(), CollectorRegistry()
     governor = LoadGovernor(calls, registry, pause_at=100)
@@ -68,10 +75,7 @@ def test_a_cycle_made_while_held_off_is_collected_once_collection_is_on_again() 
     governor = LoadGovernor(calls, CollectorRegistry(), pause_at=10)
     calls.now = 10
     governor.step()
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    gone = weakref.ref(a)
-    del a, b
+    gone = unreachable_cycle()
     kept: list[list[int]] = [[] for _ in range(30_000)]  # would trigger young collections, were collection on
     assert gone() is not None, "collected while held off"
     calls.now = 4
@@ -86,10 +90,7 @@ def test_at_the_cap_the_young_generation_is_collected_and_collection_stays_held_
     governor = LoadGovernor(calls, registry, pause_at=10, cap=5_000)
     calls.now = 10
     governor.step()
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    gone = weakref.ref(a)
-    del a, b
+    gone = unreachable_cycle()
     kept: list[list[int]] = [[] for _ in range(6_000)]
     assert gc.get_count()[0] >= 5_000
     governor.step()
