@@ -6,23 +6,21 @@ Start-up's garbage is collected once, then what start-up built (the imports, a l
 later collection walks it (a cycle frozen while unreachable would never be freed). The youngest
 generation is then collected every ``YOUNG`` net allocations of container objects instead of CPython's 700:
 a request allocates hundreds of them, nearly all freed by reference counting, so at 700 the collector ran
-every few requests and, with the older generations it triggers, took about 8 % of serving's throughput at
-c=64 (bench/RESULTS.md). Reference cycles are still collected, a few tens of milliseconds later.
+every few requests, a cost measured at c=64 (bench/RESULTS.md). Reference cycles are still collected, a few
+tens of milliseconds later.
 
 A collection stops every thread of the process, the event loop's with it: every call waiting for the loop
 then waits for the collection too. ``PauseMeter`` makes those pauses visible (``examlops_gc_pause_seconds``,
-by generation); under overload, with a thousand calls queued, one of the middle generation took 45-87 ms
-(bench/RESULTS.md).
+by generation).
 
-Those pauses grow with the calls in flight: each waiting call holds about 150 tracked objects (its ASGI
-stack's coroutines, closures, request and trace), all alive, so a collection under a deep queue walks them
-and frees next to nothing. ``LoadGovernor`` switches automatic collection off while at least ``pause_at``
+Those pauses grow with the calls in flight: each waiting call holds its ASGI stack's coroutines and
+closures, its request and its trace, all alive, so a collection under a deep queue walks them and frees
+next to nothing (bench/RESULTS.md, issue 17's collector section). ``LoadGovernor`` switches automatic collection off while at least ``pause_at``
 calls are in flight and on again once fewer than half as many are. What it moves rather than removes:
 
 - While it holds, the young generation's count of net allocations (``gc.get_count()[0]``) still grows with
   the calls that arrive and the garbage cycles that calls leave; each time it reaches ``cap`` the governor
-  collects the young generation once: a pause as long as that generation is big (36 ms for 500,000 live
-  objects, about 100 ms with 240,000 objects of cycles among them, measured here), after which the
+  collects the young generation once: a pause as long as that generation is big, after which the
   survivors, calls still waiting among them, sit in the middle generation.
 - Cycles left in the middle generation (by calls that outlived a collection at the cap) are collected only
   after the hold, by the first middle-generation collection.
@@ -50,7 +48,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 log = logging.getLogger(__name__)
 
 YOUNG = 10_000
-"""Serving's: against 700, +8.6 % of throughput at c=64; 5,000 and 20,000 did no better (bench/RESULTS.md)."""
+"""Serving's young threshold: faster at c=64 than 700, and than 5,000 or 20,000 (bench/RESULTS.md)."""
 
 
 def quiet_collector(young: int = YOUNG) -> None:
