@@ -15,8 +15,9 @@ by generation).
 
 Those pauses grow with the calls in flight: each waiting call holds its ASGI stack's coroutines and
 closures, its request and its trace, all alive, so a collection under a deep queue walks them and frees
-next to nothing (bench/RESULTS.md, issue 17's collector section). ``LoadGovernor`` switches automatic collection off while at least ``pause_at``
-calls are in flight and on again once fewer than half as many are. What it moves rather than removes:
+next to nothing (bench/RESULTS.md, issue 17's collector section). ``LoadGovernor`` switches automatic
+collection off while at least ``pause_at`` calls are in flight and on again once fewer than half as many
+are. What it moves rather than removes:
 
 - While it holds, the young generation's count of net allocations (``gc.get_count()[0]``) still grows with
   the calls that arrive and the garbage cycles that calls leave; each time it reaches ``cap`` the governor
