@@ -119,6 +119,7 @@ class Pipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = self._ready = self._closed = False
         self._calls = 0
+        self._metrics.in_flight.set_function(lambda: self._calls)  # read at each scrape
 
     @property
     def ready(self) -> bool:
@@ -231,7 +232,6 @@ class Pipeline:
         started = self._clock()
         model, alias = "unknown", "other"
         now, due, estimate = 0.0, None, None
-        self._metrics.in_flight.inc()
         self._calls += 1
         try:
             model, alias = self._labels(req)
@@ -268,7 +268,6 @@ class Pipeline:
             raise
         finally:
             self._calls -= 1
-            self._metrics.in_flight.dec()
             self._metrics.latency.labels(model, alias).observe(self._clock() - started)
 
     def _label(self, model: str, alias: str) -> str:
