@@ -15,6 +15,10 @@ A call that fits its own budget is still refused when it would push a call alrea
 behind it (a later deadline), past a deadline that call can still meet (``endangers``): under EDF a tight
 call jumps the queue, so without this test admitted calls would miss their budgets under overload.
 
+Predict work is counted at ``1 + headroom`` of what the cost model learnt (``AdmissionSettings.headroom``):
+under overload the ingress takes CPU from the workers, so batches run slower than they did when the calls
+at a burst's onset were admitted.
+
 It is a model, not a promise: each answered call's actual time less its estimate is recorded (the
 ``examlops_admission_error_ms`` histogram, so an operator sees whether to trust it) and fed back, with
 the least error of each call refused late (``observe_error``): a call is admitted only when its estimate
@@ -169,8 +173,9 @@ class Estimator:
         per_row = row_ms[tallies]
         batch_rest = (self._max_size - 1) * per_row[behind:]  # calls queued or still to come can fill its batch
         through = work_ms + np.cumsum(per_row)[behind:] + batch_rest  # until the batch of each call behind ends
-        slack_ms = (dues[behind:] - now) * 1000.0 - through / self._workers - self.settings.overhead_ms
-        extra_ms = rows * self._row_ms(model) / self._workers
+        slow = 1.0 + self.settings.headroom
+        slack_ms = (dues[behind:] - now) * 1000.0 - slow * through / self._workers - self.settings.overhead_ms
+        extra_ms = slow * rows * self._row_ms(model) / self._workers
         return bool((candidates & (slack_ms >= 0.0) & (slack_ms < extra_ms)).any())
 
     def _row_ms(self, model: str) -> float:
@@ -181,18 +186,21 @@ class Estimator:
         """The estimate (ms) of a call of ``rows`` rows (a stream's first chunk; one for a single call) that
         can be answered within its budget without making an admitted call miss its own (``endangers``);
         ``Refused`` (reason ``budget``) naming the estimate otherwise. The estimate must fit with the model's
-        margin (``observe_error``) to spare; the one returned is without it, what ``observe_error`` compares."""
+        margin (``observe_error``) to spare and its predict work at ``1 + headroom``; the one returned is without
+        either, what ``observe_error`` compares."""
         running_ms = self._running_ms(now, model)
         estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
-        guarded = estimate + self.margin_ms(model, now)
+        slow = 1.0 + self.settings.headroom
+        overhead = self.settings.overhead_ms
+        guarded = overhead + slow * (estimate - overhead) + self.margin_ms(model, now)
         left_ms = (due - now) * 1000.0
         if self.settings.enabled and (
             guarded > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)
         ):
-            retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
+            retry_after = max(self.settings.retry_after_s, slow * wait_ms / 1000.0)
             raise Refused(
                 f"no placement can answer within the budget without another call missing its own: "
-                f"{guarded:.1f} ms estimated with the estimate's margin, {max(left_ms, 0):.1f} ms left",
+                f"{guarded:.1f} ms estimated with the estimate's margins, {max(left_ms, 0):.1f} ms left",
                 reason="budget",
                 estimate_ms=round(guarded, 1),
                 retry_after_s=math.ceil(retry_after),

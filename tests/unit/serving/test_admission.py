@@ -202,7 +202,7 @@ def test_a_tight_call_is_refused_when_it_would_make_an_admitted_call_behind_it_m
 ) -> None:
     now = 100.0
     behind = (now + queued_due_s, now + queued_due_s, req(1))  # admitted earlier, a later deadline
-    estimator = Estimator(AdmissionSettings(overhead_ms=2.0), FakeQueue([behind]), workers=1, max_size=1)
+    estimator = Estimator(AdmissionSettings(overhead_ms=2.0, headroom=0.0), FakeQueue([behind]), workers=1, max_size=1)
     estimator.costs.observe("JPCP", 1, 40.0)  # 40 ms a row
     # The tight call fits its own 50 ms (40 + 2 ms); it delays the call behind by 40 ms, whose slack is
     # 100 - 40 - 2 = 58 ms (enough) or 70 - 40 - 2 = 28 ms (not).
@@ -218,7 +218,7 @@ def test_on_ray_a_call_waits_only_for_its_own_models_work_over_that_models_repli
     now = 100.0
     crcp = [(now + 1.0, now + 1.0, req(1, model="CRCP")) for _ in range(8)]  # ahead of it, another model
     running = [InFlight(now, [req(1, model="CRCP")] * 4), InFlight(now, [req(1)])]
-    settings = AdmissionSettings(overhead_ms=2.0)
+    settings = AdmissionSettings(overhead_ms=2.0, headroom=0.0)
     shared = Estimator(settings, FakeQueue(crcp, running), workers=2, max_size=1)
     per_model = Estimator(settings, FakeQueue(crcp, running), workers=2, max_size=1, per_model=True)
     for estimator in (shared, per_model):
@@ -235,7 +235,9 @@ def test_on_ray_a_call_waits_only_for_its_own_models_work_over_that_models_repli
 def test_a_batch_in_flight_keeps_the_expected_time_it_had_when_the_estimate_first_saw_it() -> None:
     now = 100.0
     running = [InFlight(now, [req(1)] * 4)]
-    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([], running), workers=1, max_size=4)
+    estimator = Estimator(
+        AdmissionSettings(overhead_ms=0.0, headroom=0.0), FakeQueue([], running), workers=1, max_size=4
+    )
     estimator.costs.observe("JPCP", 4, 40.0)
     assert estimator.estimate_ms("JPCP", now + 5.0, now + 0.01)[1] == pytest.approx(30.0)  # 40 ms, 10 gone
     estimator.costs.observe("JPCP", 4, 1040.0)  # batches of 4 now take longer on average
@@ -249,7 +251,7 @@ def test_a_batch_in_flight_keeps_the_expected_time_it_had_when_the_estimate_firs
 def test_on_ray_a_call_endangers_only_calls_of_its_own_model() -> None:
     now = 100.0
     crcp = [(now + 0.015, now + 0.015, req(1, model="CRCP"))]  # behind it: 15 ms left, 10 of them its own
-    settings = AdmissionSettings(overhead_ms=0.0)
+    settings = AdmissionSettings(overhead_ms=0.0, headroom=0.0)
     shared = Estimator(settings, FakeQueue(crcp), workers=1, max_size=1)
     per_model = Estimator(settings, FakeQueue(crcp), workers=1, max_size=1, per_model=True)
     for estimator in (shared, per_model):
@@ -264,7 +266,9 @@ def test_the_batch_being_formed_is_work_ahead_of_every_call(forming: int) -> Non
     now = 100.0
     batch = [(now + 1.0, now + 1.0, req(1))] * forming  # taken from the queue, not yet handed over
     behind = [(now + 0.085, now + 0.085, req(1))]  # 85 ms left, 10 of them its own
-    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue(behind, forming=batch), workers=1, max_size=4)
+    estimator = Estimator(
+        AdmissionSettings(overhead_ms=0.0, headroom=0.0), FakeQueue(behind, forming=batch), workers=1, max_size=4
+    )
     for size in (1, 4):
         estimator.costs.observe("JPCP", size, 10.0 * size)
     ahead_ms = 10.0 * forming
@@ -277,7 +281,7 @@ def test_the_batch_being_formed_is_work_ahead_of_every_call(forming: int) -> Non
 
 def test_a_call_needs_the_margin_of_the_estimates_recent_late_error_to_spare_and_the_margin_decays() -> None:
     now = 100.0
-    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([]), workers=1, max_size=1)
+    estimator = Estimator(AdmissionSettings(overhead_ms=0.0, headroom=0.0), FakeQueue([]), workers=1, max_size=1)
     for model in ("JPCP", "CRCP"):
         estimator.costs.observe(model, 1, 40.0)
     assert estimator.admit("JPCP", now + 0.045, now) == pytest.approx(40.0)  # 5 ms to spare
@@ -294,7 +298,7 @@ def test_a_call_needs_the_margin_of_the_estimates_recent_late_error_to_spare_and
 
 def test_a_margin_that_refuses_every_call_fades_with_time_so_the_model_is_admitted_again() -> None:
     now = 100.0
-    estimator = Estimator(AdmissionSettings(overhead_ms=0.0), FakeQueue([]), workers=1, max_size=1)
+    estimator = Estimator(AdmissionSettings(overhead_ms=0.0, headroom=0.0), FakeQueue([]), workers=1, max_size=1)
     estimator.costs.observe("JPCP", 1, 5.0)
     for _ in range(40):
         estimator.observe_error("JPCP", 60.0, now)  # a stall: every call 60 ms late

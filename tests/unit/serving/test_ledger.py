@@ -79,7 +79,7 @@ def test_the_estimate_from_the_ledger_is_the_estimate_made_call_by_call(
     now = 100.0
     waiting = sorted((now + at, now + at if deadline else math.inf, name) for at, deadline, name in calls)
     queue = FakeQueue([(key, due, req(1, model=name)) for key, due, name in waiting])
-    estimator = Estimator(AdmissionSettings(overhead_ms=2.0), queue, workers=2, max_size=4)
+    estimator = Estimator(AdmissionSettings(overhead_ms=2.0, headroom=0.0), queue, workers=2, max_size=4)
     for name, ms in (("JPCP", 8.0), ("CRCP", 30.0)):
         for size in (1, 2, 4):
             estimator.costs.observe(name, size, ms * (1 + size) / 2)
