@@ -5,8 +5,11 @@ A closed loop of c callers understates what a batching server answers when calls
 overload at all. ``knee`` offers open-loop Poisson arrivals of one body at rates rising geometrically
 from a starting rate (``step`` times each rung) until a rung is not kept up with, then bisects between
 the last rung kept up with and the first that was not. A rate is kept up with when every call of a
-``seconds``-long run is answered 200 and the p99 time is at most ``p99_ms``: past the knee the queue
-grows for the whole run, so the tail grows with it. Each probe waits until the server's queue is empty.
+``seconds``-long run is answered 200, the p99 time is at most ``p99_ms``, and the queue did not grow: the
+median time of the last quarter of the calls (by arrival) is at most ``GROWTH`` of ``p99_ms`` above the first
+quarter's. Past the knee the queue grows for the whole run; the p99 alone let a rate a tenth above what the
+server holds pass a 4 s probe (its queue grew by under a second), and such a knee overstated the capacity
+(bench/RESULTS.md). Each probe waits until the server's queue is empty.
 
 Figures only: nothing here asserts anything.
 """
@@ -21,6 +24,9 @@ from urllib.parse import urlsplit
 from openloop import open_loop
 from procs import drain, quantile
 
+GROWTH = 0.2
+"""How far (a share of ``p99_ms``) the last quarter's median time may rise above the first quarter's."""
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -28,7 +34,18 @@ class Probe:
     calls: int
     answered: int
     p99_ms: float
+    grew_ms: float
+    """The median time of the last quarter of the answered calls (by arrival) less the first quarter's."""
     kept_up: bool
+
+
+def grew_ms(answered: list[tuple[float, float]]) -> float:
+    """The last quarter's median time less the first quarter's, of (arrival, time) pairs; 0 with fewer than 8."""
+    ordered = sorted(answered)
+    quarter = len(ordered) // 4
+    if quarter < 2:
+        return 0.0
+    return quantile([t for _, t in ordered[-quarter:]], 0.5) - quantile([t for _, t in ordered[:quarter]], 0.5)
 
 
 def probe(
@@ -38,10 +55,11 @@ def probe(
     records = asyncio.run(
         open_loop(url, rate, seconds, lambda _rng: ("knee", p99_ms, body), headers=headers, seed=seed)
     )
-    answered = [r.latency_ms for r in records if r.status == 200]
-    p99 = quantile(answered, 0.99) if answered else float("inf")
-    kept_up = len(answered) == len(records) and p99 <= p99_ms
-    return Probe(rate, len(records), len(answered), p99, kept_up)
+    answered = [(r.sent_at, r.latency_ms) for r in records if r.status == 200]
+    p99 = quantile([t for _, t in answered], 0.99) if answered else float("inf")
+    grew = grew_ms(answered)
+    kept_up = len(answered) == len(records) and p99 <= p99_ms and grew <= GROWTH * p99_ms
+    return Probe(rate, len(records), len(answered), p99, grew, kept_up)
 
 
 def knee(
@@ -66,7 +84,7 @@ def knee(
         probes.append(found)
         verdict = "kept up" if found.kept_up else "fell behind"
         say(f"  knee probe {rate:7.1f} calls/s: {found.answered}/{found.calls} answered, "
-            f"p99 {found.p99_ms:.1f} ms: {verdict}")  # fmt: skip
+            f"p99 {found.p99_ms:.1f} ms, grew {found.grew_ms:.0f} ms: {verdict}")  # fmt: skip
         parts = urlsplit(url)
         drain(f"{parts.scheme}://{parts.netloc}")  # its queue empties before the next probe
         return found.kept_up
