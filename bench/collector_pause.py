@@ -15,6 +15,10 @@ how many, how many over 5 ms, their total, and how many the governor made at its
 
     .venv/bin/python bench/collector_pause.py --rates 600 600 600 [--seconds 6] [--home PATH]
 
+``--b-setting NAME=VALUE`` (repeatable) gives the second server those settings instead of
+``collector_pause_at=0`` (``EXAMLOPS_ADMISSION__HEADROOM=0``, say), for any A/B of one setting under overload;
+``--names`` names the two servers in the output.
+
 Figures only: nothing here asserts anything.
 """
 
@@ -69,13 +73,23 @@ def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     segment_options(parser)
+    parser.add_argument(
+        "--b-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="An environment setting of the second server instead of the collector's off (repeatable).",
+    )
+    parser.add_argument("--names", nargs=2, default=None, metavar=("A", "B"), help="The two servers' names.")
     args = parser.parse_args()
+    b_env = dict(setting.split("=", 1) for setting in args.b_setting) if args.b_setting else OFF
+    names = args.names or (["governor", "off"] if not args.b_setting else ["defaults", "b"])
 
     _, home, headers, pool = segment_state(args)
     servers: list[tuple[str, Server]] = []
     try:
-        servers.append(("governor", start_server(home, True, 1)))
-        servers.append(("off", start_server(home, True, 1, OFF)))
+        servers.append((names[0], start_server(home, True, 1)))
+        servers.append((names[1], start_server(home, True, 1, b_env)))
         for _, server in servers:
             warm(server.url, pool, args.loose_ms, headers)
         pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)

@@ -195,13 +195,16 @@ async def test_four_bridges_and_a_clock_step_ask_for_one_retrain_per_cooldown(
         ops = [op for op in history.operations if op.completed is not None and (op.completed < first_step) == before]
         return {(op.value or {}).get("code", str(op.outcome)) for op in ops}
 
-    # Before any clock moved, a `pipeline_unavailable` is load, not the step: the hop's connect timeout to
-    # the one-process stand-in can run out with four bridges connecting under load. From the first step on,
-    # every reply is the model failure.
-    assert codes(before=True) <= {EXPECTED_CODE, "pipeline_unavailable"}, codes(before=True)
+    # A `pipeline_unavailable` is load, not the step: the hop's connect timeout to the one-process stand-in can
+    # run out with four bridges connecting under load (CI met one after the step too). The step cannot cause
+    # one: the hop times its connect on the monotonic clock, which the stepped bridges keep
+    # (FAKETIME_DONT_FAKE_MONOTONIC). So every reply is the model failure or such a connect timeout, before
+    # the step and after it, and after it the model failure is still answered.
+    load = {EXPECTED_CODE, "pipeline_unavailable"}
+    assert codes(before=True) <= load, codes(before=True)
     unavailable = [op.value for op in history.operations if (op.value or {}).get("code") == "pipeline_unavailable"]
     assert all("(ConnectTimeout)" in str(value.get("error")) for value in unavailable if value), unavailable
-    assert codes(before=False) == {EXPECTED_CODE}, codes(before=False)
+    assert EXPECTED_CODE in codes(before=False) <= load, codes(before=False)
     assert 1 <= requests <= math.floor(elapsed / COOLDOWN_S) + 1
     assert len(seen) == requests
     assert all(bridge.alive() for bridge in bridges)
