@@ -121,8 +121,7 @@ async def _one(pool: _Pool, request: bytes, record: Sent, wait_s: float) -> None
     try:
         async with asyncio.timeout(wait_s):
             status, body = await _exchange(reader, writer, request)
-    # RuntimeError: uvloop's write to a connection the server closed meanwhile (asyncio's drops the bytes).
-    except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, RuntimeError) as exc:
+    except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
         record.latency_ms = (time.perf_counter() - started) * 1000
         record.error = type(exc).__name__
         writer.close()
