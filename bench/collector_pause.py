@@ -25,6 +25,7 @@ Figures only: nothing here asserts anything.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openloop import Sent, run_open_loop
+from openloop import Sent, open_loop
 from overload import PATH, Server, mixed_budgets, segment_options, segment_state, start_server, warm
 from overload_timeline import gc_pauses
 from procs import StealMeter, drain, quantile, stop
@@ -96,8 +97,8 @@ def main() -> None:
             print(f"segment {index + 1}: {rate:g} calls/s for {args.seconds:g} s", flush=True)
             for name, server in servers if index % 2 == 0 else servers[::-1]:
                 before, held, steal = gc_pauses(server.url), held_collections(server.url), StealMeter()
-                records = run_open_loop(
-                    server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index
+                records = asyncio.run(
+                    open_loop(server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index)
                 )
                 after = gc_pauses(server.url)
                 pauses = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}

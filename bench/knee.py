@@ -16,11 +16,12 @@ Figures only: nothing here asserts anything.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from openloop import run_open_loop
+from openloop import open_loop
 from procs import drain, quantile
 
 GROWTH = 0.2
@@ -51,7 +52,9 @@ def probe(
     url: str, rate: float, body: bytes, *, seconds: float, p99_ms: float, headers: Mapping[str, str], seed: int
 ) -> Probe:
     """One open-loop run at ``rate`` calls/s; the calls wait ``p99_ms`` plus 1 s at most."""
-    records = run_open_loop(url, rate, seconds, lambda _rng: ("knee", p99_ms, body), headers=headers, seed=seed)
+    records = asyncio.run(
+        open_loop(url, rate, seconds, lambda _rng: ("knee", p99_ms, body), headers=headers, seed=seed)
+    )
     answered = [(r.sent_at, r.latency_ms) for r in records if r.status == 200]
     p99 = quantile([t for _, t in answered], 0.99) if answered else float("inf")
     grew = grew_ms(answered)

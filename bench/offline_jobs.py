@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
 from knee import knee
 from loadgen import run_load
-from openloop import run_open_loop
+from openloop import open_loop
 from procs import StealMeter, answers, free_port, quantile, start, stop, wait_until
 
 TASK_PATH = "/v1/tasks/pavement.distress.jpcp/infer"
@@ -130,7 +130,7 @@ def main() -> None:
 
         def segment(name: str) -> Segment:
             steal.start()
-            sent = run_open_loop(url + TASK_PATH, rate, args.segment, pick, headers=headers, seed=next(seeds))
+            sent = asyncio.run(open_loop(url + TASK_PATH, rate, args.segment, pick, headers=headers, seed=next(seeds)))
             latencies = [r.latency_ms if r.status == 200 else float("inf") for r in sent]
             statuses = sorted({r.status for r in sent} - {200})
             bad = sum(1 for v in latencies if v == float("inf"))

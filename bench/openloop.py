@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -139,17 +138,6 @@ async def _one(pool: _Pool, request: bytes, record: Sent, wait_s: float) -> None
             refused = None
         record.refused = refused if isinstance(refused, str) else None
     pool.idle.append((reader, writer, record.answered_at))
-
-
-def run_open_loop(*args: Any, **kwargs: Any) -> list[Sent]:
-    """``open_loop`` on an event loop of its own: uvloop's where it is installed (the client's own loop then lags
-    less behind the arrivals and answers it times; with asyncio's, its ticks ran up to 11-17 ms late at 1,240
-    calls/s, a share of the tail it measured: bench/RESULTS.md), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:  # no uvloop on this platform
-        return asyncio.run(open_loop(*args, **kwargs))
-    return uvloop.run(open_loop(*args, **kwargs))
 
 
 async def open_loop(

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo import auth_headers, bodies, demo_state
 from knee import knee
 from loadgen import run_load
-from openloop import Sent, run_open_loop
+from openloop import Sent, open_loop
 from procs import StealMeter, answers, drain, free_port, quantile, split_cpu, start, stop, wait_until
 
 from examlops.core.settings import Settings
@@ -285,8 +285,10 @@ def main() -> None:
             order = servers if index % 2 == 0 else servers[::-1]
             for server in order:
                 began, before, steal = time.monotonic(), split_cpu(server.process.pid), StealMeter()
-                records = run_open_loop(
-                    server.url + PATH, load * capacity, args.seconds, pick, headers=headers, seed=args.seed + index
+                records = asyncio.run(
+                    open_loop(
+                        server.url + PATH, load * capacity, args.seconds, pick, headers=headers, seed=args.seed + index
+                    )
                 )
                 after, took = split_cpu(server.process.pid), time.monotonic() - began
                 cores = {name: (after[name] - before[name]) / took for name in before}

@@ -24,6 +24,7 @@ Tracing costs the server some CPU: the figures are for reading a segment's shape
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections import Counter, defaultdict
@@ -36,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openloop import Sent, run_open_loop
+from openloop import Sent, open_loop
 from overload import PATH, mixed_budgets, segment_options, segment_state, start_server, warm
 from procs import drain, quantile, stop
 
@@ -148,8 +149,8 @@ def main() -> None:
         pick = mixed_budgets(pool, args.tight_ms, args.loose_ms)
         for index, rate in enumerate(args.rates):
             before, began = gc_pauses(server.url), time.time()
-            records = run_open_loop(
-                server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index
+            records = asyncio.run(
+                open_loop(server.url + PATH, rate, args.seconds, pick, headers=headers, seed=args.seed + index)
             )
             ended, after = time.time(), gc_pauses(server.url)
             drain(server.url)
