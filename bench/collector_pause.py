@@ -16,8 +16,9 @@ how many, how many over 5 ms, their total, and how many the governor made at its
     .venv/bin/python bench/collector_pause.py --rates 600 600 600 [--seconds 6] [--home PATH]
 
 ``--b-setting NAME=VALUE`` (repeatable) gives the second server those settings instead of
-``collector_pause_at=0`` (``EXAMLOPS_ADMISSION__HEADROOM=0``, say), for any A/B of one setting under overload;
-``--names`` names the two servers in the output.
+``collector_pause_at=0`` (``EXAMLOPS_ADMISSION__HEADROOM=0``, say), for an A/B of any settings under overload
+(the collector's columns are then each server's pauses, whatever its settings); ``--names`` names the two
+servers in the output.
 
 Figures only: nothing here asserts anything.
 """
@@ -82,6 +83,8 @@ def main() -> None:
     )
     parser.add_argument("--names", nargs=2, default=None, metavar=("A", "B"), help="The two servers' names.")
     args = parser.parse_args()
+    if any("=" not in setting for setting in args.b_setting):
+        parser.error("--b-setting takes NAME=VALUE")
     b_env = dict(setting.split("=", 1) for setting in args.b_setting) if args.b_setting else OFF
     names = args.names or (["governor", "off"] if not args.b_setting else ["defaults", "b"])
 

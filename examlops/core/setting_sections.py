@@ -63,11 +63,9 @@ class AdmissionSettings(Section):
     """Milliseconds added to every estimate for what the predict time does not see (HTTP, JSON, routing)."""
     headroom: float = Field(0.3, ge=0, le=4)
     """The share by which predict work may run slower than the cost model learnt: admission counts the work
-    ahead of a call and its own batch at 1 + this. Under overload the ingress and its callers take CPU from
-    the predict workers (batches of 32 took 100 ms before a burst and 110-170 ms during it), and the calls
-    admitted at a burst's onset were estimated at the speed before it. 0 trusts the cost model exactly. It
-    costs no goodput while the queue stays full: only calls near their budget are refused instead of
-    admitted and late (bench/RESULTS.md, issue 17)."""
+    ahead of a call, in flight and its own batch's at 1 + this (0: as learnt). Why: under overload the ingress
+    takes CPU from the workers, so the calls admitted at a burst's onset were estimated too fast
+    (bench/RESULTS.md, "admission counts predict work with headroom")."""
     prior_ms: float = Field(5.0, gt=0)
     """The predict time assumed for a model and batch size not observed yet."""
     horizon_s: float = Field(30.0, gt=0)

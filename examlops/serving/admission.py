@@ -17,7 +17,7 @@ call jumps the queue, so without this test admitted calls would miss their budge
 
 Predict work is counted at ``1 + headroom`` of what the cost model learnt (``AdmissionSettings.headroom``):
 under overload the ingress takes CPU from the workers, so batches run slower than they did when the calls
-at a burst's onset were admitted.
+at a burst's onset were admitted. The margin below learns only the lateness beyond it.
 
 It is a model, not a promise: each answered call's actual time less its estimate is recorded (the
 ``examlops_admission_error_ms`` histogram, so an operator sees whether to trust it) and fed back, with
@@ -89,8 +89,16 @@ class Estimator:
         self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None
     ) -> tuple[float, float]:
         """(the estimated answer time of a call of ``rows`` rows to ``model`` due at loop time ``due``, the
-        part of it spent waiting for the calls ahead), in milliseconds from ``now``. ``running_ms``: the
-        work left in flight, when the caller has it already (``_running_ms``)."""
+        part of it spent waiting for the calls ahead), in milliseconds from ``now``, as the cost model learnt
+        (no headroom). ``running_ms``: the work left in flight, when the caller has it already (``_running_ms``)."""
+        queued_ms, own_ms = self._work(model, due, rows)
+        if running_ms is None:
+            running_ms = self._running_ms(now, model)
+        wait_ms = (queued_ms + running_ms) / self._workers
+        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+
+    def _work(self, model: str, due: float, rows: int) -> tuple[float, float]:
+        """(predict time of the calls queued ahead of one due at ``due``, of its own batch), as learnt."""
         ledger = self._queue.ledger
         keys, _, tallies = ledger.view()
         ahead_of = _ahead_of(keys, due)
@@ -103,26 +111,25 @@ class Estimator:
             ahead = Counter({model.lower(): ahead[model.lower()]})
         own = ahead[model.lower()]
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
-        if running_ms is None:
-            running_ms = self._running_ms(now, model)
-        wait_ms = (queued_ms + running_ms) / self._workers
-        own_ms = self.costs.predict_ms(model, min(own + rows, self._max_size))
-        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+        return queued_ms, self.costs.predict_ms(model, min(own + rows, self._max_size))
 
-    def observe_error(self, model: str, error_ms: float, now: float) -> None:
-        """An admitted call's actual time less its estimate (``admit``'s; for a call refused late, the least
-        it would have been), at loop time ``now``: the margin is twice the mean of its late part, weighted
-        ``MARGIN_ALPHA`` to the newest call, and fades with time (``MARGIN_HALF_LIFE_S``)."""
+    def observe_error(self, model: str, error_ms: float, now: float, *, estimate_ms: float = 0.0) -> None:
+        """An admitted call's actual time less its ``estimate_ms`` (``admit``'s; for a call refused late, the
+        least it would have been), at loop time ``now``: the margin is twice the mean of its late part beyond
+        the headroom already counted (``headroom`` x the estimate's predict part), weighted ``MARGIN_ALPHA``
+        to the newest call, and fades with time (``MARGIN_HALF_LIFE_S``)."""
+        late_ms = error_ms - self.settings.headroom * max(0.0, estimate_ms - self.settings.overhead_ms)
         old = self.margin_ms(model, now)
-        self._margin[model.lower()] = (old + MARGIN_ALPHA * (2.0 * max(0.0, error_ms) - old), now)
+        self._margin[model.lower()] = (old + MARGIN_ALPHA * (2.0 * max(0.0, late_ms) - old), now)
 
     def margin_ms(self, model: str, now: float) -> float:
         """What a call to ``model`` needs to spare beyond its estimate to be admitted at loop time ``now``."""
         margin, since = self._margin.get(model.lower(), (0.0, now))
         return margin * 0.5 ** (max(0.0, now - since) / MARGIN_HALF_LIFE_S) if margin else 0.0
 
-    def _running_ms(self, now: float, model: str) -> float:
-        """Predict time left in the batches being handled (their ``model`` part only, per model)."""
+    def _running_ms(self, now: float, model: str, slow: float = 1.0) -> float:
+        """Predict time left in the batches being handled (their ``model`` part only, per model), each taking
+        ``slow`` times its expected time."""
         running_ms = 0.0
         part = model.lower() if self._per_model else ""
         for batch in self._queue.in_flight():
@@ -132,12 +139,15 @@ class Estimator:
                 expected_ms = batch.expected_ms[part] = self.costs.lead_ms(items) if items else 0.0
             if not expected_ms:
                 continue
+            expected_ms *= slow
             elapsed_ms = (now - batch.started) * 1000.0
             # A batch past its expected time is not about to end: count a quarter of it still to come.
             running_ms += max(expected_ms - elapsed_ms, OVERDUE_SHARE * expected_ms)
         return running_ms
 
-    def endangers(self, model: str, due: float, now: float, rows: int = 1, *, running_ms: float | None = None) -> bool:
+    def endangers(
+        self, model: str, due: float, now: float, rows: int = 1, *, running: tuple[float, float] | None = None
+    ) -> bool:
         """Whether a call of ``rows`` rows to ``model`` due at ``due`` would make a call already admitted,
         queued behind it (a later deadline), miss a deadline it can still meet: the EDF admission test. Every
         call behind it waits its share of ``rows`` more rows; a call that will miss anyway does not count.
@@ -145,11 +155,14 @@ class Estimator:
         The queue's calls, in order, each add their model's per-row time to the work ahead of the next. A
         call is answered when its batch is, and calls after it (queued or still to come) can fill that batch,
         so its ``max_size - 1`` other rows count too. A call behind this one keeps ``slack`` = time to its
-        deadline - (work ahead of it, its own row and its batch's rest) / workers - overhead, and is
-        endangered when 0 <= slack < this call's extra work. (Counting its own row alone let calls reach the
-        head with too little time left for a full batch: batches of one then cost the queue several calls'
-        time each.) The batch being formed is work ahead of every call, never one endangered: this call
-        cannot join it. Array operations over the ledger: the same few at any queue length."""
+        deadline - (work ahead of it, its own row and its batch's rest) / workers - overhead, with the work at
+        ``1 + headroom``; it is endangered when this call's extra work (at ``1 + headroom`` too) is more than
+        that slack while the work as learnt would still let it meet its deadline. (Counting its own row
+        alone let calls reach the head with too little time left for a full batch: batches of one then cost
+        the queue several calls' time each.) The batch being formed is work ahead of every call, never one
+        endangered: this call cannot join it. Array operations over the ledger: the same few at any queue
+        length. ``running``: the work left in flight as learnt and at ``1 + headroom``, when the caller has it
+        already (``_running_ms``)."""
         ledger = self._queue.ledger
         keys, dues, tallies = ledger.view()
         behind = _ahead_of(keys, due)
@@ -161,6 +174,9 @@ class Estimator:
             candidates &= np.asarray(mine, dtype=bool)[tallies[behind:]]
         if not candidates.any():
             return False  # no admitted call with a deadline waits behind it
+        slow = 1.0 + self.settings.headroom
+        if running is None:
+            running = self._running_ms(now, model), self._running_ms(now, model, slow)
         counted = mine or [True] * len(ledger.names)
         row_ms = np.array([self._row_ms(name) if own else 0.0 for name, own in zip(ledger.names, counted, strict=True)])
         forming_ms = sum(
@@ -168,15 +184,14 @@ class Estimator:
             for _, _, request in self._queue.forming()
             if mine is None or request.model.lower() == model.lower()
         )
-        work_ms = self._running_ms(now, model) if running_ms is None else running_ms
-        work_ms += forming_ms
         per_row = row_ms[tallies]
         batch_rest = (self._max_size - 1) * per_row[behind:]  # calls queued or still to come can fill its batch
-        through = work_ms + np.cumsum(per_row)[behind:] + batch_rest  # until the batch of each call behind ends
-        slow = 1.0 + self.settings.headroom
-        slack_ms = (dues[behind:] - now) * 1000.0 - slow * through / self._workers - self.settings.overhead_ms
+        queued = forming_ms + np.cumsum(per_row)[behind:] + batch_rest  # until the batch of each call behind ends
+        left_ms = (dues[behind:] - now) * 1000.0 - self.settings.overhead_ms
+        can_meet = left_ms - (running[0] + queued) / self._workers >= 0.0
+        slack_ms = left_ms - (running[1] + slow * queued) / self._workers
         extra_ms = slow * rows * self._row_ms(model) / self._workers
-        return bool((candidates & (slack_ms >= 0.0) & (slack_ms < extra_ms)).any())
+        return bool((candidates & can_meet & (slack_ms < extra_ms)).any())
 
     def _row_ms(self, model: str) -> float:
         """A row's share of a full batch of ``model``."""
@@ -188,19 +203,19 @@ class Estimator:
         ``Refused`` (reason ``budget``) naming the estimate otherwise. The estimate must fit with the model's
         margin (``observe_error``) to spare and its predict work at ``1 + headroom``; the one returned is without
         either, what ``observe_error`` compares."""
-        running_ms = self._running_ms(now, model)
-        estimate, wait_ms = self.estimate_ms(model, due, now, rows, running_ms=running_ms)
         slow = 1.0 + self.settings.headroom
+        queued_ms, own_ms = self._work(model, due, rows)
+        running = self._running_ms(now, model), self._running_ms(now, model, slow)
         overhead = self.settings.overhead_ms
-        guarded = overhead + slow * (estimate - overhead) + self.margin_ms(model, now)
+        estimate = (queued_ms + running[0]) / self._workers + own_ms + overhead
+        wait_ms = (slow * queued_ms + running[1]) / self._workers
+        guarded = wait_ms + slow * own_ms + overhead + self.margin_ms(model, now)
         left_ms = (due - now) * 1000.0
-        if self.settings.enabled and (
-            guarded > left_ms or self.endangers(model, due, now, rows, running_ms=running_ms)
-        ):
-            retry_after = max(self.settings.retry_after_s, slow * wait_ms / 1000.0)
+        if self.settings.enabled and (guarded > left_ms or self.endangers(model, due, now, rows, running=running)):
+            retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)
             raise Refused(
                 f"no placement can answer within the budget without another call missing its own: "
-                f"{guarded:.1f} ms estimated with the estimate's margins, {max(left_ms, 0):.1f} ms left",
+                f"{guarded:.1f} ms estimated with the headroom and the error margin, {max(left_ms, 0):.1f} ms left",
                 reason="budget",
                 estimate_ms=round(guarded, 1),
                 retry_after_s=math.ceil(retry_after),

@@ -257,14 +257,15 @@ class Pipeline:
             if estimate is not None:
                 done = asyncio.get_running_loop().time()
                 self._metrics.estimate_error.labels(model).observe((done - now) * 1000.0 - estimate)
-                self.estimator.observe_error(model, (done - now) * 1000.0 - estimate, done)
+                self.estimator.observe_error(model, (done - now) * 1000.0 - estimate, done, estimate_ms=estimate)
             return reply.result
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
             if isinstance(exc, Refused):
                 self._note_refusal(exc, req, model)
                 if exc.reason == "late" and estimate is not None and due is not None:
-                    self.estimator.observe_error(model, (due - now) * 1000.0 - estimate, due)  # at least this late
+                    late_ms = (due - now) * 1000.0 - estimate  # at least this late
+                    self.estimator.observe_error(model, late_ms, due, estimate_ms=estimate)
             raise
         finally:
             self._calls -= 1

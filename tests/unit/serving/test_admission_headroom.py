@@ -43,10 +43,36 @@ def test_an_admitted_call_returns_the_estimate_without_the_headroom() -> None:
 
 
 @pytest.mark.parametrize(("headroom", "endangered"), [(0.0, False), (0.25, True)])
-def test_the_calls_behind_are_endangered_by_their_work_slowed_by_the_headroom(
+def test_the_calls_behind_are_endangered_by_their_work_and_this_calls_both_slowed_by_the_headroom(
     headroom: float, endangered: bool
 ) -> None:
-    # The call behind has 90 ms left: its own 40 ms row and 2 ms of overhead leave a slack of 48 ms, more than
-    # the tight call's 40 ms as learnt; at 1.25 its row takes 50 and the tight call's 50: slack 38 < 50.
-    behind = (NOW + 0.09, NOW + 0.09, req(1))
+    # The call behind has 100 ms left: its own 40 ms row and 2 ms of overhead leave a slack of 58 ms, more than
+    # the tight call's 40 ms as learnt. At 1.25 its row takes 50 (slack 48) and the tight call's 50: endangered,
+    # and only with both slowed (48 < 40 and 58 < 50 are false).
+    behind = (NOW + 0.1, NOW + 0.1, req(1))
     assert estimator(headroom, [behind]).endangers("JPCP", NOW + 0.01, NOW) == endangered
+
+
+def test_a_call_behind_that_can_meet_its_deadline_as_learnt_is_protected_though_the_headroom_says_it_misses() -> None:
+    # 45 ms left: 3 ms to spare as learnt, 7 ms short at 1.25. The batcher still serves it (its rules use the
+    # learnt time), so a tight call that would take its place is refused rather than make it late.
+    behind = (NOW + 0.045, NOW + 0.045, req(1))
+    assert estimator(0.25, [behind]).endangers("JPCP", NOW + 0.01, NOW)
+
+
+@pytest.mark.parametrize(("headroom", "retry_after_s"), [(0.0, 1), (0.3, 2)])
+def test_retry_after_is_the_wait_ahead_with_the_headroom(headroom: float, retry_after_s: int) -> None:
+    ahead = [(NOW + 0.4, NOW + 0.4, req(1)) for _ in range(20)]  # 20 calls of 40 ms due before it: 800 ms
+    with pytest.raises(Refused) as refused:
+        estimator(headroom, ahead).admit("JPCP", NOW + 0.5, NOW)
+    assert refused.value.retry_after_s == retry_after_s  # 0.8 s, or 1.04 s at 1.3
+
+
+def test_the_margin_learns_only_the_lateness_beyond_the_headroom() -> None:
+    made = estimator(0.25)  # a 42 ms estimate: 40 ms of predict, 10 of them headroom
+    for _ in range(100):
+        made.observe_error("JPCP", 10.0, NOW, estimate_ms=42.0)  # 10 ms late: within the headroom
+    assert made.margin_ms("JPCP", NOW) == pytest.approx(0.0)
+    for _ in range(100):
+        made.observe_error("JPCP", 15.0, NOW, estimate_ms=42.0)  # 5 ms past the headroom: a margin near 10
+    assert made.margin_ms("JPCP", NOW) == pytest.approx(10.0, abs=0.1)
