@@ -26,7 +26,7 @@ from openloop import open_loop
 from procs import drain, quantile
 
 GROWTH = 0.2
-"""How far (a share of ``p99_ms``) the last quarter's median time may rise above the first quarter's."""
+"""How far (a share of ``p99_ms``) the last quarter's median time may rise above the early quarter's."""
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,13 @@ class Estimator:
         queued_ms, own_ms = self._work(model, due, rows)
         if running_ms is None:
             running_ms = self._running_ms(now, model)
-        wait_ms = (queued_ms + running_ms) / self._workers
-        return wait_ms + own_ms + self.settings.overhead_ms, wait_ms
+        return self._answer_ms(queued_ms, running_ms, own_ms)
+
+    def _answer_ms(self, queued_ms: float, running_ms: float, own_ms: float, slow: float = 1.0) -> tuple[float, float]:
+        """(answer time, wait) of a call behind ``queued_ms`` of work and ``running_ms`` in flight (already at
+        ``slow``), with ``own_ms`` for its own batch: queued and own work at ``slow``."""
+        wait_ms = (slow * queued_ms + running_ms) / self._workers
+        return wait_ms + slow * own_ms + self.settings.overhead_ms, wait_ms
 
     def _work(self, model: str, due: float, rows: int) -> tuple[float, float]:
         """(predict time of the calls queued ahead of one due at ``due``, of its own batch), as learnt."""
@@ -113,7 +118,7 @@ class Estimator:
         queued_ms = self.costs.work_ms(ahead.items(), self._max_size)
         return queued_ms, self.costs.predict_ms(model, min(own + rows, self._max_size))
 
-    def observe_error(self, model: str, error_ms: float, now: float, *, estimate_ms: float = 0.0) -> None:
+    def observe_error(self, model: str, error_ms: float, now: float, *, estimate_ms: float) -> None:
         """An admitted call's actual time less its ``estimate_ms`` (``admit``'s; for a call refused late, the
         least it would have been), at loop time ``now``: the margin is twice the mean of its late part beyond
         the headroom already counted (``headroom`` x the estimate's predict part), weighted ``MARGIN_ALPHA``
@@ -206,10 +211,9 @@ class Estimator:
         slow = 1.0 + self.settings.headroom
         queued_ms, own_ms = self._work(model, due, rows)
         running = self._running_ms(now, model), self._running_ms(now, model, slow)
-        overhead = self.settings.overhead_ms
-        estimate = (queued_ms + running[0]) / self._workers + own_ms + overhead
-        wait_ms = (slow * queued_ms + running[1]) / self._workers
-        guarded = wait_ms + slow * own_ms + overhead + self.margin_ms(model, now)
+        estimate, _ = self._answer_ms(queued_ms, running[0], own_ms)
+        expected, wait_ms = self._answer_ms(queued_ms, running[1], own_ms, slow)
+        guarded = expected + self.margin_ms(model, now)
         left_ms = (due - now) * 1000.0
         if self.settings.enabled and (guarded > left_ms or self.endangers(model, due, now, rows, running=running)):
             retry_after = max(self.settings.retry_after_s, wait_ms / 1000.0)

@@ -71,7 +71,7 @@ async def test_later_chunks_of_an_admitted_stream_are_not_refused_early_when_the
     world.wall.advance(BUDGET_S - 8)
     slow(pipeline, 5_000.0)
     for _ in range(40):
-        pipeline.estimator.observe_error("JPCP", 5_000.0, asyncio.get_running_loop().time())
+        pipeline.estimator.observe_error("JPCP", 5_000.0, asyncio.get_running_loop().time(), estimate_ms=0.0)
     with pytest.raises(Refused):
         await pipeline.infer(req(99, deadline=deadline, budget_ms=BUDGET_S * 1000))
     *chunks, end = [json.loads(line) async for line in run.lines()]

@@ -286,13 +286,13 @@ def test_a_call_needs_the_margin_of_the_estimates_recent_late_error_to_spare_and
         estimator.costs.observe(model, 1, 40.0)
     assert estimator.admit("JPCP", now + 0.045, now) == pytest.approx(40.0)  # 5 ms to spare
     for _ in range(100):
-        estimator.observe_error("jpcp", 10.0, now)  # answered 10 ms later than estimated, every time
+        estimator.observe_error("jpcp", 10.0, now, estimate_ms=0.0)  # answered 10 ms late, every time
     with pytest.raises(Refused) as refused:
         estimator.admit("JPCP", now + 0.045, now)  # 40 ms + a margin near 20 ms
     assert refused.value.estimate_ms == pytest.approx(60.0, abs=0.2)
     assert estimator.admit("CRCP", now + 0.045, now) == pytest.approx(40.0)  # another model: no margin
     for _ in range(100):
-        estimator.observe_error("JPCP", -5.0, now)  # early: no late part, the margin fades
+        estimator.observe_error("JPCP", -5.0, now, estimate_ms=0.0)  # early: no late part, the margin fades
     assert estimator.admit("JPCP", now + 0.045, now) == pytest.approx(40.0)
 
 
@@ -301,7 +301,7 @@ def test_a_margin_that_refuses_every_call_fades_with_time_so_the_model_is_admitt
     estimator = Estimator(AdmissionSettings(overhead_ms=0.0, headroom=0.0), FakeQueue([]), workers=1, max_size=1)
     estimator.costs.observe("JPCP", 1, 5.0)
     for _ in range(40):
-        estimator.observe_error("JPCP", 60.0, now)  # a stall: every call 60 ms late
+        estimator.observe_error("JPCP", 60.0, now, estimate_ms=0.0)  # a stall: every call 60 ms late
     assert estimator.margin_ms("JPCP", now) > 100.0  # 120 ms x (1 - 0.95 ** 40)
     with pytest.raises(Refused):
         estimator.admit("JPCP", now + 0.1, now)  # 100 ms budget, idle queue: refused on the margin alone

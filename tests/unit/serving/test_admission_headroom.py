@@ -7,6 +7,7 @@ import pytest
 from examlops.core.errors import Refused
 from examlops.core.setting_sections import AdmissionSettings
 from examlops.serving.admission import Estimator
+from examlops.serving.waiters import InFlight
 from tests.unit.serving.test_admission import FakeQueue, req
 
 NOW = 100.0
@@ -76,3 +77,14 @@ def test_the_margin_learns_only_the_lateness_beyond_the_headroom() -> None:
     for _ in range(100):
         made.observe_error("JPCP", 15.0, NOW, estimate_ms=42.0)  # 5 ms past the headroom: a margin near 10
     assert made.margin_ms("JPCP", NOW) == pytest.approx(10.0, abs=0.1)
+
+
+def test_a_running_batch_is_counted_at_its_whole_expected_time_slowed_less_what_has_run() -> None:
+    # A 40 ms batch started 20 ms ago: at 1.5 it takes 60 ms, so 40 are left (not 1.5 x the 20 left as learnt).
+    queue = FakeQueue([], [InFlight(NOW - 0.02, [req(1)])])
+    made = Estimator(AdmissionSettings(overhead_ms=2.0, headroom=0.5), queue, workers=1, max_size=1)
+    made.costs.observe("JPCP", 1, 40.0)
+    with pytest.raises(Refused) as refused:
+        made.admit("JPCP", NOW + 0.05, NOW)
+    assert refused.value.estimate_ms == pytest.approx(40.0 + 60.0 + 2.0)  # the batch's rest, its own 60, overhead
+    assert made.estimate_ms("JPCP", NOW + 0.05, NOW)[0] == pytest.approx(20.0 + 40.0 + 2.0)  # as learnt
