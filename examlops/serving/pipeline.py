@@ -256,8 +256,9 @@ class Pipeline:
             self._metrics.requests.labels(model, alias, "ok").inc()
             if estimate is not None:
                 done = asyncio.get_running_loop().time()
-                self._metrics.estimate_error.labels(model).observe((done - now) * 1000.0 - estimate)
-                self.estimator.observe_error(model, (done - now) * 1000.0 - estimate, done, estimate_ms=estimate)
+                error_ms = (done - now) * 1000.0 - estimate
+                self._metrics.estimate_error.labels(model).observe(error_ms)
+                self.estimator.observe_error(model, error_ms, done, estimate_ms=estimate)
             return reply.result
         except Exception as exc:
             self._metrics.requests.labels(model, alias, outcome_of(exc)).inc()
