@@ -26,8 +26,6 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's 
 - The handler gets the items in queue order and returns one outcome each (an exception fails that item).
 - If the handler raises, or returns the wrong number of outcomes, every item of that batch fails with
   the same error. Batches are handled concurrently: the next one is collected while earlier ones run.
-- A batch's slot (``eager_below``, ``max_in_flight``, ``in_flight``) is freed as soon as its handler
-  returns; its callers are then answered ``ANSWERS_PER_PASS`` to a pass of the event loop, in queue order.
 - If the batching task dies, every waiting item fails (no caller hangs) and later submits are refused.
 - ``close`` refuses new items and fails the waiting ones with ``NotReady``; batches already handed to
   the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
@@ -49,15 +47,13 @@ from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
 from examlops.serving.ledger import Ledger
-from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time, hopeless, settle
+from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time, hopeless
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 BatchHandler = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
-ANSWERS_PER_PASS = 8
-"""A handled batch's callers are answered this many in each pass of the event loop (contract above)."""
 
 
 class MicroBatcher(Generic[T, R]):
@@ -100,8 +96,7 @@ class MicroBatcher(Generic[T, R]):
         self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._collecting: list[Waiter[T, R]] = []
-        self._in_flight: dict[asyncio.Task[None], InFlight[T]] = {}  # batches holding a slot
-        self._handling: set[asyncio.Task[None]] = set()  # and those still answering their callers
+        self._in_flight: dict[asyncio.Task[None], InFlight[T]] = {}
         self._groups: dict[asyncio.Task[None], Hashable] = {}
         self._busy: Counter[Hashable] = Counter()  # batches being handled, by group (all in None without)
         self._closed = False
@@ -169,8 +164,8 @@ class MicroBatcher(Generic[T, R]):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._fail_waiting(closing)
-        if self._handling:
-            tasks = list(self._handling)
+        if self._in_flight:
+            tasks = list(self._in_flight)
             _, late = await asyncio.wait(tasks, timeout=grace_s) if grace_s > 0 else (set(), set(tasks))
             for task in late:
                 task.cancel()
@@ -262,15 +257,13 @@ class MicroBatcher(Generic[T, R]):
                 self._in_flight[task] = InFlight(loop.time(), [waiter.item for waiter in live])
                 self._groups[task] = group
                 self._busy[group] += 1
-                self._handling.add(task)
                 task.add_done_callback(self._forget)
-                task.add_done_callback(self._handling.discard)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        """The batch ``task`` handles no longer holds a slot; idempotent (its handler returned, or it ended)."""
-        if self._in_flight.pop(task, None) is not None:
+        self._in_flight.pop(task, None)
+        if task in self._groups:
             self._busy[self._groups.pop(task)] -= 1
-            self._poke()
+        self._poke()
 
     async def _handle(self, batch: list[Waiter[T, R]]) -> None:
         try:
@@ -284,20 +277,13 @@ class MicroBatcher(Generic[T, R]):
             log.warning("%s: a batch of %d failed: %r", self._name, len(batch), exc)
             fail_all(batch, exc)
             return
-        # The slot is free before the answers go: the next batch is formed in the loop's next pass, not after
-        # every caller of this one has been answered. The answers go ANSWERS_PER_PASS a pass, so that requests
-        # read meanwhile (an early refusal) wait for a short pass, not a whole batch's answers (bench/overload.py).
-        task = asyncio.current_task()
-        if task is not None:
-            self._forget(task)
-        try:
-            for start in range(0, len(batch), ANSWERS_PER_PASS):
-                if start:
-                    await asyncio.sleep(0)
-                settle(batch[start : start + ANSWERS_PER_PASS], outcomes[start : start + ANSWERS_PER_PASS])
-        except asyncio.CancelledError:
-            settle(batch, outcomes)  # closing: the rest have their outcomes, they get them at once
-            raise
+        for waiter, outcome in zip(batch, outcomes, strict=True):
+            if waiter.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                waiter.future.set_exception(outcome)
+            else:
+                waiter.future.set_result(outcome)
 
     def _fail_waiting(self, error: BaseException) -> None:
         waiting, self._collecting = self._collecting, []

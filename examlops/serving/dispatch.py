@@ -181,7 +181,10 @@ class Dispatcher:
                 job.alias = req.alias
             else:
                 job.alias = self._router.choose(job.spec, req.alias, self._hotset.available_aliases(job.spec.name))
-        entries = await self._entries(jobs)
+        entries = await asyncio.gather(
+            *(self._acquire(job) for job in jobs),
+            return_exceptions=True,
+        )
         groups: dict[str, list[tuple[_Job, Entry]]] = {}
         retry: list[_Job] = []
         for job, entry in zip(jobs, entries, strict=True):
@@ -189,27 +192,11 @@ class Dispatcher:
                 retry += self._settle([job], entry, replies, last=last)
             else:
                 groups.setdefault(entry.key, []).append((job, entry))
-        if len(groups) == 1:  # the usual batch: predicted in this task, with no task per group to wait a pass for
-            [(key, members)] = groups.items()
-            return retry + await self._predict_group(key, members, replies, last=last)
         for again in await asyncio.gather(
             *(self._predict_group(key, members, replies, last=last) for key, members in groups.items())
         ):
             retry += again
         return retry
-
-    async def _entries(self, jobs: list[_Job]) -> list[Entry | BaseException]:
-        """Each job's held entry, or why it has none. An alias's entry is at hand (no wait); only pinned
-        versions, which may load from the registry, are acquired concurrently, each in a task of its own."""
-        if any(job.request.version is not None for job in jobs):
-            return await asyncio.gather(*(self._acquire(job) for job in jobs), return_exceptions=True)
-        entries: list[Entry | BaseException] = []
-        for job in jobs:
-            try:
-                entries.append(await self._acquire(job))
-            except Exception as exc:
-                entries.append(exc)
-        return entries
 
     def _acquire(self, job: _Job) -> Coroutine[Any, Any, Entry]:
         if job.request.version is not None:

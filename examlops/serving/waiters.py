@@ -10,7 +10,6 @@
   its tightest ``due``; always True without ``lead`` or without any deadline.
 - ``hopeless``: whether an item's ``due`` comes before a batch of it alone would be handled.
 - ``fail_all``: fails every waiter not yet answered with one error; an answered one is left as it is.
-- ``settle``: gives each waiter not yet answered its own outcome (an exception fails it).
 
 Pure: no loop, no task; the futures are the batcher's, created on its running loop.
 """
@@ -56,17 +55,6 @@ def fail_all(waiters: Sequence[Waiter[Any, Any]], error: BaseException) -> None:
     for waiter in waiters:
         if not waiter.future.done():
             waiter.future.set_exception(error)
-
-
-def settle(waiters: Sequence[Waiter[Any, R]], outcomes: Sequence[R | BaseException]) -> None:
-    """Give each waiter not answered yet its outcome, in order: a result, or an exception that fails it."""
-    for waiter, outcome in zip(waiters, outcomes, strict=True):
-        if waiter.future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            waiter.future.set_exception(outcome)
-        else:
-            waiter.future.set_result(outcome)
 
 
 def flush_time(batch: list[Waiter[T, Any]], opened: float, max_wait_s: float, lead: Lead[T] | None) -> float:

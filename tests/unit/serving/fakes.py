@@ -111,7 +111,6 @@ class RecordingRuntime:
     loads: list[str] = field(default_factory=list)
     unloads: list[str] = field(default_factory=list)
     predicts: list[tuple[str, int]] = field(default_factory=list)
-    predict_tasks: list[str] = field(default_factory=list)  # the name of the task each predict ran in
     fail_load: set[str] = field(default_factory=set)
     predict_errors: list[Exception] = field(default_factory=list)
     gate: asyncio.Event | None = None
@@ -139,8 +138,6 @@ class RecordingRuntime:
 
     async def predict(self, key: str, rows: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         self.predicts.append((key, len(rows)))
-        task = asyncio.current_task()
-        self.predict_tasks.append(task.get_name() if task is not None else "")
         self.events.append(("predict", key))
         if self.started is not None:
             self.started.set()

@@ -398,14 +398,3 @@ async def test_a_failing_event_sink_never_fails_the_action(world: World) -> None
     pipeline = world.pipeline(on_event=broken)
     await pipeline.start()
     assert await asyncio.to_thread(pipeline.set_traffic, "JPCP", {"Production": 100}) == {"Production": 100}
-
-
-async def test_a_batch_of_one_version_is_predicted_in_the_batchs_own_task(world: World) -> None:
-    # No task per request or per version in between: each would cost a pass of a loaded event loop before the
-    # rows reach a worker. Pinned versions, which may load from the registry, are acquired in tasks of their own.
-    pipeline = world.pipeline()
-    await pipeline.start()
-    await asyncio.gather(*(pipeline.infer(req(i)) for i in range(1, 6)))
-    await asyncio.gather(pipeline.infer(req(1, version="4")), pipeline.infer(req(2, version="4")))
-    assert world.runtime.predicts == [("JPCP/1", 5), ("JPCP/4", 2)]
-    assert world.runtime.predict_tasks[0] == "feature-transformer-batch"
