@@ -15,7 +15,8 @@ brute-force k-nearest-neighbours regressor over ``--train-rows`` rows (about 8 m
 1. Capacity: a closed loop of ``--capacity-requests`` calls with the loose budget at c=32 on the
    admission-on server gives a start; then the knee (``knee``): the highest open-loop rate the
    admission-off server keeps up with (every call answered, p99 within a third of the loose budget),
-   searched from that start. The knee is the capacity C (``--no-knee``: the closed loop's figure).
+   searched from that start. The knee is the capacity C (``--no-knee``: the closed loop's figure;
+   ``--capacity``: C as given, to compare two commits at the same arrivals).
 2. For each load of ``--loads`` (0.5, 1, 2, 4 times C): ``--seconds`` of open-loop Poisson arrivals
    (``openloop``) on each server in turn (the order alternates), half with the tight budget
    (``--tight-ms``), half with the loose one (``--loose-ms``), the budget in the body's ``budget_ms``.
@@ -32,7 +33,7 @@ with admission, >= 99 % of admitted calls within budget at every load, goodput a
 refusals p99 < 10 ms.
 
     .venv/bin/python bench/overload.py [--seconds 6] [--loads 0.5 1 2 4] [--tight-ms 300] [--loose-ms 3000] \
-        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee] [--home PATH] [--seed 1]
+        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee | --capacity C] [--home PATH] [--seed 1]
 
 Figures only: nothing here asserts anything.
 """
@@ -244,6 +245,11 @@ def main() -> None:
         default=Path(".examlops/bench-overload"),
         help="State folder; the heavy model is registered once per folder, so a new --train-rows needs a new one.",
     )
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        help="C in calls/s, taken as given (no closed loop, no knee): two commits compared at the same arrivals.",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON lines too.")
     args = parser.parse_args()
@@ -262,7 +268,7 @@ def main() -> None:
         for server in servers:  # warm: connections, the estimator's cost table, the model's first calls
             asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=200, concurrency=8,
                                  headers=headers))  # fmt: skip
-        cap = asyncio.run(
+        cap = None if args.capacity else asyncio.run(
             run_load(
                 servers[0].url + PATH,
                 lambda i: loose[i % len(loose)],
@@ -271,9 +277,13 @@ def main() -> None:
                 headers=headers,
             )
         )
-        capacity = cap.rps
-        print(f"closed loop: {capacity:.0f} calls/s at c=32 (p50 {cap.p50:.1f} ms, p99 {cap.p99:.1f} ms)")
-        if args.knee:
+        if cap is None:
+            capacity = args.capacity
+            print(f"capacity: {capacity:.0f} calls/s (given)")
+        else:
+            capacity = cap.rps
+            print(f"closed loop: {capacity:.0f} calls/s at c=32 (p50 {cap.p50:.1f} ms, p99 {cap.p99:.1f} ms)")
+        if cap is not None and args.knee:
             found, _ = knee(servers[1].url + PATH, capacity, loose[0], headers=headers, p99_ms=args.loose_ms / 3)
             if found:
                 capacity = found
