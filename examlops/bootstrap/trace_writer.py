@@ -2,7 +2,7 @@
 
 ``ChildTraceStore`` is the store a serving instance's ``TraceSink`` writes through: ``add`` and ``prune`` go
 to a child process over a pipe and wait for its answer (the sink's writer thread waits, with the GIL
-released); reads go to SQL directly. The child, started on first use at low priority, writes with
+released); reads go to SQL directly. The child, started on first use at ``tracing.nice``, writes with
 ``SqlTraceStore``. Why: a row's SQL write is Python work that, in serving's own process, came off its
 event loop (``bench/auth_trace_cost.py``; figures in ``bench/RESULTS.md``).
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 FIELDS = tuple(f.name for f in fields(TraceRecord))
 """A record travels as the tuple of its fields in this order (cheaper to pickle than the object)."""
 _fields_of = operator.attrgetter(*FIELDS)
-NICE = 10
 STOP_S = 10.0
 MISMATCH = "the trace writer's environment names another database than its serving process's"
 
@@ -137,7 +136,7 @@ def writer_main(conn: Connection, parent_pid: int, digest: str) -> None:
     mismatch = sql_digest(settings) != digest
     engine = None if mismatch else sql_engine(settings)
     store = None if engine is None else SqlTraceStore(engine)  # one store: it keeps its compiled statements
-    children.lower_priority(NICE)
+    children.lower_priority(settings.tracing.nice)
     while True:
         try:
             message = conn.recv()

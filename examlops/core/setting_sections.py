@@ -167,6 +167,11 @@ class TracingSettings(Section):
     ``bench/RESULTS.md``); a trace is in SQL within about this long."""
     prune_every_s: float = Field(300.0, gt=0)
     """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
+    nice: int = Field(19, ge=0, le=19)
+    """Serving's trace writer child's nice value, taken once it has started (0 keeps serving's priority): on
+    cores the calls keep busy, trace rows are then written in their idle time instead of taking it from the
+    calls (``bench/auth_trace_cost.py``). A writer that cannot keep up fills ``bound``: past it traces are
+    dropped and counted, never a call slowed."""
     node: str = ""
     """The name this serving instance or bridge writes as the trace's node; empty: `hostname:pid`."""
 

@@ -30,6 +30,10 @@ def record() -> TraceRecord:
     )  # fmt: skip
 
 
+def priorities(pid: int) -> set[int]:
+    return {os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir()}
+
+
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path / "state"))  # what the writer process reads
@@ -47,7 +51,8 @@ def test_records_written_through_the_child_are_in_sql_and_a_killed_child_is_repl
         stored = store.get(first[0].trace_id)
         assert stored is not None and (stored.model, stored.identity, stored.batch_size) == ("JPCP", "admin", 4)
         process = store._process
-        assert process is not None and process.pid != os.getpid()
+        assert process is not None and process.pid is not None and process.pid != os.getpid()
+        assert priorities(process.pid) == {19}  # ``tracing.nice``'s default, in every thread of the child
         os.kill(process.pid, signal.SIGKILL)
         process.join(10)
         second = [record()]
@@ -62,6 +67,19 @@ def test_records_written_through_the_child_are_in_sql_and_a_killed_child_is_repl
         store.close()
         engine.dispose()
     assert store._process is None
+
+
+def test_the_writer_takes_its_nice_value_from_its_settings(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXAMLOPS_TRACING__NICE", "5")
+    engine = sql_engine(settings)
+    store = ChildTraceStore(settings, SqlTraceStore(engine))
+    try:
+        assert store.add([record()]) == 1
+        assert store._process is not None and store._process.pid is not None
+        assert priorities(store._process.pid) == {5}
+    finally:
+        store.close()
+        engine.dispose()
 
 
 def test_a_writer_whose_environment_names_another_database_writes_nothing(
