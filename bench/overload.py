@@ -33,7 +33,8 @@ with admission, >= 99 % of admitted calls within budget at every load, goodput a
 refusals p99 < 10 ms.
 
     .venv/bin/python bench/overload.py [--seconds 6] [--loads 0.5 1 2 4] [--tight-ms 300] [--loose-ms 3000] \
-        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee | --capacity C] [--home PATH] [--seed 1]
+        [--workers 1] [--train-rows 100000] [--capacity-requests 600] [--no-knee | --capacity C] \
+        [--home PATH] [--seed 1]
 
 Figures only: nothing here asserts anything.
 """
