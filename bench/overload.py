@@ -269,13 +269,17 @@ def main() -> None:
         for server in servers:  # warm: connections, the estimator's cost table, the model's first calls
             asyncio.run(run_load(server.url + PATH, lambda i: loose[i % len(loose)], total=200, concurrency=8,
                                  headers=headers))  # fmt: skip
-        cap = None if args.capacity else asyncio.run(
-            run_load(
-                servers[0].url + PATH,
-                lambda i: loose[i % len(loose)],
-                total=args.capacity_requests,
-                concurrency=32,
-                headers=headers,
+        cap = (
+            None
+            if args.capacity
+            else asyncio.run(
+                run_load(
+                    servers[0].url + PATH,
+                    lambda i: loose[i % len(loose)],
+                    total=args.capacity_requests,
+                    concurrency=32,
+                    headers=headers,
+                )
             )
         )
         if cap is None:
