@@ -20,10 +20,13 @@ predict workers each). The load alternates between them in short segments:
 connections (``loadgen``, a raw asyncio client, so the client is not what is
 measured) to ``--path`` (``/v1/models/JPCP/predict`` by default, which records
 no drift snapshot, so only authentication and tracing differ;
-``/infer-pipeline/infer`` also works). At the 1,500-2,500 req/s seen here a
-segment of the default 12,000 requests lasts 5-8 s. A segment must be several times the trace writer's
-linger (``tracing.linger_s``, 1 s): the traces of a segment's last linger are written after its load ends,
-where its req/s does not see them, so short segments understate tracing's cost (bench/RESULTS.md).
+``/infer-pipeline/infer`` also works). At the 2,500-4,000 req/s seen here a
+segment of the default 60,000 requests lasts 15-24 s. The traces not yet written when a segment's load
+ends (the batch the writer is filling, up to ``tracing.batch``, and whatever it lags behind) are written
+after it, where its req/s does not see them, so short segments understate tracing's cost: the bench prints
+them for each on-segment and their median share (a whole batch of 2,048 is 3.4 % of 60,000). A segment of
+more requests than ``tracing.bound`` (10,000) also lets the check at the end catch a writer that falls
+behind during the load: its queue fills and it drops traces (bench/RESULTS.md).
 Each pair of segments (one per server) runs in an order a seeded shuffle picks
 (``--seed``), as many pairs of each order as there are pairs, as
 ``recording_cost.py`` does and for its reason: this machine's speed drifts by
@@ -31,8 +34,10 @@ tens of percent over seconds to minutes, so only segments close in time
 compare, and many pairs give the figure a spread that says how far it can be
 trusted. Before the first pair each server answers ``--warm-up`` untimed
 requests (connections, caches, the token's resolution, the trace writer).
-After a segment on the on-server the bench waits until its traces are
-written, so no tracing work spills into the next segment.
+After a segment on the on-server the bench waits until its sink has written
+a trace for every request (its own ``/metrics`` counters), and after every segment, on either server, it
+idles until ``SETTLE_S`` (1.5 s) have passed since the load ended: no tracing work spills into the next
+segment, and both sides start a segment after the same pause.
 
 Printed: each segment's req/s, p50 and p99; each pair's cost (1 - on/off req/s)
 and over all pairs the mean ± 2 SE (standard error), median, quartiles and
@@ -52,7 +57,7 @@ nobody else any (printed OK or MISMATCH, with the traces the on-server's sink
 dropped, from its ``/metrics``). The rows are counted by node in the state
 folder's SQL, which both servers share.
 
-    .venv/bin/python bench/auth_trace_cost.py [--requests 12000] [--pairs 8] [--concurrency 64] \
+    .venv/bin/python bench/auth_trace_cost.py [--requests 60000] [--pairs 8] [--concurrency 64] \
         [--warm-up 500] [--seed 1] [--workers N] [--path /v1/models/JPCP/predict] \
         [--on auth tracing | --control] [--on-setting EXAMLOPS_NAME=VALUE]
 
@@ -92,6 +97,10 @@ from examlops.tracing.sql_store import Trace
 NODES = {True: "bench-on", False: "bench-off"}
 FEATURES = ("auth", "tracing")
 DROPPED = re.compile(r"^examlops_traces_dropped_total ([0-9.e+]+)$", re.MULTILINE)
+WRITTEN = re.compile(r"^examlops_traces_written_total ([0-9.e+]+)$", re.MULTILINE)
+SETTLE_S = 1.5
+"""Idle seconds after every segment, on either server, counted from the end of its load (the on-server's wait
+for its traces is part of it): both sides start a segment after the same pause."""
 
 
 @dataclass
@@ -109,6 +118,9 @@ class Segment:
     """CPU seconds of the serving process's other threads (the trace writer's, the token cache's) over it."""
     loop_busy: float = 0.0
     """The share of the load's wall time the event-loop thread was on a CPU."""
+    unwritten: int = 0
+    """The on-server's traces not yet written (nor dropped) when the segment's load ended: written after it,
+    off the clock."""
 
     @property
     def rps(self) -> float:
@@ -149,20 +161,22 @@ def trace_counts(settings: Settings) -> dict[tuple[str, str, str | None], int]:
         engine.dispose()
 
 
-def traced(settings: Settings, node: str) -> int:
-    return sum(n for (where, _, _), n in trace_counts(settings).items() if where == node)
+def sink_counts(server: Server) -> float:
+    """The traces the server's sink has written or dropped since it started (its ``/metrics``)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    return sum(float(found.group(1)) for pattern in (WRITTEN, DROPPED) if (found := pattern.search(text)))
 
 
-def wait_for_traces(settings: Settings, server: Server, timeout: float = 60) -> float:
-    """Seconds until the on-server's trace rows reach its request count (0 when ``server`` traces nothing);
-    stops early when they stop growing for 5 s (a dropped trace never arrives: the check at the end reports
-    it)."""
+def wait_for_traces(server: Server, timeout: float = 60) -> float:
+    """Seconds until the server's sink has written (or dropped) a trace for every request it got (0 when
+    ``server`` traces nothing); stops early when its count stops growing for 5 s. Read from the server's own
+    counters, which start at zero with it: rows an earlier run left in a reused state folder do not count."""
     if not server.tracing:
         return 0.0
     began = time.monotonic()
-    last, since = -1, began
+    last, since = -1.0, began
     while time.monotonic() - began < timeout:
-        now = traced(settings, NODES[True])
+        now = sink_counts(server)
         if now >= server.requests:
             break
         if now != last:
@@ -229,7 +243,7 @@ def start_server(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=12_000, help="Requests per segment.")
+    parser.add_argument("--requests", type=int, default=60_000, help="Requests per segment.")
     parser.add_argument("--pairs", type=int, default=8, help="On/off pairs of segments.")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--warm-up", type=int, default=500, help="Untimed requests to each server first.")
@@ -268,15 +282,16 @@ def main() -> None:
             )
         for on in (True, False):
             load(servers[on], args.path, bodies, args.warm_up, args.concurrency)
-        wait_for_traces(settings, servers[True])
+        wait_for_traces(servers[True])
         meter = CpuMeter({str(on): server.process.pid for on, server in servers.items()})
         for pair, order in enumerate(pair_orders(args.pairs, args.seed)):
             for on in order:
                 pid = servers[on].process.pid
                 cpu_before, threads_before, steal = meter.read()[str(on)], thread_cpu(pid), StealMeter()
                 result = load(servers[on], args.path, bodies, args.requests, args.concurrency)
-                threads_loaded = thread_cpu(pid)
-                drain = wait_for_traces(settings, servers[on])
+                ended, threads_loaded = time.monotonic(), thread_cpu(pid)
+                unwritten = int(servers[on].requests - sink_counts(servers[on])) if servers[on].tracing else 0
+                drain = wait_for_traces(servers[on])
                 cpu_s = meter.read()[str(on)] - cpu_before
                 threads_after = thread_cpu(pid)
                 seg = Segment(
@@ -288,13 +303,19 @@ def main() -> None:
                     threads_after["main"] - threads_before["main"],
                     threads_after["threads"] - threads_before["threads"],
                     (threads_loaded["main"] - threads_before["main"]) / max(1e-9, result.seconds),
+                    unwritten,
                 )
+                time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ended)))
                 segments.append(seg)
                 print(
                     f"pair {pair + 1:>2} {'on ' if on else 'off'}: {result.rps:7.0f} req/s, p50 {result.p50:6.2f} ms, "
                     f"p99 {result.p99:6.2f} ms, errors {result.errors}, {cpu_us(seg):.0f} µs CPU/request "
                     f"({per_request(seg, seg.loop_s):.0f} loop, busy {seg.loop_busy:.0%}), steal {seg.steal:.0%}"
-                    + (f", traces in {drain:.2f} s" if servers[on].tracing else ""),
+                    + (
+                        f", {unwritten} traces unwritten at its end, written in {drain:.2f} s"
+                        if servers[on].tracing
+                        else ""
+                    ),
                     flush=True,
                 )
         drops = dropped(servers[True]) if servers[True].tracing else 0.0
@@ -390,6 +411,12 @@ def report(
     rps_on = sum(s.result.sent for s in on) / sum(s.result.seconds for s in on)
     rps_off = sum(s.result.sent for s in off) / sum(s.result.seconds for s in off)
     print(f"total: off {rps_off:.0f} req/s, on {rps_on:.0f} req/s: {100 * (1 - rps_on / rps_off):.1f} %")
+    if served_on.tracing:
+        late = statistics.median(100 * s.unwritten / max(1, s.result.sent) for s in on)
+        print(
+            f"traces unwritten when an on-segment's load ended (written after it, off the clock): median {late:.1f} % "
+            f"of the segment's, at most {max(s.unwritten for s in on)}"
+        )
     cpu_on = statistics.median(cpu_us(s) for s in on)
     cpu_off = statistics.median(cpu_us(s) for s in off)
     print(
