@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON lines too.")
     args = parser.parse_args()
+    if args.capacity is not None and args.capacity <= 0:
+        parser.error("--capacity must be a positive rate in calls/s")
 
     home = args.home.resolve()
     settings, catalog = demo_state(home)
@@ -271,7 +273,7 @@ def main() -> None:
                                  headers=headers))  # fmt: skip
         cap = (
             None
-            if args.capacity
+            if args.capacity is not None
             else asyncio.run(
                 run_load(
                     servers[0].url + PATH,

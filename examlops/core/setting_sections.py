@@ -129,8 +129,9 @@ class RecordingSettings(Section):
     """How bus jobs are recorded (seed 000, step 9): the records stream and the bridge's recording child."""
 
     nice: int = Field(19, ge=0, le=19)
-    """The recording child's nice value, taken once it is connected (0 keeps the bridge's priority): on cores
-    the bus load keeps busy, recording then runs in their idle time instead of taking it from the jobs."""
+    """How far the recording child lowers its priority once connected: added to the bridge's nice value, at
+    most 19 (0 keeps the bridge's priority). On cores the bus load keeps busy, recording then runs in their
+    idle time instead of taking it from the jobs."""
     batch: int = Field(256, ge=1)
     """Records a recorder writes at most in one step (one audit append, one failure-window update)."""
     linger_s: float = Field(0.1, ge=0)
@@ -164,13 +165,13 @@ class TracingSettings(Section):
     linger_s: float = Field(1.0, ge=0)
     """How long the writer waits for more traces when fewer than ``batch`` are waiting. Few, large batches
     cost serving less than many small ones (``bench/auth_trace_cost.py --on-setting``, figures in
-    ``bench/RESULTS.md``); a trace is in SQL within about this long."""
+    ``bench/RESULTS.md``); a trace is in SQL within about this long while the writer keeps up."""
     prune_every_s: float = Field(300.0, gt=0)
     """How often the writer applies the retention (clears expired payloads, deletes expired rows)."""
     nice: int = Field(19, ge=0, le=19)
-    """Serving's trace writer child's nice value, taken once it has started (0 keeps serving's priority): on
-    cores the calls keep busy, trace rows are then written in their idle time instead of taking it from the
-    calls (``bench/auth_trace_cost.py``). A writer that cannot keep up fills ``bound``: past it traces are
+    """How far serving's trace writer child lowers its priority once started: added to serving's nice value,
+    at most 19 (0 keeps serving's priority). On cores the calls keep busy it then writes in their idle time
+    instead of taking it from the calls. A writer that cannot keep up fills ``bound``: past it traces are
     dropped and counted, never a call slowed."""
     node: str = ""
     """The name this serving instance or bridge writes as the trace's node; empty: `hostname:pid`."""
