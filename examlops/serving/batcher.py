@@ -31,13 +31,13 @@ Batch contract of ``MicroBatcher`` (MLServer's adaptive batcher and Ray Serve's 
   the handler get ``grace_s`` to finish, then they are cancelled and their items fail too.
 
 Futures and timers are made on the running loop (``start``), never in ``__init__``. The queue entries and
-the flush and fit rules are ``serving.waiters``; ``ledger`` is the queue as arrays for admission (``serving.ledger``).
+the flush and fit rules are ``serving.waiters``; the heaps by group ``serving.queues``, whose ``ledger`` is the queue as
+arrays for admission (``serving.ledger``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 import math
@@ -46,8 +46,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from examlops.core.errors import ExamlopsError, NotReady
-from examlops.serving.ledger import Ledger
-from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time, hopeless
+from examlops.serving.queues import GroupQueues
+from examlops.serving.waiters import InFlight, Waiter, fail_all, fits, flush_time
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,18 @@ class MicroBatcher(Generic[T, R]):
         self._eager_below = eager_below
         self._max_in_flight = max_in_flight
         self._horizon_s = horizon_s
-        self._expired = expired or (lambda item: NotReady("the deadline passed while the item was queued"))
         self._lead = lead
-        self._early_expiry = early_expiry
-        self._group = group
-        self._tally = tally or (lambda item: "")
         self._name = name
-        self.ledger = Ledger()  # the waiting items in queue order, tallied by ``tally``: what admission reads
-        self._heaps: dict[Hashable, list[Waiter[T, R]]] = {None: []}  # by group (all in None without)
+        self._queues: GroupQueues[T, R] = GroupQueues(
+            expired=expired or (lambda item: NotReady("the deadline passed while the item was queued")),
+            lead=lead,
+            early_expiry=early_expiry,
+            group=group,
+            tally=tally or (lambda item: ""),
+        )
+        self.ledger = (
+            self._queues.ledger
+        )  # the waiting items in queue order, tallied by ``tally``: what admission reads
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
@@ -108,7 +112,7 @@ class MicroBatcher(Generic[T, R]):
 
     def queued(self, key: float = math.inf) -> list[T]:
         """The items waiting (not yet handed over) whose key is at most ``key``: what a new one would wait behind."""
-        queues = itertools.chain(self._collecting, *self._heaps.values())
+        queues = itertools.chain(self._collecting, self._queues.waiting())
         return [waiter.item for waiter in queues if waiter.key <= key and not waiter.future.done()]
 
     def forming(self) -> list[tuple[float, float, T]]:
@@ -142,7 +146,7 @@ class MicroBatcher(Generic[T, R]):
         if key is None:
             key = due if due is not None else self._loop.time() + self._horizon_s
         waiter = Waiter(key, next(self._seq), item, future, math.inf if due is None else due)
-        self._queue(waiter)
+        self._queues.push(waiter)
         self._poke()
         try:
             return await future
@@ -187,47 +191,18 @@ class MicroBatcher(Generic[T, R]):
             if timer is not None:
                 timer.cancel()
 
-    def _group_of(self, waiter: Waiter[T, R]) -> Hashable:
-        return None if self._group is None else self._group(waiter.item)
-
     def _full(self, group: Hashable) -> bool:
         return self._max_in_flight > 0 and self._busy[group] >= self._max_in_flight
-
-    def _next(self) -> list[Waiter[T, R]] | None:
-        """The queue a batch opens from: the only one if not empty and not full (without groups), else the
-        group's, not full, with the earliest head; None when there is none."""
-        if self._group is None:
-            heap = self._heaps[None]
-            return heap if heap and not self._full(None) else None
-        heads = [(heap[0], heap) for group, heap in self._heaps.items() if heap and not self._full(group)]
-        return min(heads, key=lambda head: head[0])[1] if heads else None
-
-    def _queue(self, waiter: Waiter[T, R]) -> None:
-        heapq.heappush(self._heaps.setdefault(self._group_of(waiter), []), waiter)
-        self.ledger.add(waiter.key, waiter.seq, waiter.due, self._tally(waiter.item))
-
-    def _take(self, heap: list[Waiter[T, R]], now: float) -> Waiter[T, R] | None:
-        """The next live item of ``heap``; items already answered are dropped, expired (or hopeless) ones failed."""
-        while heap:
-            waiter = heapq.heappop(heap)
-            self.ledger.discard(waiter.key, waiter.seq)
-            if waiter.future.done():
-                continue
-            if waiter.due <= now or (self._early_expiry and hopeless(waiter, now, self._lead)):
-                waiter.future.set_exception(self._expired(waiter.item))
-                continue
-            return waiter
-        return None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while (heap := self._next()) is None:
+            while (heap := self._queues.opening(self._full)) is None:
                 await self._sleep(math.inf)  # until a submit or a batch that ends
-            first = self._take(heap, loop.time())
+            first = self._queues.take(heap, loop.time())
             if first is None:
                 continue
-            group = self._group_of(first)
+            group = self._queues.group_of(first)
             batch = self._collecting = [first]
             opened = loop.time()
             flush_at = flush_time(batch, opened, self._max_wait_s, self._lead)
@@ -235,13 +210,13 @@ class MicroBatcher(Generic[T, R]):
                 now = loop.time()
                 # Under load the queue already holds the next items: take them without arming a timer.
                 if heap:
-                    waiter = self._take(heap, now)
+                    waiter = self._queues.take(heap, now)
                     if waiter is None:
                         continue
                     # Background work never rides in an interactive batch; a call that does not fit waits.
                     background = waiter.key == math.inf and first.key != math.inf
                     if background or not fits(batch, waiter, now, self._lead):
-                        self._queue(waiter)  # it waits for the next batch
+                        self._queues.push(waiter)  # it waits for the next batch
                         break
                     batch.append(waiter)
                     if waiter.due < flush_at:
@@ -287,11 +262,7 @@ class MicroBatcher(Generic[T, R]):
 
     def _fail_waiting(self, error: BaseException) -> None:
         waiting, self._collecting = self._collecting, []
-        for heap in self._heaps.values():
-            waiting += heap
-            heap.clear()
-        self.ledger.clear()
-        fail_all(waiting, error)
+        fail_all(waiting + self._queues.clear(), error)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         if self._closed:
