@@ -26,8 +26,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -44,7 +43,7 @@ from examlops.serving.hotset import EntryInfo, HotSet, ReloadChange
 from examlops.serving.metrics import PINNED_ALIAS, PipelineMetrics, outcome_of
 from examlops.serving.ports import ControlEventSink, ModelSource, PredictRuntime, TrafficRuleStore
 from examlops.serving.router import Router, validate_split
-from examlops.serving.upkeep import load_unloaded, poll_reload
+from examlops.serving.upkeep import Upkeep
 
 
 def _model_of(req: InferenceRequest) -> str:
@@ -79,8 +78,6 @@ class Pipeline:
         self._runtime = runtime
         self._clock = clock
         self._wall = wall
-        # Capped at 30 s: a model whose default alias appears later starts serving within half a minute.
-        self._load_backoff = Backoff(load_retry_s, max(load_retry_s, 30.0))
         self._router = Router(rules, settings.traffic.rules_ttl_s, clock, rng)
         self._hotset = HotSet(
             catalog,
@@ -90,6 +87,8 @@ class Pipeline:
             version_cache_size=settings.hotset.version_cache_size,
             clock=wall,
         )
+        # Load retries capped at 30 s: a model whose default alias appears later starts serving within half a minute.
+        self._upkeep = Upkeep(self._hotset, Backoff(load_retry_s, max(load_retry_s, 30.0)))
         capacity = predict_capacity(runtime, settings.predict.workers)
         per_model, workers = capacity.per_model, capacity.workers
         self._batcher: MicroBatcher[InferenceRequest, Reply] = MicroBatcher(
@@ -116,15 +115,14 @@ class Pipeline:
         )  # fmt: skip
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = PipelineMetrics(self.registry, self._hotset)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._started = self._ready = self._closed = False
+        self._started = self._closed = False
         self._calls = 0
         self._metrics.in_flight.set_function(lambda: self._calls)  # read at each scrape
 
     @property
     def ready(self) -> bool:
         """True once every model's default alias has loaded, until close (or the batching task dies)."""
-        return self._ready and not self._closed and self._batcher.running
+        return self._upkeep.ready and not self._closed and self._batcher.running
 
     @property
     def in_flight(self) -> int:
@@ -139,17 +137,12 @@ class Pipeline:
         await self._runtime.start()
         self._batcher.start()
         await self._hotset.load_all()
-        self._ready = not self._hotset.missing_defaults()
-        self._keep_loading()
-        if self.settings.hotset.reload_poll_s > 0:
-            self._spawn(poll_reload(self.reload, self.settings.hotset.reload_poll_s), "hotset-poll")
+        self._upkeep.start(self.reload, self.settings.hotset.reload_poll_s)
 
     async def close(self) -> None:
         """Stop background work and fail requests still waiting for a batch with ``NotReady``."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._upkeep.close()
         await self._batcher.close()
         await self._hotset.close()
         await self._runtime.close()
@@ -174,8 +167,8 @@ class Pipeline:
         """Follow moved aliases now (load, swap, release); what changed, refused ones included, each event
         naming ``actor`` (who asked; the poll by default)."""
         changes = await self._hotset.reload(model)
-        self._note_loaded()
-        self._keep_loading()  # a version moved in that failed gets its tries behind, as one at start does
+        self._upkeep.note_loaded()
+        self._upkeep.keep_loading()  # a version moved in that failed gets its tries behind, as one at start does
         await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
 
@@ -302,16 +295,3 @@ class Pipeline:
     def _lead_s(self, batch: Sequence[InferenceRequest]) -> float:
         """Seconds the batcher must flush ``batch`` ahead of its tightest deadline: its predict time."""
         return (self.estimator.costs.lead_ms(batch) + self.settings.admission.overhead_ms) / 1000.0
-
-    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _keep_loading(self) -> None:
-        retrying = self._closed or any(t.get_name() == "hotset-retry" and not t.done() for t in self._tasks)
-        if not retrying and self._hotset.unloaded_models():
-            self._spawn(load_unloaded(self._hotset, self._load_backoff, self._note_loaded), "hotset-retry")
-
-    def _note_loaded(self) -> None:
-        self._ready = self._ready or not self._hotset.missing_defaults()

@@ -1,5 +1,9 @@
 """The hot set's background upkeep: aliases that failed to load at start, and the reload poll.
 
+``Upkeep`` is a pipeline's: it runs both loops below as tasks (one loading loop at a time, started again
+when a reload leaves something unloaded), cancels them on ``close``, and is ``ready`` once every default
+alias has loaded (it stays so).
+
 Contracts: ``load_unloaded`` retries the models with an alias whose load failed (any alias: a Staging
 that failed once at start would otherwise stay out until an alias moves) or whose default alias is not
 loaded, until none is left, waiting by a ``Backoff`` between rounds and calling ``after_round`` after each.
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from examlops.core.backoff import Backoff
 from examlops.serving.hotset import HotSet, ReloadChange
@@ -76,3 +81,42 @@ async def poll_reload(reload: Callable[[], Awaitable[list[ReloadChange]]], every
                     change.old_version,
                     change.new_version,
                 )
+
+
+class Upkeep:
+    """A pipeline's background work on its hot set (contract above)."""
+
+    def __init__(self, hotset: HotSet, backoff: Backoff) -> None:
+        self._hotset = hotset
+        self._backoff = backoff
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.ready = False
+
+    def start(self, reload: Callable[[], Awaitable[list[ReloadChange]]], poll_s: float) -> None:
+        """After the hot set's first load: note readiness, retry what failed behind, poll every ``poll_s``
+        (never when 0)."""
+        self.ready = not self._hotset.missing_defaults()
+        self.keep_loading()
+        if poll_s > 0:
+            self._spawn(poll_reload(reload, poll_s), "hotset-poll")
+
+    def keep_loading(self) -> None:
+        """Start the loading loop when something is left to load and none runs."""
+        retrying = self._closed or any(t.get_name() == "hotset-retry" and not t.done() for t in self._tasks)
+        if not retrying and self._hotset.unloaded_models():
+            self._spawn(load_unloaded(self._hotset, self._backoff, self.note_loaded), "hotset-retry")
+
+    def note_loaded(self) -> None:
+        self.ready = self.ready or not self._hotset.missing_defaults()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
