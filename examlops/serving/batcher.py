@@ -92,9 +92,8 @@ class MicroBatcher(Generic[T, R]):
             group=group,
             tally=tally or (lambda item: ""),
         )
-        self.ledger = (
-            self._queues.ledger
-        )  # the waiting items in queue order, tallied by ``tally``: what admission reads
+        # The waiting items in queue order, tallied by ``tally``: what admission reads.
+        self.ledger = self._queues.ledger
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None

@@ -2,8 +2,9 @@
 
 ``Ledger`` holds, per waiting item, its ``key`` (queue order; ties in arrival order, ``seq``), its ``due``
 (loop time; ``math.inf``: none) and its tally (the model it calls, as an index into ``names``). The
-batcher adds an item when it is queued and discards it when it leaves the queue (taken into a batch,
-dropped, or given up by its caller), so the ledger is the queue at every moment the loop runs.
+batcher's queues (``serving.queues``) add an item when it is queued and discard it when it leaves the queue
+(taken into a batch, or dropped), and the batcher when its caller gives up, so the ledger is the queue at
+every moment the loop runs.
 
 Contract: ``view`` gives the three arrays in queue order; the estimate reads "the calls ahead of a key"
 as a prefix found by binary search and "the calls behind it" as the rest, so deciding admission costs

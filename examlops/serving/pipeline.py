@@ -167,8 +167,7 @@ class Pipeline:
         """Follow moved aliases now (load, swap, release); what changed, refused ones included, each event
         naming ``actor`` (who asked; the poll by default)."""
         changes = await self._hotset.reload(model)
-        self._upkeep.note_loaded()
-        self._upkeep.keep_loading()  # a version moved in that failed gets its tries behind, as one at start does
+        self._upkeep.reloaded()
         await self._events.reloaded(changes, actor)  # every swap; a refusal once per refused version
         return changes
 

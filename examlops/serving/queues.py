@@ -7,10 +7,11 @@
 - ``take(heap, now)``: the next live item of ``heap``, out of the ledger: items already answered are dropped,
   and those whose ``due`` (loop time) has come, or with ``early_expiry`` would come before a batch of them
   alone is handled (as ``lead`` expects), fail with ``expired(item)``.
+- ``group_of(waiter)``: its group (None without ``group``).
 - ``waiting()`` iterates over every queued waiter; ``clear()`` empties the heaps and the ledger and returns
   what waited.
 
-No loop and no task: the batcher owns those, and the futures.
+No loop and no task: the batcher owns those and creates the futures; ``take`` fails the expired ones.
 """
 
 from __future__ import annotations

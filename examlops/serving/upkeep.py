@@ -1,8 +1,8 @@
 """The hot set's background upkeep: aliases that failed to load at start, and the reload poll.
 
 ``Upkeep`` is a pipeline's: it runs both loops below as tasks (one loading loop at a time, started again
-when a reload leaves something unloaded), cancels them on ``close``, and is ``ready`` once every default
-alias has loaded (it stays so).
+by ``reloaded`` when a reload left something unloaded), cancels them on ``close`` (and starts none after
+it), and is ``ready`` once every default alias has loaded (it stays so).
 
 Contracts: ``load_unloaded`` retries the models with an alias whose load failed (any alias: a Staging
 that failed once at start would otherwise stay out until an alias moves) or whose default alias is not
@@ -96,6 +96,8 @@ class Upkeep:
     def start(self, reload: Callable[[], Awaitable[list[ReloadChange]]], poll_s: float) -> None:
         """After the hot set's first load: note readiness, retry what failed behind, poll every ``poll_s``
         (never when 0)."""
+        if self._closed:  # closed while the first load ran
+            return
         self.ready = not self._hotset.missing_defaults()
         self.keep_loading()
         if poll_s > 0:
@@ -108,9 +110,17 @@ class Upkeep:
             self._spawn(load_unloaded(self._hotset, self._backoff, self.note_loaded), "hotset-retry")
 
     def note_loaded(self) -> None:
+        """Ready once every default alias has loaded."""
         self.ready = self.ready or not self._hotset.missing_defaults()
 
+    def reloaded(self) -> None:
+        """After a reload: note readiness, and retry behind a version moved in that failed to load (as one at
+        start is)."""
+        self.note_loaded()
+        self.keep_loading()
+
     async def close(self) -> None:
+        """Cancel the loops and wait for them to end; none starts after."""
         self._closed = True
         for task in list(self._tasks):
             task.cancel()

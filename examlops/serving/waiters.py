@@ -1,7 +1,7 @@
 """The micro-batcher's waiting items and the two timing rules a batch is formed by (``serving.batcher``).
 
 - ``Waiter``: one submitted item, its future and its ``due`` (loop time; ``math.inf``: no deadline),
-  ordered by ``key``, then arrival (``seq``): the batcher's heap takes the earliest key first.
+  ordered by ``key``, then arrival (``seq``): each heap of ``serving.queues`` takes the earliest key first.
 - ``InFlight``: a batch being handled, when it was handed over and its items (the admission estimate
   reads it).
 - ``flush_time``: when a batch must go, ``max_wait_s`` after it opened or earlier for its tightest ``due``

@@ -10,8 +10,8 @@ import pytest
 
 from examlops.core.backoff import Backoff
 from examlops.core.errors import ModelLoadTimeout
-from examlops.serving.hotset import LOAD_TRIES, HotSet
-from examlops.serving.upkeep import load_unloaded
+from examlops.serving.hotset import LOAD_TRIES, HotSet, ReloadChange
+from examlops.serving.upkeep import Upkeep, load_unloaded
 from tests.unit.serving.fakes import InMemoryModelSource, RecordingRuntime, make_catalog
 
 pytestmark = pytest.mark.looptime  # the backoff's waits are virtual time
@@ -101,3 +101,23 @@ async def test_unloaded_models_names_a_failed_alias_not_given_up_or_a_default_al
     assert runtime.loads.count("AC/5") == LOAD_TRIES + 1
     # The default aliases are retried without limit, as before: the service is not ready without them.
     assert hotset.unloaded_models() == ["CRCP", "AC"]
+
+
+async def test_an_upkeep_closed_while_the_first_load_ran_starts_no_loop() -> None:
+    hotset, _ = hotset_of(RecordingRuntime())
+    polls: list[int] = []
+
+    async def reload() -> list[ReloadChange]:
+        polls.append(1)
+        return []
+
+    upkeep = Upkeep(hotset, QUICK)
+    await upkeep.close()  # the pipeline closed while its start awaited the hot set's first load
+    upkeep.start(reload, 0.01)
+    await asyncio.sleep(1.0)
+    assert polls == []
+    live = Upkeep(hotset, QUICK)  # the same start on an open upkeep polls
+    live.start(reload, 0.01)
+    await asyncio.sleep(0.05)
+    await live.close()
+    assert polls
