@@ -15,7 +15,7 @@ how many, how many over 5 ms, their total, and how many the governor made at its
 
     .venv/bin/python bench/collector_pause.py --rates 600 600 600 [--seconds 6] [--home PATH]
 
-``--b-setting NAME=VALUE`` (repeatable) gives the second server those settings instead of
+``--b-setting EXAMLOPS_NAME=VALUE`` (repeatable) gives the second server those settings instead of
 ``collector_pause_at=0`` (``EXAMLOPS_ADMISSION__HEADROOM=0``, say), for an A/B of any settings under overload
 (the collector's columns are then each server's pauses, whatever its settings); ``--names`` names the two
 servers in the output.
@@ -35,6 +35,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo import add_on_setting, on_settings
 from openloop import Sent, open_loop
 from overload import PATH, Server, mixed_budgets, segment_options, segment_state, start_server, warm
 from overload_timeline import gc_pauses
@@ -74,19 +75,11 @@ def row(name: str, records: list[Sent], seconds: float, pauses: dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     segment_options(parser)
-    parser.add_argument(
-        "--b-setting",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="An environment setting of the second server instead of the collector's off (repeatable).",
-    )
+    add_on_setting(parser, "second server, instead of the collector's off", "--b-setting")
     parser.add_argument("--names", nargs=2, default=None, metavar=("A", "B"), help="The two servers' names.")
     args = parser.parse_args()
-    if any("=" not in setting for setting in args.b_setting):
-        parser.error("--b-setting takes NAME=VALUE")
-    b_env = dict(setting.split("=", 1) for setting in args.b_setting) if args.b_setting else OFF
-    names = args.names or (["governor", "off"] if not args.b_setting else ["defaults", "b"])
+    b_env = on_settings(parser, args) or OFF
+    names = args.names or (["governor", "off"] if b_env is OFF else ["defaults", "b"])
 
     _, home, headers, pool = segment_state(args)
     servers: list[tuple[str, Server]] = []

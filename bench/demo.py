@@ -43,11 +43,12 @@ def bodies(dim: int, count: int, *, seed: int) -> list[dict[str, object]]:
     return [{"embedding": [float(v) for v in rng.normal(0, 0.05, dim)], "node_count": 12} for _ in range(count)]
 
 
-def add_on_setting(parser: argparse.ArgumentParser, who: str) -> None:
-    """``--on-setting EXAMLOPS_NAME=VALUE`` (repeatable): a setting of the bench's "on" side only (``who``);
-    read it with ``on_settings``."""
+def add_on_setting(parser: argparse.ArgumentParser, who: str, flag: str = "--on-setting") -> None:
+    """``--on-setting EXAMLOPS_NAME=VALUE`` (repeatable; ``flag`` names it otherwise): a setting of one side of
+    the bench only (``who``); read it with ``on_settings``."""
     parser.add_argument(
-        "--on-setting",
+        flag,
+        dest="on_setting",
         action="append",
         default=[],
         metavar="EXAMLOPS_NAME=VALUE",
@@ -59,5 +60,5 @@ def on_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     """The ``--on-setting`` values as environment variables; a usage error for one that is not one."""
     settings = dict(item.partition("=")[::2] for item in args.on_setting)
     if any(not name.startswith("EXAMLOPS_") or not value for name, value in settings.items()):
-        parser.error("--on-setting takes EXAMLOPS_NAME=VALUE")
+        parser.error("a setting takes EXAMLOPS_NAME=VALUE")
     return settings
