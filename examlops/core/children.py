@@ -6,8 +6,9 @@ Shared by the predict pool's workers and the bridge's recording child.
 - ``warm_context(preload)`` is a "forkserver" context instead, where the platform has one: a clean
   single-threaded server process imports ``preload`` once and forks every child from itself, so a child
   starts with those modules in memory (shared copy-on-write) and none of its parent's threads. Spawn where
-  there is no forkserver (Windows). ``warm_up(context)`` waits until that server has imported them;
-  ``stop_warm_server(context)`` stops it and waits for its exit.
+  there is no forkserver (Windows). The server and its children ignore SIGTERM, which a stop of the parent's
+  whole process group sends them too: the parent stops them. ``warm_up(context)`` waits until that server
+  has imported them; ``stop_warm_server(context)`` stops it and waits for its exit.
 - ``start_child(target, args, name=..., context=...)`` returns a started daemon process; ``OSError`` when it
   cannot start.
 - ``stop_child(process, timeout_s, ask=...)`` sends SIGTERM when ``ask`` (else only waits: a child that
@@ -49,15 +50,20 @@ RESTART = Backoff(1.0, 30.0)
 """The delay before a child is started again, doubling while children keep dying young."""
 
 
+IGNORE_SIGTERM = "examlops.core.fork_server_signals"
+"""Preloaded last by every warm fork server: it and its children ignore SIGTERM (the parent owns shutdown)."""
+
+
 def warm_context(preload: Sequence[str]) -> ChildContext:
-    """A context whose children fork from a server that imported ``preload`` (and the main module) once."""
+    """A context whose children fork from a server that imported ``preload`` (and the main module) once; the
+    server and its children ignore SIGTERM (``fork_server_signals``)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return CONTEXT
     context = multiprocessing.get_context("forkserver")
     main = getattr(sys.modules["__main__"], "__spec__", None)
     # A child imports the parent's main module by name when it is not the server's (python -m ...): warm it too.
     named_main = [main.name] if main is not None and main.name else []
-    context.set_forkserver_preload(["__main__", *named_main, *preload])
+    context.set_forkserver_preload(["__main__", *named_main, *preload, IGNORE_SIGTERM])
     return context
 
 

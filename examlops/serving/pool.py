@@ -36,7 +36,9 @@ Contract (``PredictRuntime`` of ``examlops.serving.ports``):
 - No caller hangs: a dead worker fails what it held; when the pool's own machinery fails
   (a reply it cannot read, a worker it cannot spawn, workers dying as they start), the pool
   breaks: every worker is stopped and every pending call and waiter gets an error.
-- Workers ignore SIGINT (the parent owns shutdown) and exit when the parent dies.
+- Workers (and their fork server) ignore SIGINT and SIGTERM (the parent owns shutdown: a stop of serving's
+  whole process group drains the calls in flight as a stop of serving alone does) and exit when the parent
+  dies.
 - Not thread-safe: call every method from the event loop that ran ``start()``. Spawning a worker
   blocks the loop briefly (its start-up happens in the child): only in ``start`` and on a replacement.
 """
@@ -253,7 +255,7 @@ class ProcessPredictPool:
             return
         try:
             self._roster.replace(worker, self._spawn)
-        except (OSError, EOFError) as exc:  # EOFError: the forkserver is gone (a signal to the whole group)
+        except (OSError, EOFError) as exc:  # EOFError: the fork server is gone (killed)
             log.warning("cannot start a predict worker: %r; the pool stops", exc)
             self._break(f"cannot start a predict worker: {exc!r}")
 

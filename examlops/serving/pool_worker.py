@@ -11,7 +11,8 @@ time and in order, and answers each with ``(request id, status, value)``:
   with a short message when the model raises or returns an empty, wrongly sized or non-finite
   result (the process survives), ``missing`` when the key is not loaded here.
 
-It ignores SIGINT (the parent owns shutdown) and exits at once on pipe EOF or, even in the
+It ignores SIGINT and SIGTERM, which reach serving's whole process group (Ctrl-C; systemd's default stop):
+the parent owns shutdown, draining the calls in flight first. It exits at once on pipe EOF or, even in the
 middle of a prediction, within a second of its parent's death.
 """
 
@@ -36,6 +37,7 @@ MESSAGE_CHARS = 200
 def serve(conn: Connection, loader: ModelLoader, parent_pid: int) -> None:
     """Run requests until the parent closes the pipe or dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_with_parent(parent_pid)
     models: dict[str, Predictor] = {}
     while True:

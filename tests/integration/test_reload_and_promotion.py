@@ -422,7 +422,7 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
 # (f) SIGTERM with requests in flight
 
 
-async def _drain(server: ServingProcess, count: int) -> tuple[list[int], list[int]]:
+async def _drain(server: ServingProcess, count: int, group: bool) -> tuple[list[int], list[int]]:
     async with httpx.AsyncClient(
         base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=100), headers=server.auth
     ) as client:
@@ -436,7 +436,10 @@ async def _drain(server: ServingProcess, count: int) -> tuple[list[int], list[in
         deadline = time.monotonic() + 10
         while await in_flight() < count and time.monotonic() < deadline:  # noqa: ASYNC110 - another process's state
             await asyncio.sleep(0.01)
-        os.kill(server.proc.pid, signal.SIGTERM)
+        if group:  # what systemd's default stop does: the predict workers and their fork server get it too
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        else:
+            os.kill(server.proc.pid, signal.SIGTERM)
         probes: list[int] = []
         while not all(task.done() for task in sent):
             try:  # a new connection each time, as a load balancer's probe
@@ -447,7 +450,8 @@ async def _drain(server: ServingProcess, count: int) -> tuple[list[int], list[in
         return [(await task).status_code for task in sent], probes
 
 
-def test_sigterm_with_requests_in_flight_loses_none_and_exits_0(store: Store) -> None:
+@pytest.mark.parametrize("group", [False, True], ids=["to-serving", "to-its-process-group"])
+def test_sigterm_with_requests_in_flight_loses_none_and_exits_0(store: Store, group: bool) -> None:
     server = _serving(
         store,
         EXAMLOPS_PREDICT__WORKERS="2",
@@ -457,7 +461,7 @@ def test_sigterm_with_requests_in_flight_loses_none_and_exits_0(store: Store) ->
     )
     try:
         server.wait_ready()
-        statuses, probes = asyncio.run(_drain(server, 32))
+        statuses, probes = asyncio.run(_drain(server, 32, group))
         assert server.proc.wait(30) == 0, server.log_tail()
     finally:
         code = server.stop()
