@@ -45,6 +45,29 @@ def _clean_examlops_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+THIRD_PARTY_ENVIRONMENT = (
+    "PREFECT_HOME",
+    "PREFECT_API_URL",
+    "PREFECT_SERVER_ANALYTICS_ENABLED",
+    "MLFLOW_DISABLE_TELEMETRY",
+)
+"""What `exa`'s callback and ``flows.wiring.prefect_environment`` set with ``os.environ.setdefault``."""
+
+
+@pytest.fixture(autouse=True)
+def _no_third_party_environment_left(_clean_examlops_env: None) -> Iterator[None]:
+    """An in-process `exa` call (CliRunner) points Prefect at its state folder for the rest of the process:
+    put those variables back as they were before the test, or a later test's first ``import prefect`` would
+    look for its home in a state folder that is not there (the working directory's ``.examlops``)."""
+    before = {name: os.environ.get(name) for name in THIRD_PARTY_ENVIRONMENT}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     home = tmp_path / "state"

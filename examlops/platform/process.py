@@ -13,8 +13,7 @@ Contract:
 - ``stop(grace)`` signals the main process alone (``stop_signal``, SIGTERM by
   default) and waits up to ``grace`` seconds for it to exit, so that it stops
   its own children its own way (serving drains, and only then stops its
-  predict workers; a process that leaves its children to the group's signal
-  would not drain). Then it ends what is left of the group: SIGTERM, up to
+  predict workers). Then it ends what is left of the group: SIGTERM, up to
   ``LEFTOVER_GRACE_S``, SIGKILL. That second step matters: ``mlflow server``
   forks uvicorn, and a SIGTERM to its pid alone orphans the workers. It is
   idempotent and never raises for a process that is already gone. When that

@@ -11,7 +11,7 @@ time and in order, and answers each with ``(request id, status, value)``:
   with a short message when the model raises or returns an empty, wrongly sized or non-finite
   result (the process survives), ``missing`` when the key is not loaded here.
 
-It ignores SIGINT and SIGTERM, which reach serving's whole process group (Ctrl-C; systemd's default stop):
+It ignores SIGINT and SIGTERM, which reach every process of serving (Ctrl-C; systemd's default stop):
 the parent owns shutdown, draining the calls in flight first. It exits at once on pipe EOF or, even in the
 middle of a prediction, within a second of its parent's death.
 """
