@@ -14,6 +14,7 @@ import typer
 from examlops.cli.output import BAD_INPUT, JsonOption, errors_as_exit, fail, load_settings, print_json, print_table
 from examlops.cli.serve import UrlOption, _client, _random_embedding, read_embedding
 from examlops.cli.served import served_prediction, served_target
+from examlops.core import errors
 from examlops.core.settings import Settings
 
 
@@ -130,9 +131,15 @@ def _stream(
     )
     body["instances"] = read_instances(instances_file, node_count)
     wait_s = max(30.0, (budget_ms or 0.0) / 1000.0 + 5.0)
-    with _client(url) as client:
-        print_stream(
-            client.stream(f"{path}/stream", json=body, read_timeout_s=wait_s),
-            len(body["instances"]),
-            as_json=as_json,
-        )
+    try:
+        with _client(url) as client:
+            print_stream(
+                client.stream(f"{path}/stream", json=body, read_timeout_s=wait_s),
+                len(body["instances"]),
+                as_json=as_json,
+            )
+    except errors.PayloadTooLarge as exc:  # a stream is one request body; a job takes a file of any size
+        raise errors.PayloadTooLarge(
+            f"{exc} ({len(body['instances'])} instances in one stream): stream fewer at a time, or submit "
+            f"them as an offline job (`exa jobs submit --task T --file {instances_file}`)"
+        ) from exc

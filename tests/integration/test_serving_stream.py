@@ -110,3 +110,19 @@ def test_exa_predict_stream_prints_every_chunk_as_ndjson(server: ServingProcess,
     table = runner.invoke(exa, ["predict", "JPCP", "--file", str(path), "--stream", "--url", server.url])
     assert table.exit_code == 0, table.output
     assert "0-15  JPCP Production" in table.stdout and "answered 50 of 50" in table.stdout
+
+
+def test_a_stream_over_the_body_limit_is_exit_2_naming_the_instances_and_offline_jobs(
+    server: ServingProcess, tmp_path: Path
+) -> None:
+    path = tmp_path / "big.jsonl"
+    rng = np.random.default_rng(3)  # full-precision floats: 200 instances of 384 make about 1.5 MB
+    path.write_text("".join(json.dumps({"embedding": rng.normal(0, 0.05, 384).tolist()}) + "\n" for _ in range(200)))
+    assert path.stat().st_size > 1 << 20
+    runner = CliRunner(env={"EXAMLOPS_TOKEN": server.token})
+    args = ["predict", "JPCP", "--file", str(path), "--node-count", "12", "--stream", "--url", server.url]
+    result = runner.invoke(exa, args)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert "larger than 1048576 bytes (200 instances in one stream)" in said
+    assert f"exa jobs submit --task T --file {path}" in said
