@@ -151,9 +151,25 @@ def result(
             client.download(f"{_job_path(job_id)}/result", sys.stdout.buffer)
             sys.stdout.buffer.flush()
         else:
-            with output.open("wb") as sink:
-                written = client.download(f"{_job_path(job_id)}/result", sink)
+            written = _download_to(client, f"{_job_path(job_id)}/result", output)
             console.print(f"wrote {written} bytes to {output}")
+
+
+def _download_to(client: ServingClient, path: str, output: Path) -> int:
+    """The reply written to a file beside ``output``, then moved onto it: a failed download (an unknown job,
+    a lost connection) leaves ``output`` as it was. A folder that is not there is a usage error (exit 2)."""
+    if not output.parent.is_dir():
+        fail(f"cannot write {output}: there is no folder {output.parent}", BAD_INPUT)
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        with partial.open("wb") as sink:
+            written = client.download(path, sink)
+        partial.replace(output)
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", BAD_INPUT)
+    finally:
+        partial.unlink(missing_ok=True)
+    return written
 
 
 @jobs_app.command("cancel")
@@ -163,8 +179,10 @@ def cancel(job_id: JobId, url: UrlOption = None, as_json: JsonOption = False) ->
         job = client.request("DELETE", _job_path(job_id))
     if as_json:
         print_json(job)
+    elif job["state"] == "cancelled":
+        console.print(f"job {job['job_id']} cancelled")
     else:
-        console.print(f"job {job['job_id']} {job['state']}")
+        console.print(f"job {job['job_id']} had already ended ({job['state']}): nothing to cancel")
 
 
 @jobs_app.command("list")

@@ -49,7 +49,11 @@ def predict(
     ] = False,
     budget_ms: Annotated[
         float | None,
-        typer.Option("--budget-ms", min=0.001, help="How long to wait in ms (the whole stream's, with --stream)."),
+        typer.Option(
+            "--budget-ms",
+            min=0.001,
+            help="Serving's budget in ms (the whole stream's, with --stream): an answer within it, or a refusal.",
+        ),
     ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
@@ -62,6 +66,8 @@ def predict(
         fail("give exactly one of MODEL and --task T", BAD_INPUT)
     if task is not None and (alias is not None or version is not None):
         fail("--task picks the model and alias itself: --alias and --version go with MODEL only", BAD_INPUT)
+    if alias is not None and version is not None:
+        fail("give at most one of --alias A and --version N", BAD_INPUT)
     if stream != (instances_file is not None):
         fail("--stream and --file F go together", BAD_INPUT)
     if stream and (embedding_file is not None or random):

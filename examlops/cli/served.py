@@ -45,6 +45,9 @@ class ServedAnswer(BaseModel):
     budget_remaining_ms: float | None = None
 
 
+REACH_S = 5.0
+"""Seconds the CLI gives a call with a budget to reach serving and its answer to come back, beyond the budget."""
+
 SERVED = InferenceSpec(name="served", input=ServedInstance, output=ServedAnswer)
 REPLY_FIELDS = tuple(name for name in ServedAnswer.model_fields if name != "prediction")
 
@@ -59,13 +62,17 @@ def served_prediction(
     target: ExamlopsTarget, instance: Mapping[str, Any], *, url: str | None, budget_ms: float | None = None
 ) -> dict[str, Any]:
     """Serving's answer to one instance (a ``ServedInstance``'s fields, validated by the port: a bad one is
-    ``InvalidInput``), as serving sent it; ``budget_ms`` becomes the call's deadline."""
+    ``InvalidInput``), as serving sent it. ``budget_ms`` is serving's budget for the call, from when it reads
+    the call; the CLI waits ``REACH_S`` longer for the answer, so that serving's refusal of a budget it cannot
+    meet reaches the user rather than a timeout of the CLI's own."""
     from examlops.bootstrap.inference import serving_inference
     from examlops.cli.output import load_settings
 
     settings = load_settings()
     inference = serving_inference(settings, SERVED.name, target, url=url)
-    options = {} if budget_ms is None else {"timeout": timedelta(milliseconds=budget_ms)}
+    options: dict[str, Any] = {}
+    if budget_ms is not None:
+        options = {"timeout": timedelta(milliseconds=budget_ms, seconds=REACH_S), "budget_ms": budget_ms}
 
     async def call() -> ServedAnswer:
         async with inference:

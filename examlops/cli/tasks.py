@@ -81,7 +81,15 @@ def map_(
     with errors_as_exit(), task_map(settings) as tasks:
         actor = acting_identity(settings, Permission.SET_TRAFFIC)  # Forbidden without the permission
         done = map_task(
-            tasks.map, catalog(settings), task, model, alias, actor=actor, audit=tasks.audit, budget_ms=budget
+            tasks.map,
+            catalog(settings),
+            task,
+            model,
+            alias,
+            actor=actor,
+            audit=tasks.audit,
+            budget_ms=budget,
+            aliases=settings.hotset.aliases,
         )
     route, previous = done.change.route, done.change.previous
     if not done.audited:

@@ -1,7 +1,9 @@
 """Changing the task map: seeding it from the catalog, and an operator's remap, each one audited.
 
 ``map_task`` contract: the task name must be one (``InvalidInput``), the model must be in the catalog
-(``ModelNotFound`` naming the known ones), and the alias defaults to the model's default alias; the
+(``ModelNotFound`` naming the known ones), the alias must be one serving loads (``aliases``, its
+``hotset.aliases``; ``InvalidInput`` naming them: a task on any other would answer every call 404) and
+defaults to the model's default alias; the
 default budget is set (``budget_ms``), cleared (None) or left as it is (``KEEP``, the default; a new task
 then has the catalog's default for it, if any); any of those refused, nothing is changed and nothing is
 audited. The change is stored first, then appended to
@@ -18,13 +20,13 @@ order (files sorted by name).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from examlops.core.budget import MAX_BUDGET_MS
 from examlops.core.errors import InvalidInput
-from examlops.core.messages import canonical_alias
+from examlops.core.messages import KNOWN_ALIASES, canonical_alias
 from examlops.registry.catalog import Catalog
 from examlops.tasks.ports import TaskMap
 from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed, task_name
@@ -70,11 +72,15 @@ def map_task(
     actor: str,
     audit: AuditHook,
     budget_ms: float | Keep | None = KEEP,
+    aliases: Sequence[str] = KNOWN_ALIASES,
 ) -> TaskMapped:
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
     key = task_name(task)
     spec = catalog.get(model)
-    chosen = canonical_alias(alias) if alias and alias.strip() else spec.default_alias_canonical
+    chosen = canonical_alias(alias, list(aliases)) if alias and alias.strip() else spec.default_alias_canonical
+    if chosen not in aliases:
+        served = ", ".join(aliases)
+        raise InvalidInput(f"serving loads the aliases {served}: {chosen!r} is none of them", field="alias")
     if budget_ms is not KEEP and budget_ms is not None and not 0 < budget_ms <= MAX_BUDGET_MS:
         raise InvalidInput(f"the budget must be more than 0 and at most {MAX_BUDGET_MS:.0f} ms", field="budget_ms")
     if budget_ms is KEEP and task_map.get(key) is None:

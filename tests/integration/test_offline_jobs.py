@@ -177,8 +177,17 @@ def test_the_cli_submits_follows_and_downloads_a_job(server: ServingProcess, hom
     assert job_id in {j["job_id"] for j in json.loads(listed.stdout)}
     cancelled = runner.invoke(exa, ["jobs", "cancel", job_id, "--json"], env=env)
     assert json.loads(cancelled.stdout)["state"] == "done"  # an ended job is left as it is
+    said = runner.invoke(exa, ["jobs", "cancel", job_id], env=env)
+    assert said.exit_code == 0 and "had already ended (done): nothing to cancel" in said.output
     missing = runner.invoke(exa, ["jobs", "status", "0" * 32], env=env)
     assert missing.exit_code == 4
+    # A failed download leaves the file it was to replace as it was; a missing folder is a usage error.
+    unknown = runner.invoke(exa, ["jobs", "result", "0" * 32, "--output", str(out)], env=env)
+    assert unknown.exit_code == 4
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == list(range(9))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["instances.jsonl", "results.jsonl"]
+    nowhere = runner.invoke(exa, ["jobs", "result", job_id, "--output", str(tmp_path / "no" / "r.jsonl")], env=env)
+    assert nowhere.exit_code == 2 and "there is no folder" in " ".join(nowhere.output.split())
 
 
 def test_a_job_resumes_after_a_restart_of_serving_without_answering_any_instance_twice(

@@ -126,3 +126,20 @@ def test_a_stream_over_the_body_limit_is_exit_2_naming_the_instances_and_offline
     said = " ".join(result.output.split())  # the console wraps long lines
     assert "larger than 1048576 bytes (200 instances in one stream)" in said
     assert f"exa jobs submit --task T --file {path}" in said
+
+
+@pytest.mark.parametrize(
+    ("budget_ms", "said"),
+    [("0.01", "the budget ran out before the call reached serving's queue"), ("1", "estimated")],
+)
+def test_exa_predict_with_a_budget_serving_cannot_meet_prints_serving_s_refusal(
+    server: ServingProcess, budget_ms: str, said: str
+) -> None:
+    """The budget is serving's: the CLI waits beyond it for the answer, so the refusal (exit 3, with its trace)
+    is what the user sees, not a timeout of the CLI's own before the call reached serving."""
+    runner = CliRunner(env={"EXAMLOPS_TOKEN": server.token})
+    args = ["predict", "--task", "pavement.distress.jpcp", "--random", "--node-count", "12", "--url", server.url]
+    result = runner.invoke(exa, [*args, "--budget-ms", budget_ms])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 3, output
+    assert said in output and "[trace " in output

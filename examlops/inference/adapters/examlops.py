@@ -17,7 +17,9 @@ version answered declares those fields in its output model.
   result. ``max_batch`` (64 by default) keeps a stream of 384-float rows well under serving's 1 MiB body
   limit.
 - Every call sends ``budget_ms`` = what remains of ``call.deadline`` when it is sent, rounded down (never
-  more; no deadline, no budget), ``Authorization: Bearer <token>`` (the adapter's, or ``call.options
+  more; no deadline, no budget), or ``call.options["budget_ms"]`` when that is less: a caller that gives
+  serving a budget but waits longer for its answer (the CLI: a refusal is an answer, and the time to reach
+  serving is not serving's to spend), ``Authorization: Bearer <token>`` (the adapter's, or ``call.options
   ["token"]``, the caller's) and ``X-Examlops-Trace: call.trace_id``. Serving adopts a trace id only from
   a relaying identity (``api.tracing``): for anyone else it makes its own, which the reply's
   ``X-Examlops-Trace`` names; ``served_trace()`` gives it after the call, and an error's message ends
@@ -116,14 +118,25 @@ class ExamlopsTarget:
 
 
 def budget_ms(call: Call) -> float | None:
-    """What remains of the call's deadline in milliseconds, rounded down; None without a deadline."""
+    """What remains of the call's deadline in milliseconds, rounded down, or the ``budget_ms`` option when
+    that is less; None with neither. A ``budget_ms`` option that is not a positive number is VALIDATION."""
+    declared = call.options.get("budget_ms")
+    if declared is not None and (
+        isinstance(declared, bool) or not isinstance(declared, int | float) or not 0 < declared <= MAX_BUDGET_MS
+    ):
+        raise InferenceError(
+            Kind.VALIDATION,
+            f"the budget_ms option must be more than 0 and at most {MAX_BUDGET_MS:.0f} ms",
+            backend=BACKEND,
+            route=call.route,
+        )
     remaining = call.remaining_s()
     if remaining is None:
-        return None
+        return None if declared is None else float(declared)
     ms = min(math.floor(remaining * 1_000_000) / 1000, MAX_BUDGET_MS)
     if ms <= 0:
         raise InferenceError(Kind.TIMEOUT, "the deadline passed before the call", backend=BACKEND, route=call.route)
-    return ms
+    return ms if declared is None else min(ms, float(declared))
 
 
 class ExamlopsAdapter(HttpAdapter[ExamlopsTarget]):
@@ -143,7 +156,7 @@ class ExamlopsAdapter(HttpAdapter[ExamlopsTarget]):
     ) -> None:
         self.token = token
         self.capabilities = Capabilities(
-            native_batching=True, max_batch=max_batch, streaming=True, options=frozenset({"token"})
+            native_batching=True, max_batch=max_batch, streaming=True, options=frozenset({"token", "budget_ms"})
         )
         super().__init__(
             routes, HttpBackend(url, backend=BACKEND, default_timeout_s=default_timeout_s, transport=transport)

@@ -46,6 +46,12 @@ def test_stream_and_file_go_together_and_take_no_other_embedding(args: list[str]
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize("instances", [["--random", "--node-count", "3"], ["--stream", "--file", "x.jsonl"]])
+def test_an_alias_and_a_version_together_are_exit_2(instances: list[str]) -> None:
+    result = runner.invoke(app, ["predict", "JPCP", *instances, "--alias", "canary", "--version", "2"])
+    assert result.exit_code == 2 and "at most one of --alias A and --version N" in result.output
+
+
 def test_a_single_call_still_needs_a_node_count() -> None:
     result = runner.invoke(app, ["predict", "JPCP", "--random"])
     assert result.exit_code == 2 and "--node-count" in result.output

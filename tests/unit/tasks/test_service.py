@@ -92,6 +92,26 @@ def test_an_unknown_model_is_refused_and_changes_nothing(catalog: Catalog) -> No
     assert audit.events == []
 
 
+@pytest.mark.parametrize(("alias", "aliases"), [("bogus", ("Production", "Canary")), ("Staging", ("Production",))])
+def test_an_alias_serving_does_not_load_is_refused_naming_those_it_does_and_changes_nothing(
+    catalog: Catalog, alias: str, aliases: tuple[str, ...]
+) -> None:
+    tasks, audit = InMemoryTaskMap(), Audit()
+    seed_tasks(tasks, catalog)
+    before = dict(tasks.rows)
+    with pytest.raises(InvalidInput) as caught:
+        map_task(tasks, catalog, "pavement.distress.jpcp", "JPCP", alias, actor="x", audit=audit, aliases=aliases)
+    assert caught.value.field == "alias"
+    assert ", ".join(aliases) in caught.value.message and alias in caught.value.message
+    assert tasks.rows == before and audit.events == []
+
+
+def test_a_served_alias_is_taken_in_any_case_and_spelt_as_configured(catalog: Catalog) -> None:
+    tasks = InMemoryTaskMap()
+    done = map_task(tasks, catalog, "pavement.x", "JPCP", "shadow", actor="x", audit=Audit(), aliases=("Shadow",))
+    assert done.change.route.alias == "Shadow"
+
+
 @pytest.mark.parametrize("name", ["", "a b", ".starts.with.dot", "x" * 129, "task/with/slash"])
 def test_a_name_that_cannot_be_a_task_is_refused_and_changes_nothing(catalog: Catalog, name: str) -> None:
     tasks, audit = InMemoryTaskMap(), Audit()

@@ -58,6 +58,34 @@ async def test_a_model_target_sends_its_alias_and_names_the_output_field() -> No
     assert "budget_ms" not in network.bodies[0]  # no deadline, no budget
 
 
+@pytest.mark.parametrize(
+    ("deadline_s", "option", "sent"),
+    [(None, 5.0, 5.0), (10.0, 5.0, 5.0), (0.5, 5000.0, None)],
+    ids=["option-alone", "option-under-the-deadline", "deadline-under-the-option"],
+)
+async def test_the_budget_option_is_sent_when_less_than_what_remains_of_the_deadline(
+    deadline_s: float | None, option: float, sent: float | None
+) -> None:
+    network = Network(reply(200, ANSWER))
+    adapter = await started(network, ExamlopsTarget(task="pavement.distress"))
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    call = Call(route="score", deadline=deadline, options={"budget_ms": option})
+    await adapter.predict_batch("score", ROWS[:1], call)
+    await adapter.close()
+    budget = network.bodies[0]["budget_ms"]
+    assert budget == sent if sent is not None else 0 < budget <= 500.0
+
+
+@pytest.mark.parametrize("option", [0, -1.0, "5", True, 1e12])
+async def test_a_budget_option_that_is_no_budget_is_validation_before_any_request(option: object) -> None:
+    network = Network(reply(200, ANSWER))
+    adapter = await started(network, ExamlopsTarget(task="pavement.distress"))
+    with pytest.raises(InferenceError) as caught:
+        await adapter.predict_batch("score", ROWS[:1], Call(route="score", options={"budget_ms": option}))
+    await adapter.close()
+    assert caught.value.kind is Kind.VALIDATION and network.requests == []
+
+
 async def test_the_callers_token_in_the_options_wins() -> None:
     network = Network(reply(200, ANSWER))
     adapter = await started(network, ExamlopsTarget(task="t"))
