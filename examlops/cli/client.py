@@ -99,7 +99,9 @@ def _error_of(status: int, body: Any, path: str) -> errors.ExamlopsError:
     text = message or f"HTTP {status} from {path}"
     details = body if isinstance(body, dict) else {}
     if status == 401:
-        return errors.Unauthenticated(f"{text} (set EXAMLOPS_TOKEN, or run `exa up` for the admin token)")
+        from examlops.cli.output import token_hint
+
+        return errors.Unauthenticated(f"{text} ({token_hint()})")
     if status == 403:
         return errors.Forbidden(text, permission=str(details.get("permission") or ""))
     if details.get("code") == "refused":

@@ -136,11 +136,13 @@ def _public(identity: Identity) -> dict[str, Any]:
 
 @identity_app.command("list")
 def list_identities(as_json: JsonOption = False) -> None:
-    """Every identity with its role, lists and keys (ids and validity only: never a secret)."""
+    """Every identity with its role, lists and keys (ids and validity only: never a secret); for an identity
+    that may manage identities (admin), as adding and revoking are."""
     from examlops.bootstrap.identity import identity_service
 
     settings = load_settings()
     with errors_as_exit(), identity_service(settings) as service:
+        _actor(settings)  # Forbidden (exit 1) for any other
         rows = [_identity_json(identity, keys) for identity, keys in service.identities()]
     if as_json:
         print_json(rows)

@@ -32,6 +32,7 @@ from examlops.cli.output import (
     errors_as_exit,
     fail,
     load_settings,
+    nothing_running,
     print_json,
 )
 from examlops.cli.status import status, status_document
@@ -200,7 +201,7 @@ def down(timeout: TimeoutOption = 180.0) -> None:
     run_dir = settings.run_dir
     state = UpState.read(run_dir)
     if state is None:
-        console.print("nothing running")
+        console.print(nothing_running(settings))
         raise typer.Exit(OK)
     # The lock, not the pid, says whether the supervisor lives: a stale pid may belong to a stranger now.
     if supervisor_running(run_dir):

@@ -61,6 +61,19 @@ def errors_as_exit() -> Iterator[None]:
         fail("; ".join([str(exc), *getattr(exc, "__notes__", ())]), exit_code_of(exc))
 
 
+def token_hint() -> str:
+    """What to do about a refused token: where the CLI looks for the admin token `exa up` keeps."""
+    return (
+        f"set EXAMLOPS_TOKEN, or run `exa up`: the admin token is read from {load_settings().admin_token_path} "
+        "(EXAMLOPS_HOME names the state folder)"
+    )
+
+
+def nothing_running(settings: Settings) -> str:
+    """`exa status` and `exa down` when no `exa up` runs from this state folder."""
+    return f"nothing running from the state folder {settings.state_dir} (EXAMLOPS_HOME names another)"
+
+
 def load_settings() -> Settings:
     """The settings from the environment; a bad value is a one-line error naming it, with exit 2."""
     from pydantic import ValidationError

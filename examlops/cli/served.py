@@ -89,7 +89,9 @@ def as_examlops_error(error: InferenceError, url: str) -> errors.ExamlopsError:
     """The error serving's code names, else the one the failure's kind means to the CLI."""
     message = error.message
     if error.code == "unauthenticated":
-        return errors.Unauthenticated(f"{message} (set EXAMLOPS_TOKEN, or run `exa up` for the admin token)")
+        from examlops.cli.output import token_hint
+
+        return errors.Unauthenticated(f"{message} ({token_hint()})")
     if error.code == "forbidden":
         return errors.Forbidden(message, permission="")
     if error.code == "refused":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from examlops.cli.output import OK, UNWELL, console, load_settings, print_json
+from examlops.cli.output import OK, UNWELL, console, load_settings, nothing_running, print_json
 
 if TYPE_CHECKING:
     from examlops.platform.up_state import UpState
@@ -91,7 +91,7 @@ def status(
     if as_json:
         print_json({**doc, "ok": well})
     elif not doc["services"]:
-        console.print("nothing running")
+        console.print(nothing_running(settings))
     else:
         table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
         for column in ("service", "state", "pid", "URL", "health", "restarts"):

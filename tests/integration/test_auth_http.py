@@ -263,6 +263,8 @@ def test_the_cli_refuses_a_command_its_token_may_not_take(platform: Platform) ->
     env = {**platform.env, "EXAMLOPS_TOKEN": platform.tokens["console"]}
     refused = CliRunner().invoke(exa, ["identity", "add", "sneaky", "--role", "admin"], env=env)
     assert refused.exit_code == 1 and "manage_identities" in " ".join(refused.output.split())
+    listed = CliRunner().invoke(exa, ["identity", "list", "--json"], env=env)  # names, roles and key ids
+    assert listed.exit_code == 1 and "manage_identities" in " ".join(listed.output.split()) and not listed.stdout
     bad = CliRunner().invoke(exa, ["identity", "revoke", "robot"], env={**env, "EXAMLOPS_TOKEN": "exa_nope"})
     assert bad.exit_code == 1 and str(Unauthenticated()) in " ".join(bad.output.split())
     predicted = CliRunner().invoke(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from examlops.cli import status
+from examlops.cli.main import app
 from examlops.platform import process
 from examlops.platform.up_state import ServiceRecord
 
@@ -35,3 +38,11 @@ def test_a_service_state_is_the_supervisors_word_then_its_probe(
     record = _record(state)
     record.pgid, record.stamp = None, None
     assert status._service_status(record, supervisor_up)["state"] == expected
+
+
+@pytest.mark.parametrize(("command", "code"), [("status", 1), ("down", 0)])
+def test_with_nothing_up_the_state_folder_looked_in_is_named(tmp_path: Path, command: str, code: int) -> None:
+    result = CliRunner().invoke(app, [command], env={"EXAMLOPS_HOME": str(tmp_path / "state")})
+    assert result.exit_code == code
+    said = " ".join(result.output.split())
+    assert f"nothing running from the state folder {tmp_path / 'state'} (EXAMLOPS_HOME names another)" in said
