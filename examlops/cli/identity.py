@@ -123,11 +123,27 @@ def add(
         with identity_service(settings) as service:
             identity, issued = service.add(name, parsed, tasks=tasks or (), models=models or ())
     _audit(settings, "identity.added", name, {**_public(identity), "key_id": issued.key_id, "actor": actor})
+    _warn_unknown(settings, identity)
     if as_json:
         print_json({**_identity_json(identity), "key_id": issued.key_id, "token": issued.token})
         return
     console.print(f"identity {name} ({parsed.value}) added. Its token, shown this once:", highlight=False)
     print(issued.token)  # plain print: no wrapping or markup around a secret someone will copy
+
+
+def _warn_unknown(settings: Settings, identity: Identity) -> None:
+    """A warning on stderr for each task or model the identity names that the site does not know (yet): a
+    typo would leave an identity that can call nothing, and nothing else would say so."""
+    from examlops.bootstrap import catalog
+    from examlops.bootstrap.tasks import task_map
+
+    known_models = {spec.name.lower() for spec in catalog(settings)}
+    unknown = [f"model {m}" for m in identity.models if m.lower() not in known_models]
+    if identity.tasks:
+        with task_map(settings) as tasks:
+            unknown += [f"task {t}" for t in identity.tasks if tasks.map.get(t) is None]
+    for what in unknown:
+        err_console.print(f"[yellow]warning:[/] no {what} is known here (yet): {identity.name} may call it once it is")
 
 
 def _public(identity: Identity) -> dict[str, Any]:

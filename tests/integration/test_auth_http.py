@@ -272,3 +272,16 @@ def test_the_cli_refuses_a_command_its_token_may_not_take(platform: Platform) ->
         env={**platform.env, "EXAMLOPS_TOKEN": platform.tokens["robot"]},
     )  # fmt: skip
     assert predicted.exit_code != 0 and "call" in predicted.output
+
+
+def test_an_identity_naming_a_task_or_model_the_site_does_not_know_is_added_with_a_warning(
+    platform: Platform,
+) -> None:
+    args = ["identity", "add", "typo", "--role", "caller", "--model", "NOPE", "--task", "nope.task"]
+    added = CliRunner().invoke(exa, [*args, "--json"], env=platform.env)
+    assert added.exit_code == 0, added.output
+    said = " ".join(added.stderr.split())
+    assert "no model nope is known here (yet)" in said.lower() and "no task nope.task is known here (yet)" in said
+    fine = ["identity", "add", "fine", "--role", "caller", "--model", "jpcp"]
+    known = CliRunner().invoke(exa, fine, env=platform.env)
+    assert known.exit_code == 0 and "warning" not in known.stderr
