@@ -89,10 +89,19 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+WHOLE_COLUMNS = frozenset({"trace", "job", "key id", "run id", "bus address"})
+"""Columns of ids a user copies into another command: never wrapped nor cut, whatever the width."""
+
+
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
     table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    for i, column in enumerate(columns):
+        if column in WHOLE_COLUMNS:
+            widest = max([len(column), *(len(row[i]) for row in cells)])
+            table.add_column(column, no_wrap=True, min_width=widest)
+        else:
+            table.add_column(column)
+    for row in cells:
+        table.add_row(*row)
     console.print(table)

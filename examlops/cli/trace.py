@@ -56,41 +56,28 @@ def list_traces(
         console.print("no trace matches")
         return
     print_table(
-        "traces (newest first)",
-        [
-            "trace",
-            "time",
-            "channel",
-            "identity",
-            "task",
-            "outcome",
-            "code",
-            "model",
-            "alias",
-            "version",
-            "ms",
-            "batch",
-            "node",
-        ],
+        "traces (newest first): `exa trace show ID` for every field",
+        ["trace", "time", "identity", "task", "outcome", "model", "ms"],
         [
             [
                 r.trace_id,
-                f"{datetime.fromtimestamp(r.at, UTC):%Y-%m-%d %H:%M:%S}",
-                r.channel,
+                f"{datetime.fromtimestamp(r.at, UTC):%m-%d %H:%M:%S}",
                 r.identity or "",
                 r.task or "",
-                r.outcome,
-                r.error_code,
-                r.model or "",
-                r.alias or "",
-                r.version or "",
+                f"{r.outcome} ({r.error_code})" if r.error_code else r.outcome,
+                _served_by(r.model, r.alias, r.version),
                 f"{r.used_ms:.1f}",
-                f"{r.batch_id or ''}/{r.batch_size or ''}",
-                r.node,
             ]
             for r in records
         ],
     )
+
+
+def _served_by(model: str | None, alias: str | None, version: str | None) -> str:
+    """``JPCP@Production v3``, as much of it as the trace holds."""
+    if not model:
+        return ""
+    return model + (f"@{alias}" if alias else "") + (f" v{version}" if version else "")
 
 
 @trace_app.command("show")

@@ -249,8 +249,10 @@ def test_exa_trace_list_and_show_read_the_same_traces(run: Run, monkeypatch: pyt
     assert "verdict" not in record
     missing = runner.invoke(exa, ["trace", "show", "0" * 32, "--json"])
     assert missing.exit_code == 4
-    table = runner.invoke(exa, ["trace", "list", "--since", "1h"])
+    table = runner.invoke(exa, ["trace", "list", "--since", "1h", "--limit", "5"])  # 80 columns: ids still whole
     assert table.exit_code == 0 and "traces (newest first)" in table.stdout
+    newest = json.loads(runner.invoke(exa, ["trace", "list", "--since", "1h", "--limit", "5", "--json"]).stdout)
+    assert len(newest) == 5 and all(t["trace_id"] in table.stdout for t in newest)
 
 
 def test_inference_served_audit_events_name_the_trace(run: Run) -> None:
