@@ -32,7 +32,11 @@ def _status(kind: str, as_json: bool) -> None:
         print_json([_status_json(row) for row in rows])
         return
     if not rows:
-        console.print("no drift report yet: `exa drift report` runs one now; the drift-report flow every 15 minutes")
+        console.print(
+            "no drift report stored yet: one is stored when a model has enough new bus traffic for a window "
+            "(30 snapshots by default); `exa drift report` runs one now and says what it found, the "
+            "drift-report flow every 15 minutes"
+        )
         return
     print_table(
         f"{kind} drift (latest report per model)",
