@@ -54,16 +54,20 @@ def _job_path(job_id: str) -> str:
 
 
 def _budget_ms(budget_ms: float | None, budget: str | None) -> float:
-    from examlops.jobs.model import parse_duration_ms
+    """The job's budget from exactly one of the two options, within what serving takes (1 s to 7 days)."""
+    from examlops.core.budget import MAX_BUDGET_MS
+    from examlops.jobs.model import MIN_BUDGET_MS, parse_duration_ms
 
     if (budget_ms is None) == (budget is None):
         fail("give exactly one of --budget-ms N and --budget 2h", BAD_INPUT)
-    if budget_ms is not None:
-        return budget_ms
     try:
-        return parse_duration_ms(budget or "")
+        ms = budget_ms if budget_ms is not None else parse_duration_ms(budget or "")
     except ValueError as exc:
         fail(str(exc), BAD_INPUT)
+    if not MIN_BUDGET_MS <= ms <= MAX_BUDGET_MS:
+        given = budget if budget is not None else f"{budget_ms:g} ms"
+        fail(f"a job's budget is 1s to 7d: {given} is not", BAD_INPUT)
+    return ms
 
 
 def _instances_body(file: Path, state_dir: Path, max_inline_bytes: int) -> dict[str, Any]:
@@ -76,16 +80,22 @@ def _instances_body(file: Path, state_dir: Path, max_inline_bytes: int) -> dict[
     if path.is_relative_to(state_dir):
         return {"file": str(path)}
     with path.open("rb") as source:
-        lines = [line for line in source if line.strip()]
+        numbered = [(number, line) for number, line in enumerate(source, start=1) if line.strip()]
+    if not numbered:
+        fail(f"{file} holds no instances", BAD_INPUT)
+    lines = [line for _, line in numbered]
     if len(lines) > INLINE_MAX or path.stat().st_size > max_inline_bytes:
         incoming = state_dir / "jobs" / "incoming" / f"{uuid.uuid4().hex}.jsonl"
         incoming.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, incoming)
         return {"file": str(incoming)}
-    try:
-        return {"instances": [orjson.loads(line) for line in lines]}
-    except orjson.JSONDecodeError:
-        fail(f"{file} is not JSONL: one JSON object per line", BAD_INPUT)
+    instances = []
+    for number, line in numbered:
+        try:
+            instances.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            fail(f"{file}:{number} is not JSON (the file takes one JSON object per line)", BAD_INPUT)
+    return {"instances": instances}
 
 
 def _row(job: dict[str, Any]) -> list[Any]:
@@ -108,8 +118,12 @@ COLUMNS = ["job", "task", "state", "answered", "errors", "identity", "note"]
 def submit(
     task: Annotated[str, typer.Option("--task", help="The task, e.g. pavement.distress.jpcp.")],
     file: Annotated[Path, typer.Option("--file", help="The instances, JSONL: one {embedding, node_count} a line.")],
-    budget_ms: Annotated[float | None, typer.Option("--budget-ms", help="The budget in milliseconds.")] = None,
-    budget: Annotated[str | None, typer.Option("--budget", help="The budget as people write it: 90m, 2h.")] = None,
+    budget_ms: Annotated[
+        float | None, typer.Option("--budget-ms", help="The budget in milliseconds (this or --budget).")
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="The budget as people write it, 1s to 7d: 90m, 2h (or --budget-ms).")
+    ] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
