@@ -123,12 +123,12 @@ def add(
         with identity_service(settings) as service:
             identity, issued = service.add(name, parsed, tasks=tasks or (), models=models or ())
     _audit(settings, "identity.added", name, {**_public(identity), "key_id": issued.key_id, "actor": actor})
-    _warn_unknown(settings, identity)
     if as_json:
         print_json({**_identity_json(identity), "key_id": issued.key_id, "token": issued.token})
-        return
-    console.print(f"identity {name} ({parsed.value}) added. Its token, shown this once:", highlight=False)
-    print(issued.token)  # plain print: no wrapping or markup around a secret someone will copy
+    else:
+        console.print(f"identity {name} ({parsed.value}) added. Its token, shown this once:", highlight=False)
+        print(issued.token)  # plain print: no wrapping or markup around a secret someone will copy
+    _warn_unknown(settings, identity)  # after the token: nothing here may cost the user the only copy of it
 
 
 def _warn_unknown(settings: Settings, identity: Identity) -> None:
@@ -137,11 +137,15 @@ def _warn_unknown(settings: Settings, identity: Identity) -> None:
     from examlops.bootstrap import catalog
     from examlops.bootstrap.tasks import task_map
 
-    known_models = {spec.name.lower() for spec in catalog(settings)}
-    unknown = [f"model {m}" for m in identity.models if m.lower() not in known_models]
-    if identity.tasks:
-        with task_map(settings) as tasks:
-            unknown += [f"task {t}" for t in identity.tasks if tasks.map.get(t) is None]
+    try:
+        known_models = {spec.name.lower() for spec in catalog(settings)}
+        unknown = [f"model {m}" for m in identity.models if m.lower() not in known_models]
+        if identity.tasks:
+            with task_map(settings) as tasks:
+                unknown += [f"task {t}" for t in identity.tasks if tasks.map.get(t) is None]
+    except Exception as exc:  # a warning's check: the identity is added whatever happens here
+        err_console.print(f"[yellow]warning:[/] could not check its tasks and models against the site: {exc}")
+        return
     for what in unknown:
         err_console.print(f"[yellow]warning:[/] no {what} is known here (yet): {identity.name} may call it once it is")
 
@@ -152,8 +156,8 @@ def _public(identity: Identity) -> dict[str, Any]:
 
 @identity_app.command("list")
 def list_identities(as_json: JsonOption = False) -> None:
-    """Every identity with its role, lists and keys (ids and validity only: never a secret); for an identity
-    that may manage identities (admin), as adding and revoking are."""
+    """Every identity with its role, lists and keys (ids and validity only: never a secret). Like adding and
+    revoking, it takes an identity that may manage identities (admin)."""
     from examlops.bootstrap.identity import identity_service
 
     settings = load_settings()

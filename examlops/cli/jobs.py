@@ -180,7 +180,7 @@ def _download_to(client: ServingClient, path: str, output: Path) -> int:
             written = client.download(path, sink)
         partial.replace(output)
     except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror}", BAD_INPUT)
+        fail(f"cannot write {output}: {exc.strerror or exc}", BAD_INPUT)
     finally:
         partial.unlink(missing_ok=True)
     return written

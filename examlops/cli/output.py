@@ -64,8 +64,8 @@ def errors_as_exit() -> Iterator[None]:
 def token_hint() -> str:
     """What to do about a refused token: where the CLI looks for the admin token `exa up` keeps."""
     return (
-        f"set EXAMLOPS_TOKEN, or run `exa up`: the admin token is read from {load_settings().admin_token_path} "
-        "(EXAMLOPS_HOME names the state folder)"
+        f"set EXAMLOPS_TOKEN, or run `exa up`: without EXAMLOPS_TOKEN the CLI presents the admin token of "
+        f"{load_settings().admin_token_path} (EXAMLOPS_HOME names the state folder)"
     )
 
 
@@ -89,7 +89,7 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-WHOLE_COLUMNS = frozenset({"trace", "job", "key id", "run id", "bus address"})
+WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "run id", "bus address"})
 """Columns of ids a user copies into another command: never wrapped nor cut, whatever the width."""
 
 
@@ -98,7 +98,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     table = Table(title=title, title_justify="left")
     for i, column in enumerate(columns):
         if column in WHOLE_COLUMNS:
-            widest = max([len(column), *(len(row[i]) for row in cells)])
+            widest = max([len(column), *(len(row[i]) for row in cells if i < len(row))])
             table.add_column(column, no_wrap=True, min_width=widest)
         else:
             table.add_column(column)

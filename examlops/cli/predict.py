@@ -15,6 +15,7 @@ from examlops.cli.output import BAD_INPUT, JsonOption, errors_as_exit, fail, loa
 from examlops.cli.serve import UrlOption, _client, _random_embedding, read_embedding
 from examlops.cli.served import served_prediction, served_target
 from examlops.core import errors
+from examlops.core.budget import MAX_BUDGET_MS
 from examlops.core.settings import Settings
 
 
@@ -52,6 +53,7 @@ def predict(
         typer.Option(
             "--budget-ms",
             min=0.001,
+            max=MAX_BUDGET_MS,
             help="Serving's budget in ms (the whole stream's, with --stream): an answer within it, or a refusal.",
         ),
     ] = None,

@@ -1,9 +1,9 @@
 """Changing the task map: seeding it from the catalog, and an operator's remap, each one audited.
 
 ``map_task`` contract: the task name must be one (``InvalidInput``), the model must be in the catalog
-(``ModelNotFound`` naming the known ones), the alias must be one serving loads (``aliases``, its
-``hotset.aliases``; ``InvalidInput`` naming them: a task on any other would answer every call 404) and
-defaults to the model's default alias; the
+(``ModelNotFound`` naming the known ones), the alias must be one serving loads: its ``hotset.aliases``
+(``aliases``) or the model's default alias, in any case (``InvalidInput`` naming them: a task on any other
+would answer every call 404); it defaults to the model's default alias; the
 default budget is set (``budget_ms``), cleared (None) or left as it is (``KEEP``, the default; a new task
 then has the catalog's default for it, if any); any of those refused, nothing is changed and nothing is
 audited. The change is stored first, then appended to
@@ -77,10 +77,15 @@ def map_task(
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
     key = task_name(task)
     spec = catalog.get(model)
-    chosen = canonical_alias(alias, list(aliases)) if alias and alias.strip() else spec.default_alias_canonical
-    if chosen not in aliases:
-        served = ", ".join(aliases)
-        raise InvalidInput(f"serving loads the aliases {served}: {chosen!r} is none of them", field="alias")
+    served = list(aliases)
+    if spec.default_alias_canonical.lower() not in _lower(served):
+        served.append(spec.default_alias_canonical)  # serving loads each model's default alias too
+    chosen = canonical_alias(alias, served) if alias and alias.strip() else spec.default_alias_canonical
+    if chosen.lower() not in _lower(served):
+        named = ", ".join(served)
+        raise InvalidInput(
+            f"serving loads the aliases {named} of {spec.name}: {chosen!r} is none of them", field="alias"
+        )
     if budget_ms is not KEEP and budget_ms is not None and not 0 < budget_ms <= MAX_BUDGET_MS:
         raise InvalidInput(f"the budget must be more than 0 and at most {MAX_BUDGET_MS:.0f} ms", field="budget_ms")
     if budget_ms is KEEP and task_map.get(key) is None:
@@ -92,6 +97,10 @@ def map_task(
         log.error("task %s was mapped but its audit event was not written: %s", key, exc)
         return TaskMapped(change, audited=False, audit_error=str(exc))
     return TaskMapped(change, audited=True)
+
+
+def _lower(names: Sequence[str]) -> set[str]:
+    return {name.lower() for name in names}
 
 
 def seed_tasks(task_map: TaskMap, catalog: Catalog, audit: AuditHook | None = None) -> list[TaskRoute]:

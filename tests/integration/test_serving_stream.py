@@ -128,12 +128,15 @@ def test_a_stream_over_the_body_limit_is_exit_2_naming_the_instances_and_offline
     assert f"exa jobs submit --task T --file {path}" in said
 
 
+LATE = "the budget ran out before the call reached serving's queue"
+
+
 @pytest.mark.parametrize(
     ("budget_ms", "said"),
-    [("0.01", "the budget ran out before the call reached serving's queue"), ("1", "estimated")],
+    [("0.01", (LATE,)), ("1", ("estimated", LATE))],  # 1 ms: refused by the estimate, or spent before it
 )
 def test_exa_predict_with_a_budget_serving_cannot_meet_prints_serving_s_refusal(
-    server: ServingProcess, budget_ms: str, said: str
+    server: ServingProcess, budget_ms: str, said: tuple[str, ...]
 ) -> None:
     """The budget is serving's: the CLI waits beyond it for the answer, so the refusal (exit 3, with its trace)
     is what the user sees, not a timeout of the CLI's own before the call reached serving."""
@@ -142,4 +145,4 @@ def test_exa_predict_with_a_budget_serving_cannot_meet_prints_serving_s_refusal(
     result = runner.invoke(exa, [*args, "--budget-ms", budget_ms])
     output = " ".join(result.output.split())
     assert result.exit_code == 3, output
-    assert said in output and "[trace " in output
+    assert any(reason in output for reason in said) and "[trace " in output

@@ -112,6 +112,17 @@ def test_a_served_alias_is_taken_in_any_case_and_spelt_as_configured(catalog: Ca
     assert done.change.route.alias == "Shadow"
 
 
+@pytest.mark.parametrize("aliases", [("Canary",), ("production", "canary")])
+def test_the_models_default_alias_is_served_whatever_the_hot_sets_list_says(
+    catalog: Catalog, aliases: tuple[str, ...]
+) -> None:
+    tasks = InMemoryTaskMap()
+    done = map_task(tasks, catalog, "pavement.y", "JPCP", None, actor="x", audit=Audit(), aliases=aliases)
+    assert done.change.route.alias == catalog.get("JPCP").default_alias_canonical
+    again = map_task(tasks, catalog, "pavement.y", "JPCP", "PRODUCTION", actor="x", audit=Audit(), aliases=aliases)
+    assert again.change.route.alias.lower() == "production"
+
+
 @pytest.mark.parametrize("name", ["", "a b", ".starts.with.dot", "x" * 129, "task/with/slash"])
 def test_a_name_that_cannot_be_a_task_is_refused_and_changes_nothing(catalog: Catalog, name: str) -> None:
     tasks, audit = InMemoryTaskMap(), Audit()
