@@ -89,7 +89,7 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "run id", "bus address"})
+WHOLE_COLUMNS = frozenset({"trace", "job", "job id"})
 """Columns of ids a user copies into another command: never wrapped nor cut, whatever the width."""
 
 
