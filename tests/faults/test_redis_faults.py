@@ -114,10 +114,11 @@ async def test_redis_refusing_writes_mid_load_loses_and_doubles_nothing(shared: 
 
 
 def refuse_writes(admin: redis.Redis) -> None:
-    """Every write command is refused with OOM from now on (until maxmemory goes back to 0)."""
-    used = int(admin.info("memory")["used_memory"])
+    """Every write command is refused with OOM from now on (until maxmemory goes back to 0). The limit is one
+    byte, so the refusal holds whatever the memory in use does meanwhile (a limit at half of it held only
+    while the use stayed above that)."""
     admin.config_set("maxmemory-policy", "noeviction")
-    admin.config_set("maxmemory", str(used // 2))
+    admin.config_set("maxmemory", "1")
 
 
 def test_an_audit_append_refused_for_memory_is_store_unavailable_so_the_recorder_retries_it(
