@@ -25,7 +25,7 @@ import redis
 from examlops.adapters.redis import connect
 from examlops.bootstrap.bridge import bus_client as make_bus_client
 from examlops.core.records import RECORDS_STREAM, ServedInference, embedding_stats
-from examlops.core.settings import FailureSettings, Settings
+from examlops.core.settings import FailureSettings, HttpSettings, Settings
 from examlops.monitoring.audit import INFERENCE_SERVED, STREAM, AuditTrail, verify
 from examlops.monitoring.failure_store import RedisFailureStore
 from examlops.monitoring.failures import FailureTracker
@@ -100,7 +100,9 @@ def assert_one_to_one(client: redis.Redis, jobs: Iterable[str]) -> None:
 async def test_the_bridge_writes_one_record_per_served_job_and_a_recorder_makes_them_one_to_one(
     tmp_path: Path, redis_server: str, client: redis.Redis, standin: StandIn
 ) -> None:
-    settings: Settings = bus_settings(tmp_path, redis_server, standin.port)
+    # The default read timeout: the stand-in shares this process with the bridge and 65 jobs at once, and a
+    # busy CI machine once stalled it past the 2 s of FAST_HTTP (45 of 60 jobs answered "did not answer in time").
+    settings: Settings = bus_settings(tmp_path, redis_server, standin.port).model_copy(update={"http": HttpSettings()})
     async with make_bus_client(settings) as bus_client, running_bridge(settings):
         good = [bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") for i in range(60)]
         bad = [
@@ -109,7 +111,8 @@ async def test_the_bridge_writes_one_record_per_served_job_and_a_recorder_makes_
         replies = await asyncio.gather(*good, *bad)
         for i in range(3):  # copies of answered jobs get their one reply again, never served or recorded again
             assert await bus_client.request(ADDRESS, PAYLOAD, 10, job_id=f"bus-{i}") == replies[i]
-    assert sum(reply["error"] is None for reply in replies) == 60
+    errors = Counter(str(reply.get("code") or reply["error"]) for reply in replies[:60] if reply["error"] is not None)
+    assert not errors, errors
     assert client.xlen(RECORDS_STREAM) == 65
     drain(recorder_on(client, "me"))
     snapshots = SnapshotStream(client).read("JPCP")
