@@ -22,6 +22,7 @@ from examlops.cli.client import ServingClient
 from examlops.cli.output import (
     BAD_INPUT,
     JsonOption,
+    UrlOption,
     console,
     errors_as_exit,
     fail,
@@ -29,24 +30,16 @@ from examlops.cli.output import (
     print_json,
     print_table,
 )
+from examlops.cli.serve import _client
 
 jobs_app = typer.Typer(
     help="Offline jobs: a task over many instances with a long budget, run in the gaps around interactive calls.",
     no_args_is_help=True,
 )
 
-UrlOption = Annotated[str | None, typer.Option("--url", help="Base URL of serving; default: the local one.")]
 JobId = Annotated[str, typer.Argument(help="The job id `exa jobs submit` printed.")]
 INLINE_MAX = 1000
 """As ``jobs.service.INLINE_MAX``: more instances than this go by file."""
-
-
-def _client(url: str | None) -> ServingClient:
-    """A client of serving that presents the platform token (EXAMLOPS_TOKEN, else the state folder's)."""
-    from examlops.bootstrap.identity import platform_token
-
-    settings = load_settings()
-    return ServingClient(url or settings.serving.local_url, token=platform_token(settings))
 
 
 def _job_path(job_id: str) -> str:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -27,6 +28,22 @@ from examlops.core.settings import Settings
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 """The ``--json`` flag of every command that prints data."""
+
+
+def _checked_url(url: str | None) -> str | None:
+    """An http(s) URL with a host, else a usage error (exit 2) before any request."""
+    if url is not None:
+        parsed = urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise typer.BadParameter(f"{url!r} is not an http(s) URL with a host, such as http://127.0.0.1:18001")
+    return url
+
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", help="Base URL of serving; default: the local one.", callback=_checked_url),
+]
+"""The ``--url`` of every command that talks to one serving instance."""
 
 OK, UNWELL, BAD_INPUT, UNAVAILABLE, NOT_FOUND = 0, 1, 2, 3, 4
 

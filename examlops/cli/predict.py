@@ -11,9 +11,18 @@ from urllib.parse import quote
 
 import typer
 
-from examlops.cli.output import BAD_INPUT, JsonOption, errors_as_exit, fail, load_settings, print_json, print_table
-from examlops.cli.serve import UrlOption, _client, _random_embedding, read_embedding
-from examlops.cli.served import served_prediction, served_target
+from examlops.cli.output import (
+    BAD_INPUT,
+    JsonOption,
+    UrlOption,
+    errors_as_exit,
+    fail,
+    load_settings,
+    print_json,
+    print_table,
+)
+from examlops.cli.serve import _client, _random_embedding, read_embedding
+from examlops.cli.served import REACH_S, served_prediction, served_target
 from examlops.core import errors
 from examlops.core.budget import MAX_BUDGET_MS
 from examlops.core.settings import Settings
@@ -138,7 +147,7 @@ def _stream(
         else f"/v1/models/{catalog(settings).get(model or '').name}"
     )
     body["instances"] = read_instances(instances_file, node_count)
-    wait_s = max(30.0, (budget_ms or 0.0) / 1000.0 + 5.0)
+    wait_s = max(30.0, (budget_ms or 0.0) / 1000.0 + REACH_S)
     try:
         with _client(url) as client:
             print_stream(

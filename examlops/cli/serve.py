@@ -14,6 +14,7 @@ from examlops.cli.output import (
     BAD_INPUT,
     UNWELL,
     JsonOption,
+    UrlOption,
     console,
     errors_as_exit,
     fail,
@@ -25,8 +26,6 @@ from examlops.cli.output import (
 serve_app = typer.Typer(
     help="Run the serving process (port 18001), check it, and set traffic splits.", no_args_is_help=True
 )
-
-UrlOption = Annotated[str | None, typer.Option("--url", help="Base URL of serving; default: the local one.")]
 
 
 def _url(url: str | None) -> str:

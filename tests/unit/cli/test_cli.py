@@ -86,6 +86,15 @@ def test_an_unreachable_server_is_exit_3_with_its_url() -> None:
     assert url in result.output
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:18001", "http://"])
+@pytest.mark.parametrize(
+    "command", [["serve", "check"], ["jobs", "list"], ["predict", "JPCP", "--random", "--node-count", "3"]]
+)
+def test_a_url_that_is_not_http_with_a_host_is_exit_2_naming_it(command: list[str], url: str) -> None:
+    result = runner.invoke(app, [*command, "--url", url])
+    assert result.exit_code == 2 and "Invalid value for '--url'" in result.output
+
+
 def test_traffic_without_a_server_is_exit_3_never_a_traceback() -> None:
     result = runner.invoke(app, ["serve", "traffic", "NOPE", "--url", f"http://127.0.0.1:{free_port()}"])
     assert result.exit_code == 3
