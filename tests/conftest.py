@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from examlops.core.settings import Settings
+from tests.ports import AWAY_FROM_THE_PLATFORM
 
 # pytest-xdist's workers inherit COLUMNS=80 and LINES=24: rich would fix its consoles' width at import from
 # them, and tests that set COLUMNS to read one table row per line would get wrapped rows.
@@ -38,11 +39,21 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, o
 
 @pytest.fixture(autouse=True)
 def _clean_examlops_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Nothing may depend on the shell: drop every EXAMLOPS_* variable."""
+    """Nothing may depend on the shell: drop every EXAMLOPS_* variable; and nothing may reach a platform
+    running on this machine: its default ports are moved away (``tests.ports``)."""
     for name in list(os.environ):
         if name.startswith("EXAMLOPS_"):
             monkeypatch.delenv(name)
+    for name, value in AWAY_FROM_THE_PLATFORM.items():
+        monkeypatch.setenv(name, value)
     yield
+
+
+@pytest.fixture
+def default_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the tests of the settings' defaults: the platform's own ports, as outside the tests."""
+    for name in AWAY_FROM_THE_PLATFORM:
+        monkeypatch.delenv(name)
 
 
 THIRD_PARTY_ENVIRONMENT = (

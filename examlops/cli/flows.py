@@ -23,7 +23,8 @@ def flows_serve(
     ] = None,
     wait: Annotated[float, typer.Option("--wait", min=0, help="Seconds to wait for the Prefect API to answer.")] = 120,
 ) -> None:
-    """Serve every deployment of prefect.yaml (drift-report on its schedule, retrain, promote) until Ctrl-C.
+    """Serve every deployment of prefect.yaml until Ctrl-C: drift-report and retention on their schedules;
+    retrain, canary-analysis and promote when asked.
 
     Runs against EXAMLOPS_PREFECT__API_URL, or the Prefect server `exa up` starts."""
     from examlops.flows.wiring import prefect_environment

@@ -88,7 +88,7 @@ def token_hint() -> str:
 
 def nothing_running(settings: Settings) -> str:
     """`exa status` and `exa down` when no `exa up` runs from this state folder."""
-    return f"nothing running from the state folder {settings.state_dir} (EXAMLOPS_HOME names another)"
+    return f"nothing running from the state folder {settings.state_dir} (to look in another, set EXAMLOPS_HOME)"
 
 
 def load_settings() -> Settings:
@@ -106,8 +106,8 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-WHOLE_COLUMNS = frozenset({"trace", "job", "job id"})
-"""Columns of ids a user copies into another command: never wrapped nor cut, whatever the width."""
+WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "URL"})
+"""Columns of ids and URLs a user copies into another command: never wrapped nor cut, whatever the width."""
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

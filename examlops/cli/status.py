@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from examlops.cli.output import OK, UNWELL, console, load_settings, nothing_running, print_json
+from examlops.cli.output import OK, UNWELL, console, load_settings, nothing_running, print_json, print_table
 
 if TYPE_CHECKING:
     from examlops.platform.up_state import UpState
@@ -81,8 +81,6 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Each service of `exa up`: state, pid, URL, health. Exit 1 when something that should run does not."""
-    from rich.table import Table
-
     from examlops.platform.up_state import UpState
 
     settings = load_settings()
@@ -93,12 +91,11 @@ def status(
     elif not doc["services"]:
         console.print(nothing_running(settings))
     else:
-        table = Table(title=f"exa up (pid {doc['supervisor_pid']}): {doc['state']}", title_justify="left")
-        for column in ("service", "state", "pid", "URL", "health", "restarts"):
-            table.add_column(column)
+        rows = []
         for s in doc["services"]:
             health = {True: "ok", False: "failing", None: "-"}[s["healthy"]]
             restarts = f"{s['restarts']} (last exit {s['last_exit']})" if s["restarts"] else "-"
-            table.add_row(s["title"], s["state"], str(s["pid"] or "-"), s["url"], health, restarts)
-        console.print(table)
+            rows.append([s["title"], s["state"], str(s["pid"] or "-"), s["url"], health, restarts])
+        title = f"exa up (pid {doc['supervisor_pid']}): {doc['state']}"
+        print_table(title, ("service", "state", "pid", "URL", "health", "restarts"), rows)
     raise typer.Exit(OK if well else UNWELL)

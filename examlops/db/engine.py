@@ -11,12 +11,21 @@ from typing import Any
 
 from sqlalchemy import URL, event, make_url
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlmodel import create_engine
+
+from examlops.core.errors import ConfigError
+
+EXAMPLE = "postgresql://user:password@host:5432/examlops"
 
 
 def normalize_url(url: str) -> URL:
-    """The URL with psycopg 3 as the Postgres driver when none is named."""
-    parsed = make_url(url)
+    """The URL with psycopg 3 as the Postgres driver when none is named; ``ConfigError`` naming the setting
+    for one SQLAlchemy cannot parse."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"EXAMLOPS_DATABASE_URL is not a database URL (such as {EXAMPLE})") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -36,10 +45,17 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def create_sql_engine(url: str, **kwargs: Any) -> Engine:
-    """The engine for ``url``; SQLite's folder is created, its journal is WAL (readers never wait on a writer)."""
+    """The engine for ``url``; SQLite's folder is created, its journal is WAL (readers never wait on a writer).
+    ``ConfigError`` naming the setting for a URL of a database or driver SQLAlchemy does not have."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True, **kwargs)
+        try:
+            return create_engine(parsed, pool_pre_ping=True, **kwargs)
+        except (NoSuchModuleError, ModuleNotFoundError) as exc:
+            raise ConfigError(
+                f"EXAMLOPS_DATABASE_URL names a database examlops cannot use ({parsed.drivername}): "
+                f"SQLite or PostgreSQL, such as {EXAMPLE}"
+            ) from exc
     path = sqlite_file(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,11 @@ def settle(parts: LoopParts, run: Run, how: str, window: Window) -> AnalysisResu
         done += _after_promotion(parts, run)
     elif ending == "fail":
         p.traffic.set(run.model, without_canary(run.restore))
-        phase, done = Phase.REJECTED, "Canary's share set to 0; Production unchanged"
+        failed = "; ".join(f"{gate.gate}: {gate.detail}" for gate in window.gates if gate.passed is False)
+        phase, done = (
+            Phase.REJECTED,
+            f"Canary's share set to 0; Production unchanged (failed {failed or 'the ceiling'})",
+        )
     else:
         p.traffic.set(run.model, run.restore)
         phase = Phase.ABORTED if ending == "aborted" else Phase.UNDECIDED

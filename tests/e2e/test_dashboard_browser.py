@@ -27,8 +27,8 @@ from examlops.core.settings import Settings
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
-from tests.integration.conftest import free_port
 from tests.integration.servers import ServingProcess
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.e2e,

@@ -23,17 +23,11 @@ import redis
 
 from examlops.platform.leftovers import running, stamp
 from examlops.platform.process import pid_alive
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
 EXPECTED = ("redis", "mlflow", "prefect", "serving", "bridge", "flows")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -70,10 +64,10 @@ def platform_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
     env.update(
         EXAMLOPS_HOME=str(home),
-        EXAMLOPS_REDIS__PORT=str(_free_port()),
-        EXAMLOPS_MLFLOW__UI_PORT=str(_free_port()),
-        EXAMLOPS_PREFECT__PORT=str(_free_port()),
-        EXAMLOPS_SERVING__PORT=str(_free_port()),
+        EXAMLOPS_REDIS__PORT=str(free_port()),
+        EXAMLOPS_MLFLOW__UI_PORT=str(free_port()),
+        EXAMLOPS_PREFECT__PORT=str(free_port()),
+        EXAMLOPS_SERVING__PORT=str(free_port()),
         COLUMNS="200",
         PYTHONPATH=os.pathsep.join(
             filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])

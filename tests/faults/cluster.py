@@ -35,7 +35,8 @@ from examlops.core.settings import HttpSettings, RecordingSettings, RedisSetting
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import load_catalog
 from tests.faults.history import History, Outcome
-from tests.integration.servers import examlops_env, free_port, known_token
+from tests.integration.servers import examlops_env, known_token
+from tests.ports import free_port
 
 CATALOG = load_catalog(Settings().catalog_path)
 ADDRESS = str(CATALOG.get("JPCP").seanerbus_uuid)

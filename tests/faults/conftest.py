@@ -21,7 +21,8 @@ import redis
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.faults.checker import Figures
 from tests.faults.cluster import Cluster
-from tests.integration.servers import ServingProcess, free_port
+from tests.integration.servers import ServingProcess
+from tests.ports import free_port
 
 LONG = os.environ.get("EXAMLOPS_FAULTS", "short").strip().lower() == "long"
 """True under `make faults`: each scenario holds its load and faults longer (see tests/faults/README.md)."""

@@ -35,7 +35,7 @@ from tests.faults.checker import check
 from tests.faults.cluster import Cluster, drive, until
 from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History, Outcome
-from tests.integration.servers import free_port
+from tests.ports import free_port
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 REQUIRE_FAKETIME = os.environ.get("EXAMLOPS_REQUIRE_FAKETIME") == "1"

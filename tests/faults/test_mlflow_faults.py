@@ -41,8 +41,9 @@ from tests.faults.conftest import LONG, Reporter
 from tests.faults.history import History
 from tests.faults.http_load import figures, steady
 from tests.faults.proxy import FaultProxy
-from tests.integration.servers import ServingProcess, examlops_env, free_port
+from tests.integration.servers import ServingProcess, examlops_env
 from tests.integration.test_promotion_outage import MlflowServer
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.timeout(900 if LONG else 300),

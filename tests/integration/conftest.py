@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -18,13 +17,7 @@ import redis
 from examlops.core.settings import Settings
 from examlops.platform.process import pid_alive
 from examlops.platform.redis_server import EmbeddedRedis
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.ports import free_port
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.ports import AWAY_FROM_THE_PLATFORM, free_port
 
 
 def upgraded(env: Mapping[str, str]) -> str:
@@ -63,8 +57,10 @@ def known_token(settings: object, token: str, name: str = "tests") -> None:
 
 
 def examlops_env(home: Path, **extra: str) -> dict[str, str]:
-    """The environment of a child process: no EXAMLOPS_* from the shell, a private state folder."""
+    """The environment of a child process: no EXAMLOPS_* from the shell, a private state folder, and the
+    platform's default ports moved away (``tests.ports``) unless ``extra`` names them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EXAMLOPS_")}
+    env |= AWAY_FROM_THE_PLATFORM
     env["EXAMLOPS_HOME"] = str(home)
     env.update(extra)
     return env

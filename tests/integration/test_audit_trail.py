@@ -26,6 +26,7 @@ from examlops.monitoring.audit import HEAD, STREAM, AuditEvent, AuditTrail, Entr
 from examlops.monitoring.audit.checkpoints import AuditCheckpoint, SqlCheckpointStore, new_checkpoint
 from examlops.monitoring.audit.store import AppendReply, RedisAuditStore
 from examlops.monitoring.audit.verify import tail, verify
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -350,7 +351,6 @@ def test_exa_audit_verify_with_mlflow_unreachable_stores_that_the_aliases_were_n
 ) -> None:
     from examlops.monitoring.audit import ALIAS_MOVED
     from examlops.monitoring.audit.verified import last_verify
-    from tests.integration.conftest import free_port
 
     move = {"model": "AC", "alias": "Production", "old_version": "1", "new_version": "2", "from": "1", "to": "2"}
     trail.append(ALIAS_MOVED, "AC", {**move, "by": "test", "actor": "t"})
@@ -365,7 +365,6 @@ def test_exa_audit_verify_with_mlflow_unreachable_stores_that_the_aliases_were_n
 
 
 def test_exa_audit_verify_without_redis_exits_3(settings: Settings) -> None:
-    from tests.integration.conftest import free_port
 
     env = {"EXAMLOPS_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0", "EXAMLOPS_HOME": str(settings.home)}
     result = CliRunner().invoke(audit_app, ["verify"], env=env)

@@ -46,7 +46,8 @@ from examlops.identity import bus_key_from_token
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.registry.catalog import Catalog, load_catalog
 from examlops.tracing import trace_id_for_job
-from tests.integration.servers import examlops_env, free_port, known_token, upgraded
+from tests.integration.servers import examlops_env, known_token, upgraded
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -29,7 +29,7 @@ from examlops.bus.client import RefusedJob
 from examlops.core.errors import Refused
 from examlops.monitoring.failures import Outcome, classify
 from examlops.tasks.sql import SqlTaskMap
-from tests.integration.servers import free_port, known_token
+from tests.integration.servers import known_token
 from tests.integration.test_bus_bridge import (  # noqa: F401  # redis_url is a fixture
     ADDRESS,
     CATALOG,
@@ -39,6 +39,7 @@ from tests.integration.test_bus_bridge import (  # noqa: F401  # redis_url is a 
     redis_url,
     running_bridge,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,7 +17,7 @@ from examlops.bus.store import BusStore
 from examlops.core.errors import StoreUnavailable
 from examlops.core.settings import RedisSettings, Settings
 from examlops.platform.redis_server import EmbeddedRedis
-from tests.integration.conftest import free_port
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -29,9 +29,9 @@ from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
-from tests.integration.conftest import free_port
 from tests.integration.servers import ServingProcess, examlops_env, known_token
 from tests.integration.test_bus_bridge import TOKEN
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

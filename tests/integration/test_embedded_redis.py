@@ -11,7 +11,7 @@ import redis
 from examlops.core.errors import PortInUse
 from examlops.platform.process import pid_alive
 from examlops.platform.redis_server import EmbeddedRedis
-from tests.integration.conftest import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from examlops.monitoring.audit import RETRAIN_REQUESTED, STREAM, AuditTrail, ver
 from examlops.monitoring.failure_store import RedisFailureStore
 from examlops.monitoring.failures import FailureTracker, Outcome, WindowState
 from examlops.monitoring.retrain import OutboxDelivery, PrefectRetrainRequester, RedisOutbox, RetrainRequest
-from tests.integration.conftest import free_port
 from tests.integration.test_recording import add_records, drain, recorder_on
+from tests.ports import free_port
 from tests.unit.monitoring.fakes import Clock, FakeRequester
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

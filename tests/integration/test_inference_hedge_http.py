@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from examlops.inference import Inference, InferenceSpec, Wiring
 from examlops.inference.adapters.kserve_v2 import V2Target
-from tests.integration.servers import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -33,7 +33,8 @@ from examlops.inference.errors import InferenceError, Kind
 from examlops.inference.ports import Adapter, Call
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
-from tests.integration.servers import ServingProcess, examlops_env, free_port
+from tests.integration.servers import ServingProcess, examlops_env
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -43,8 +43,8 @@ from examlops.promotion.service import promote
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
-from tests.integration.conftest import free_port
 from tests.integration.servers import ServingProcess, examlops_env, known_token, upgraded
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

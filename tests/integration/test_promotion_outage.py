@@ -30,9 +30,9 @@ import pytest
 from examlops.core import keys
 from examlops.platform.redis_server import EmbeddedRedis
 from examlops.promotion.aliases import rollback_target
-from tests.integration.conftest import free_port
 from tests.integration.mlflow_gate import MlflowGate, Mode
 from tests.integration.servers import examlops_env, upgraded
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -32,8 +32,8 @@ from examlops.monitoring.failures import FailureTracker
 from examlops.monitoring.recording import AuditRecordSink, Recorder, RedisRecordStream
 from examlops.monitoring.snapshots import Snapshot, SnapshotStream
 from examlops.platform.redis_server import EmbeddedRedis
-from tests.integration.conftest import free_port
 from tests.integration.test_bus_bridge import ADDRESS, PAYLOAD, StandIn, bus_settings, running_bridge, standin
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -39,7 +39,8 @@ from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
 from tests.integration import badmodels, sleepy
-from tests.integration.servers import ServingProcess, free_port
+from tests.integration.servers import ServingProcess
+from tests.ports import free_port
 
 pytestmark = [
     pytest.mark.integration,

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from examlops.cli.main import app
-from tests.integration.servers import free_port
+from tests.ports import free_port
 
 runner = CliRunner()
 
@@ -21,6 +21,7 @@ def test_help_lists_every_command_group_with_its_purpose() -> None:
         assert group in result.output
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_config_show_json_gives_each_value_and_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXAMLOPS_PREDICT__TIMEOUT_S", "12.5")
     result = runner.invoke(app, ["config", "show", "--json"])
@@ -31,6 +32,7 @@ def test_config_show_json_gives_each_value_and_its_source(monkeypatch: pytest.Mo
     assert data["serving.port"]["value"] == 18001
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_config_show_gives_derived_locations_their_effective_value_and_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,4 +45,4 @@ def test_with_nothing_up_the_state_folder_looked_in_is_named(tmp_path: Path, com
     result = CliRunner().invoke(app, [command], env={"EXAMLOPS_HOME": str(tmp_path / "state")})
     assert result.exit_code == code
     said = " ".join(result.output.split())
-    assert f"nothing running from the state folder {tmp_path / 'state'} (EXAMLOPS_HOME names another)" in said
+    assert f"nothing running from the state folder {tmp_path / 'state'} (to look in another, set EXAMLOPS_HOME)" in said

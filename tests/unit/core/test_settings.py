@@ -9,6 +9,7 @@ from examlops.core.setting_sources import setting_description, setting_sources
 from examlops.core.settings import Settings
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_every_seed_limit_has_the_seed_default() -> None:
     s = Settings()
     assert (s.http.connect_timeout_s, s.http.read_timeout_s) == (5.0, 10.0)
@@ -75,6 +76,7 @@ def test_every_setting_has_a_description() -> None:
         assert setting_description(name), name
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_unset_locations_show_the_value_the_platform_derives_and_say_so(tmp_path: Path) -> None:
     s = Settings(home=tmp_path)
     sources = {name: (value, source) for name, value, source in setting_sources(s, environ={})}

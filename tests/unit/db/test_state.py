@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from examlops.db.engine import normalize_url, redacted, sqlite_file
+from examlops.core.errors import ConfigError
+from examlops.db.engine import create_sql_engine, normalize_url, redacted, sqlite_file
 from examlops.db.state import FIRST_TABLES, SchemaState, head_revision
 
 ALL = tuple(sorted(FIRST_TABLES))
@@ -40,3 +41,13 @@ def test_only_a_sqlite_url_with_a_file_has_a_file() -> None:
     assert sqlite_file("sqlite://") is None
     assert sqlite_file("sqlite:///:memory:") is None
     assert sqlite_file("postgresql://u@h/db") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("not a url", "is not a database URL"), ("bogus://x", "cannot use (bogus)"), ("mysql://u@h/db", "(mysql)")],
+)
+def test_a_database_url_examlops_cannot_use_is_a_config_error_naming_the_setting(url: str, says: str) -> None:
+    with pytest.raises(ConfigError, match="EXAMLOPS_DATABASE_URL") as raised:
+        create_sql_engine(url)
+    assert says in str(raised.value)

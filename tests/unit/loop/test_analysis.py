@@ -79,6 +79,8 @@ def test_a_failing_canary_gets_share_zero_and_production_stays() -> None:
     assert loop.promoter.promoted == [] and loop.versions.aliases["Production"] == "1" and loop.failures.resets == []
     decided = loop.audit.events[-1][2]
     assert decided["failed_gates"] == ["failures"]
+    record = loop.store.get("JPCP")
+    assert record is not None and "(failed failures: " in record.note  # `exa loop status` names the gate that failed
 
 
 def test_drifted_canary_predictions_fail_it() -> None:
