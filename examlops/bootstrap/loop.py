@@ -1,5 +1,6 @@
 """The closed loop's adapters: ``closed_loop(settings)`` yields the ``LoopParts`` a canary analysis, a
-rollback or `exa loop` acts through, and closes what it opened.
+rollback or `exa loop` acts through, and closes what it opened; ``model_versions(settings)`` the registry's
+aliases alone, ``loop_store(settings)`` the loop records alone.
 
 - the loop records in SQL (``loop.sql``), the traffic split in SQL with a ``traffic.changed`` audit event
   (serving applies it within its rules cache, ``traffic.rules_ttl_s``, plus a second);
@@ -24,7 +25,7 @@ from examlops.bootstrap.control import AuditHook, ControlPlane, audit_moves
 from examlops.bootstrap.sql import sql_engine
 from examlops.core.settings import Settings
 from examlops.loop.figures import CallSample
-from examlops.loop.ports import LoopParts, Promotion
+from examlops.loop.ports import LoopParts, Promotion, Versions
 from examlops.loop.state import LoopStore
 
 if TYPE_CHECKING:
@@ -163,6 +164,12 @@ def closed_loop(
         if "redis" in vars(plane):  # built only when a promotion ran
             plane.redis.close()
         engine.dispose()
+
+
+def model_versions(settings: Settings) -> Versions:
+    """What the aliases point at in the settings' MLflow registry, alone (`exa canary start` checks there is
+    something to analyse before it starts a run); ``RegistryUnavailable`` when MLflow cannot be reached."""
+    return _Versions(ControlPlane(settings))
 
 
 @contextmanager

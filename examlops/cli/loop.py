@@ -1,8 +1,9 @@
 """`exa loop status` and `exa canary start | abort`: where each model's closed loop stands, and its canary.
 
 Thin: parse, call ``examlops.loop`` through ``examlops.bootstrap.loop`` (or start a run of the
-canary-analysis deployment), format. Exit codes from ``output.py``: 2 bad input, 3 a dependency down
-(Prefect, SQL, Redis, MLflow), 4 no such model or nothing to abort, 1 a loop already holds the model.
+canary-analysis deployment), format. Exit codes from ``output.py``: 2 bad input (nothing to analyse: the
+model's registry state cannot be acted on as asked), 3 a dependency down (Prefect, SQL, Redis, MLflow),
+4 no such model or nothing to abort, 1 a loop already holds the model.
 """
 
 from __future__ import annotations
@@ -101,28 +102,37 @@ def start(
     as_json: JsonOption = False,
 ) -> None:
     """Start a canary analysis of MODEL's Canary against its Production: a run of the canary-analysis
-    deployment (needs `exa up`), or with --here in this process until it decides."""
+    deployment (needs `exa up`), or with --here in this process until it decides. Refused before any run
+    starts when MODEL is not in the catalog (exit 4) or there is nothing to analyse: Canary unset, or on
+    Production's version (exit 2)."""
+    from examlops.bootstrap import catalog
     from examlops.bootstrap.identity import acting_identity
+    from examlops.bootstrap.loop import model_versions
     from examlops.identity import Permission
+    from examlops.loop.analysis import versions_to_analyse
 
     settings = load_settings()
     with errors_as_exit():
         actor = acting_identity(settings, Permission.PROMOTE)
+        name = catalog(settings).get(model).name
+        # A run started regardless would only fail in Prefect, where `exa loop status` does not show it.
+        versions_to_analyse(model_versions(settings), name)
     if not here:
-        _start_via_prefect(settings, model, share, as_json)
+        _start_via_prefect(settings, name, share, as_json)
         return
     import uuid
 
-    from examlops.bootstrap import catalog
     from examlops.bootstrap.loop import closed_loop
     from examlops.flows.canary import run_canary
     from examlops.loop.report import gate_rows, side_by_side
 
-    with errors_as_exit(), console.status(f"canary analysis of {model}") as shown:
-        name = catalog(settings).get(model).name
-        with closed_loop(settings, actor=actor, say=shown.update) as parts:
-            owner = f"cli-{uuid.uuid4().hex[:12]}"
-            result = run_canary(settings, parts, name, owner=owner, run=f"exa canary start by {actor}", share=share)
+    owner = f"cli-{uuid.uuid4().hex[:12]}"
+    with (
+        errors_as_exit(),
+        console.status(f"canary analysis of {name}") as shown,
+        closed_loop(settings, actor=actor, say=shown.update) as parts,
+    ):
+        result = run_canary(settings, parts, name, owner=owner, run=f"exa canary start by {actor}", share=share)
     if as_json:
         print_json(result.to_json())
         return
@@ -131,12 +141,12 @@ def start(
     console.print(side_by_side(result), highlight=False, markup=False)
 
 
-def _start_via_prefect(settings: Settings, model: str, share: int | None, as_json: bool) -> None:
+def _start_via_prefect(settings: Settings, name: str, share: int | None, as_json: bool) -> None:
     from examlops.cli.deployments import start_run
 
-    follow = f"follow it with `exa loop status {model}`"
-    start_run(settings, "canary-analysis/canary-analysis", {"model": model, "share": share},
-              what=f"canary analysis of {model}", as_json=as_json, follow=follow)  # fmt: skip
+    follow = f"follow it with `exa loop status {name}`"
+    start_run(settings, "canary-analysis/canary-analysis", {"model": name, "share": share},
+              what=f"canary analysis of {name}", as_json=as_json, follow=follow)  # fmt: skip
 
 
 @canary_app.command("abort")

@@ -2,7 +2,7 @@
 
 Thin: parse, call ``examlops.flows.retrain`` (through ``examlops.bootstrap.control``) or Prefect's
 ``run_deployment``, format. Heavy imports happen inside the command; a Prefect that does not start the
-run exits with code 3.
+run exits with code 3. Either way the model and the alias are checked first (exit 4, exit 2).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def retrain(
 ) -> None:
     """Train a candidate on fresh data and compare it with Production on held-out rows; a better one goes to
     Canary (a worse one is registered but never served). Refused while a loop holds the model. Through
-    Prefect (--via-prefect), a candidate on Canary then gets its canary analysis."""
+    Prefect (--via-prefect), a candidate on Canary then gets its canary analysis. A model not in the catalog
+    (exit 4) or an alias other than Canary or Staging (exit 2) is refused before anything starts, and the
+    model's loop state stays as it was."""
     from examlops.bootstrap.identity import acting_identity
     from examlops.identity import Permission
 
@@ -42,20 +44,15 @@ def retrain(
 
     from examlops.bootstrap.control import ControlPlane
     from examlops.bootstrap.loop import closed_loop
-    from examlops.flows.retrain import run_retrain
+    from examlops.flows.retrain import prepare_retrain
     from examlops.loop.cycle import retrain_cycle
     from examlops.registry.retrain import RetrainResult
 
     plane = ControlPlane(settings)
     with errors_as_exit(), console.status(f"retraining {model}") as status:
         name = plane.catalog.get(model).name
-
-        def train() -> RetrainResult:
-            return run_retrain(
-                plane, name, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
-                audit=plane.audit, on_progress=status.update, actor=actor,
-            )  # fmt: skip
-
+        train = prepare_retrain(plane, name, reason="exa retrain", candidate_alias=alias, data_shift=shift, seed=seed,
+                                on_progress=status.update, actor=actor)  # fmt: skip
         with closed_loop(settings, actor=actor, say=status.update) as parts:
             owner = f"cli-retrain-{uuid.uuid4().hex[:12]}"
             cycle = retrain_cycle(parts, name, owner=owner, run=f"exa retrain by {actor}", from_trigger=False,
@@ -86,8 +83,13 @@ def retrain(
 def _retrain_via_prefect(
     settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool, actor: str
 ) -> None:
+    from examlops.bootstrap import catalog
     from examlops.cli.deployments import start_run
+    from examlops.registry.retrain import checked_candidate_alias
 
-    parameters: dict[str, Any] = {"model": model, "reason": "exa retrain", "candidate_alias": alias}
+    with errors_as_exit():  # the flow would refuse them too, but in Prefect, out of the operator's sight
+        name = catalog(settings).get(model).name
+        alias = checked_candidate_alias(alias)
+    parameters: dict[str, Any] = {"model": name, "reason": "exa retrain", "candidate_alias": alias}
     parameters |= {"data_shift": shift, "seed": seed, "actor": actor, "source": "operator"}
-    start_run(settings, "retrain/retrain", parameters, what=f"retrain of {model}", as_json=as_json)
+    start_run(settings, "retrain/retrain", parameters, what=f"retrain of {name}", as_json=as_json)

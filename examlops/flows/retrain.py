@@ -10,6 +10,7 @@ goes to Canary and, with ``loop.auto_canary``, the canary-analysis flow runs as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -17,14 +18,14 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from examlops.bootstrap.control import AuditHook, ControlPlane, audit_moves
+from examlops.bootstrap.control import ControlPlane, audit_moves
 from examlops.bootstrap.inference import holdout_scorer
 from examlops.core.settings import Settings
 from examlops.flows.wiring import MODEL_RETRAINED, artifact_key
-from examlops.registry.retrain import RetrainResult, SyntheticDataSource, retrain
+from examlops.registry.retrain import RetrainResult, SyntheticDataSource, checked_candidate_alias, retrain
 
 
-def run_retrain(
+def prepare_retrain(
     plane: ControlPlane,
     model: str,
     *,
@@ -32,29 +33,39 @@ def run_retrain(
     candidate_alias: str = "Canary",
     data_shift: float = 0.0,
     seed: int | None = None,
-    audit: AuditHook | None = None,
-    on_progress: Any = None,
+    on_progress: Callable[[str], None] | None = None,
     actor: str = "system:retrain",
-) -> RetrainResult:
-    """Retrain ``model`` with the synthetic data source and append the audit event (the flow and the CLI)."""
+) -> Callable[[], RetrainResult]:
+    """The retrain of ``model`` with the synthetic data source, audited (``model.retrained``), as the flow and
+    `exa retrain` hand it to ``loop.cycle.retrain_cycle``; the request is checked now, before it is returned.
+
+    ``ModelNotFound`` for a model not in the catalog, ``InvalidInput`` for an alias that is not a candidate
+    alias or a negative ``data_shift``: raised here, before the cycle holds the model, because the cycle
+    records whatever the retrain raises as the model's loop outcome, and refused input is no outcome.
+    """
     spec = plane.catalog.get(model)
-    trail = None if audit is None else audit_moves(audit, plane.redis, actor, by="retrain")
-    result = retrain(
-        plane.settings,
-        plane.registry,
-        spec,
-        SyntheticDataSource(data_shift),
-        score=holdout_scorer(plane.settings),
-        candidate_alias=candidate_alias,
-        seed=seed,
-        reason=reason,
-        on_progress=on_progress,
-        trail=trail,
-    )
-    if audit is not None:
+    alias = checked_candidate_alias(candidate_alias)
+    source = SyntheticDataSource(data_shift)
+
+    def run() -> RetrainResult:
+        audit = plane.audit
+        result = retrain(
+            plane.settings,
+            plane.registry,
+            spec,
+            source,
+            score=holdout_scorer(plane.settings),
+            candidate_alias=alias,
+            seed=seed,
+            reason=reason,
+            on_progress=on_progress,
+            trail=audit_moves(audit, plane.redis, actor, by="retrain"),
+        )
         data = {**asdict(result), "better": result.better, "reason": reason, "actor": actor}
         audit(MODEL_RETRAINED, result.model, data)
-    return result
+        return result
+
+    return run
 
 
 @flow(name="retrain")
@@ -83,11 +94,11 @@ def retrain_flow(
     owner = str(flow_run.get_id() or f"retrain-{name}")
     results: list[RetrainResult] = []
 
+    train = prepare_retrain(plane, name, reason=reason, candidate_alias=candidate_alias, data_shift=data_shift,
+                            seed=seed, on_progress=logger.info, actor=actor)  # fmt: skip
+
     def retrain() -> RetrainResult:
-        result = run_retrain(
-            plane, name, reason=reason, candidate_alias=candidate_alias, data_shift=data_shift, seed=seed,
-            audit=plane.audit, on_progress=logger.info, actor=actor,
-        )  # fmt: skip
+        result = train()
         results.append(result)
         summary = {**asdict(result), "better": result.better}
         create_table_artifact(

@@ -5,8 +5,9 @@ window, judge the gates, then promote, reject or leave things as they were.
 
 1. ends a dead run's hold first (``recovery.end_dead_run``: its split goes back), then holds the model
    in the ``canary`` phase (``LoopStore.claim``; a run that already holds it, such as the retrain run
-   that made the candidate, keeps it). ``Conflict`` when another live run holds it;
-   ``InvalidInput`` when Canary and Production are the same version;
+   that made the candidate, keeps it). ``Conflict`` when another live run holds it. Before any of that,
+   ``versions_to_analyse``: ``InvalidInput`` when there is nothing to analyse (Canary points nowhere, or
+   at Production's version), so that nothing is held or recorded;
 2. has every serving instance load Canary's version and confirm it (a retrain moved the alias in the
    registry only), then stores the split ``Production: 100 - share, Canary: share``
    (``loop.canary_started``); the window opens once every instance applies it (the traffic port's
@@ -26,15 +27,32 @@ from __future__ import annotations
 
 import time
 
-from examlops.core.errors import Conflict, InvalidInput
+from examlops.core.errors import AliasNotFound, Conflict, InvalidInput
 from examlops.loop import events
 from examlops.loop.actions import Run, give_up, settle
 from examlops.loop.figures import figures_of
 from examlops.loop.gates import DriftFigure, judge, verdict
-from examlops.loop.ports import LoopParts
+from examlops.loop.ports import LoopParts, Versions
 from examlops.loop.recovery import end_dead_run
 from examlops.loop.state import LoopRecord, Phase
 from examlops.loop.window import AnalysisResult, Window
+
+
+def versions_to_analyse(versions: Versions, model: str) -> tuple[str, str]:
+    """``(Canary's version, Production's)`` of ``model``: what an analysis would compare. ``InvalidInput`` when
+    there is nothing to analyse: Canary points nowhere, or at Production's version (checked before a run is
+    started or holds the model, so the refusal is no loop outcome). ``AliasNotFound`` when Production points
+    nowhere; the registry's errors otherwise."""
+    try:
+        canary = versions.version(model, "Canary")
+    except AliasNotFound as exc:
+        raise InvalidInput(f"{model}: Canary is not set: nothing to analyse (`exa retrain {model}` puts a "
+                           "better candidate there)", field="model") from exc  # fmt: skip
+    production = versions.version(model, "Production")
+    if canary == production:
+        raise InvalidInput(f"{model}: Canary and Production are both version {canary}: nothing to analyse",
+                           field="model")  # fmt: skip
+    return canary, production
 
 
 class CanaryAnalysis:
@@ -47,10 +65,7 @@ class CanaryAnalysis:
         share = settings.canary_share if share is None else share
         if not 1 <= share <= 50:
             raise InvalidInput("Canary's share must be between 1 and 50 percent", field="share")
-        canary_version = p.versions.version(model, "Canary")
-        production_version = p.versions.version(model, "Production")
-        if canary_version == production_version:
-            raise InvalidInput(f"{model}: Canary and Production are both version {canary_version}: nothing to analyse")
+        canary_version, production_version = versions_to_analyse(p.versions, model)
         end_dead_run(p, model)  # a dead run's split is not the site's own
         started = p.clock()
         restore = p.traffic.get(model)

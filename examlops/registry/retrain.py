@@ -20,7 +20,9 @@
    a worse candidate is registered, never served (``moved`` False).
 
 Returns a ``RetrainResult``. Errors: ``InvalidInput`` for an alias that is
-not a candidate alias, the registry's errors otherwise.
+not a candidate alias (``checked_candidate_alias``: callers that record the
+retrain's outcome check it first, so refused input is no outcome), the
+registry's errors otherwise.
 
 The data source is also what the drift report's reference describes: the
 distribution a version was trained on (``source_of_run`` rebuilds it from the
@@ -53,6 +55,15 @@ RETRAIN_EXPERIMENT = "examlops-retrain"
 CANDIDATE_ALIASES = ("Canary", "Staging")
 TRAIN_ROWS = 800
 HOLDOUT_ROWS = 400
+
+
+def checked_candidate_alias(alias: str) -> str:
+    """``alias`` in its canonical spelling; ``InvalidInput`` unless it is one of ``CANDIDATE_ALIASES`` (never
+    Production: promotion is a separate, audited step)."""
+    canonical = canonical_alias(alias)
+    if canonical not in CANDIDATE_ALIASES:
+        raise InvalidInput(f"the candidate alias must be one of {', '.join(CANDIDATE_ALIASES)}", field="alias")
+    return canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +158,7 @@ def retrain(
 ) -> RetrainResult:
     """Train, evaluate against Production, log, register and move ``candidate_alias`` (module docstring)."""
     say = on_progress or (lambda _message: None)
-    alias = canonical_alias(candidate_alias)
-    if alias not in CANDIDATE_ALIASES:
-        raise InvalidInput(f"the candidate alias must be one of {', '.join(CANDIDATE_ALIASES)}", field="alias")
+    alias = checked_candidate_alias(candidate_alias)
     seed = secrets.randbelow(2**31) if seed is None else seed
     say(f"{spec.name}: training a candidate on {train_rows} fresh rows (seed {seed})")
     data = source.sample(spec, train_rows, seed)

@@ -186,6 +186,21 @@ def test_retrain_flow_registers_a_new_version_moves_canary_and_audits_it(flow_en
     assert json.loads(event.data)["actor"] == "system:retrain"
 
 
+def test_retrain_flow_refuses_a_non_candidate_alias_before_the_loop_records_anything(flow_env: Plane) -> None:
+    from examlops.bootstrap.loop import loop_store
+    from examlops.core.errors import InvalidInput
+    from examlops.flows.retrain import retrain_flow
+
+    versions = [v.version for v in flow_env.registry.list_versions("AC")]
+    with loop_store(flow_env.settings) as store:
+        before = store.get("AC")
+    with pytest.raises(InvalidInput, match="candidate alias must be one of Canary, Staging"):
+        retrain_flow(model="AC", candidate_alias="Production", source="operator")
+    with loop_store(flow_env.settings) as store:
+        assert store.get("AC") == before  # refused input is no loop outcome
+    assert [v.version for v in flow_env.registry.list_versions("AC")] == versions
+
+
 def test_promote_flow_moves_the_alias_and_a_running_server_reloads(flow_env: Plane) -> None:
     import httpx
 

@@ -2,26 +2,20 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from examlops.bootstrap import upgrade_database
 from examlops.bootstrap.loop import loop_store
 from examlops.cli.main import app
+from examlops.core.errors import RegistryUnavailable
 from examlops.core.settings import Settings
+from examlops.loop.ports import Versions
 from examlops.loop.state import Phase
+from tests.unit.loop.fakes import FakeVersions
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
-    settings = Settings(home=tmp_path)
-    upgrade_database(settings)
-    return settings
 
 
 def test_loop_status_shows_every_catalog_model_and_a_running_canary_with_its_figures(home: Settings) -> None:
@@ -51,3 +45,60 @@ def test_canary_abort_without_a_running_loop_is_not_found(home: Settings) -> Non
 
 def test_loop_status_of_an_unknown_model_is_not_found(home: Settings) -> None:
     assert runner.invoke(app, ["loop", "status", "nope"]).exit_code == 4
+
+
+def _registry(monkeypatch: pytest.MonkeyPatch, versions: Versions) -> None:
+    monkeypatch.setattr("examlops.bootstrap.loop.model_versions", lambda settings: versions)
+
+
+def test_canary_start_of_a_model_not_in_the_catalog_is_not_found_and_starts_no_run(
+    home: Settings, started: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _registry(monkeypatch, FakeVersions())
+    for args in (["canary", "start", "NOPE"], ["canary", "start", "NOPE", "--here"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 4, result.output
+        assert "not in the catalog" in result.output
+    assert started == []
+
+
+@pytest.mark.parametrize(
+    ("aliases", "why"),
+    [({"Production": "3", "Canary": "3"}, "both version 3"), ({"Production": "3"}, "Canary is not set")],
+)
+def test_canary_start_with_nothing_to_analyse_is_refused_before_a_run_starts(
+    home: Settings,
+    started: list[tuple[str, dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    aliases: dict[str, str],
+    why: str,
+) -> None:
+    _registry(monkeypatch, FakeVersions(aliases))
+    result = runner.invoke(app, ["canary", "start", "JPCP"], env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert why in result.output and "nothing to analyse" in result.output
+    assert started == []
+    with loop_store(home) as store:
+        assert store.get("JPCP") is None
+
+
+def test_canary_start_when_the_registry_is_unavailable_exits_3_and_starts_no_run(
+    home: Settings, started: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Down:
+        def version(self, model: str, alias: str) -> str:
+            raise RegistryUnavailable("MLflow at http://127.0.0.1:1 cannot be reached")
+
+    _registry(monkeypatch, Down())
+    result = runner.invoke(app, ["canary", "start", "JPCP"])
+    assert result.exit_code == 3, result.output
+    assert started == []
+
+
+def test_canary_start_of_a_canary_to_analyse_starts_a_run_for_the_catalog_name(
+    home: Settings, started: list[tuple[str, dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _registry(monkeypatch, FakeVersions({"Production": "1", "Canary": "2"}))
+    result = runner.invoke(app, ["canary", "start", "jpcp", "--share", "5"])
+    assert result.exit_code == 0, result.output
+    assert started == [("canary-analysis/canary-analysis", {"model": "JPCP", "share": 5})]

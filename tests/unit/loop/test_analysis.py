@@ -161,6 +161,14 @@ def test_canary_and_production_on_one_version_is_bad_input() -> None:
         CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
 
 
+def test_an_unset_canary_is_bad_input_and_nothing_is_held() -> None:
+    loop = make_loop()
+    del loop.versions.aliases["Canary"]
+    with pytest.raises(InvalidInput, match="Canary is not set: nothing to analyse"):
+        CanaryAnalysis(loop.parts).run("JPCP", owner="run-1")
+    assert loop.store.get("JPCP") is None and loop.traffic.history == [] and loop.audit.events == []
+
+
 def test_an_error_during_the_window_restores_the_split_and_ends_the_hold() -> None:
     loop = make_loop()
     loop.traffic.split = {"Production": 100}
