@@ -34,7 +34,8 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
     elif supervisor_up and record.state in ("restarting", "failed"):
         state = record.state  # the supervisor's word: the pid on file is the one that exited
     elif record.pid is None or not running(record.pid):
-        state = "stopped"
+        # It died since the supervisor last looked: its next look (within a second) restarts it.
+        state = "restarting" if supervisor_up and record.state in ("running", "unhealthy") else "stopped"
     elif not supervisor_up and record.pgid is not None and not ours(record.pgid, record.stamp):
         state = "stopped"  # its pid belongs to another process now
     elif supervisor_up and record.state == "starting":
@@ -97,5 +98,7 @@ def status(
             restarts = f"{s['restarts']} (last exit {s['last_exit']})" if s["restarts"] else "-"
             rows.append([s["title"], s["state"], str(s["pid"] or "-"), s["url"], health, restarts])
         title = f"exa up (pid {doc['supervisor_pid']}): {doc['state']}"
+        if doc["running"] and not well:
+            title += f"; {sum(s['state'] not in ('running', 'external') for s in doc['services'])} service(s) not well"
         print_table(title, ("service", "state", "pid", "URL", "health", "restarts"), rows)
     raise typer.Exit(OK if well else UNWELL)

@@ -21,21 +21,24 @@ def _record(state: str) -> ServiceRecord:
 
 
 @pytest.mark.parametrize(
-    ("state", "healthy", "supervisor_up", "expected"),
+    ("state", "healthy", "supervisor_up", "expected", "pid"),
     [
-        ("starting", True, True, "starting"),  # restarted, answering, not yet seen ready by the supervisor
-        ("starting", False, True, "starting"),
-        ("running", True, True, "running"),
-        ("running", False, True, "unhealthy"),
-        ("restarting", True, True, "restarting"),
-        ("starting", True, False, "running"),  # no supervisor to ask: the probe is all there is
+        ("starting", True, True, "starting", os.getpid()),  # restarted, answering, not yet seen ready by the supervisor
+        ("starting", False, True, "starting", os.getpid()),
+        ("running", True, True, "running", os.getpid()),
+        ("running", False, True, "unhealthy", os.getpid()),
+        ("restarting", True, True, "restarting", os.getpid()),
+        ("starting", True, False, "running", os.getpid()),  # no supervisor to ask: the probe is all there is
+        ("running", False, True, "restarting", None),  # died since the supervisor looked: it restarts it
+        ("running", False, False, "stopped", None),  # no supervisor: nothing restarts it
     ],
 )
 def test_a_service_state_is_the_supervisors_word_then_its_probe(
-    monkeypatch: pytest.MonkeyPatch, state: str, healthy: bool, supervisor_up: bool, expected: str
+    monkeypatch: pytest.MonkeyPatch, state: str, healthy: bool, supervisor_up: bool, expected: str, pid: int | None
 ) -> None:
     monkeypatch.setattr(process, "probe", lambda url: healthy)
     record = _record(state)
+    record.pid = pid
     record.pgid, record.stamp = None, None
     assert status._service_status(record, supervisor_up)["state"] == expected
 
