@@ -116,6 +116,7 @@ class _FlowRuns:
         except (httpx.HTTPError, ValueError) as exc:
             raise DependencyUnavailable(f"Prefect at {self.api_url} did not list flow runs: {exc}") from exc
         ui = self.api_url.removesuffix("/").removesuffix("/api")
+        now = time.time()
         out = []
         for run in found:
             params = run.get("parameters") or {}
@@ -124,6 +125,8 @@ class _FlowRuns:
             if not every and params.get("model") != model and model not in (listed or ()):
                 continue
             started = run.get("start_time") or run.get("expected_start_time")
+            if started and not run.get("start_time") and datetime.fromisoformat(started).timestamp() > now:
+                continue  # a run scheduled for later has not happened: the page lists what ran or runs
             out.append(FlowRun(str(run["id"]), str(run.get("name", "")), names.get(run.get("flow_id"), "?"),
                                str(run.get("state_name") or run.get("state_type") or "?"),
                                datetime.fromisoformat(started).timestamp() if started else None,

@@ -1,10 +1,11 @@
 """The dashboard's Prefect source against a real Prefect server (``prefect_test_harness``): a model's page lists
 the flow runs whose parameters name it (a drift report without ``models`` names every model), each linked to
-its page in the Prefect UI, and no other model's."""
+its page in the Prefect UI, and no other model's, nor a run scheduled for later."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ def prefect_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 def test_a_model_lists_the_runs_whose_parameters_name_it(prefect_api: str) -> None:
     from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
 
     @flow(name="promote")
     def promote(model: str, alias: str = "Production") -> str:
@@ -50,6 +53,8 @@ def test_a_model_lists_the_runs_whose_parameters_name_it(prefect_api: str) -> No
     drift_report(["AC"])
     unrelated("JPCP")
     drift_report()  # the scheduled run: no models, so every model's
+    with get_client(sync_client=True) as client:  # the next scheduled report has not happened: not listed
+        client.create_flow_run(drift_report, state=Scheduled(scheduled_time=datetime.now(UTC) + timedelta(hours=1)))
     runs = _FlowRuns(prefect_api.removesuffix("/")).runs("JPCP", 10)
     assert sorted(r.flow for r in runs) == ["drift-report", "drift-report", "promote"]
     ui = prefect_api.removesuffix("/").removesuffix("/api")
