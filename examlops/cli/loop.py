@@ -49,6 +49,7 @@ def status(
             rows.append({"model": name, "phase": "serving", "note": "no loop has run"})
             continue
         row = record.to_json()
+        row["active"] = record.phase.active
         row["stale"] = record.phase.active and record.updated_at < now - settings.loop.lease_s
         if record.promoted_at is not None:
             row["grace_left_s"] = round(max(0.0, record.promoted_at + settings.loop.grace_s - now), 1)
@@ -78,7 +79,9 @@ def _status_row(row: dict[str, Any], now: float) -> list[str]:
             f"Production {production['requests']} calls, fail {production['failure_rate']:.3f}, "
             f"p99 {_ms(production['p99_ms'])}"
         )
-    since = f"{now - row['updated_at']:.0f} s ago" if row.get("updated_at") else "-"
+    # An active phase is updated as it goes (its figures, its lease): it began when its run did.
+    at = row.get("started_at") if row.get("active") else row.get("updated_at")
+    since = f"{now - at:.0f} s ago" if at else "-"
     note = row.get("note", "")
     if row.get("grace_left_s"):
         note += f" (grace {row['grace_left_s']:.0f} s left)"

@@ -37,6 +37,15 @@ def test_loop_status_shows_every_catalog_model_and_a_running_canary_with_its_fig
     assert table.exit_code == 0 and "canary at 10 %" in table.output and "Canary 42 calls" in table.output
 
 
+def test_loop_status_says_since_when_a_phase_runs_not_when_it_was_last_updated(home: Settings) -> None:
+    now = time.time()
+    with loop_store(home) as store:
+        store.claim("JPCP", "run-1", Phase.RETRAINING, now - 100, 120.0, run="flow run 1", started_at=now - 100)
+        store.update("JPCP", "run-1", now - 2, note="training")
+    table = runner.invoke(app, ["loop", "status", "JPCP"], env={"COLUMNS": "250"})
+    assert table.exit_code == 0 and "100 s ago" in table.output and " 2 s ago" not in table.output
+
+
 def test_canary_abort_without_a_running_loop_is_not_found(home: Settings) -> None:
     result = runner.invoke(app, ["canary", "abort", "AC"])
     assert result.exit_code == 4, result.output
