@@ -79,6 +79,8 @@ def verdict(gates: Sequence[GateResult], canary: VersionFigures, elapsed_s: floa
 
 def _failures(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
     limit = min(production.failure_rate + settings.failure_margin, settings.max_failure_rate)
+    if not canary.requests:
+        return GateResult("failures", None, None, production.failure_rate, limit, "Canary had no call")
     passed = canary.failure_rate <= limit
     detail = (
         f"model-failure rate {canary.failure_rate:.3f} ({canary.model_failures}/{canary.requests}) against "
@@ -124,6 +126,8 @@ def _drift(drift: DriftFigure, settings: LoopSettings) -> GateResult:
 
 def _refusals(production: VersionFigures, canary: VersionFigures, settings: LoopSettings) -> GateResult:
     limit = production.refusal_rate + settings.refusal_margin
+    if not canary.requests:
+        return GateResult("refusals", None, None, production.refusal_rate, limit, "Canary had no call")
     detail = (
         f"late budget refusals {canary.refusal_rate:.3f} ({canary.late_refusals}/{canary.requests}) against "
         f"Production's {production.refusal_rate:.3f}; limit {limit:.3f}"
