@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     import redis
 
+    from examlops.registry.catalog import Catalog
     from examlops.registry.mlflow_registry import MlflowRegistry
 
 
@@ -179,6 +180,12 @@ class _Promoter:
         return model_registry(self.settings)
 
     @cached_property
+    def catalog(self) -> Catalog:
+        from examlops.bootstrap.serving import catalog
+
+        return catalog(self.settings)
+
+    @cached_property
     def redis(self) -> redis.Redis:
         """For the audited aliases' index (``bootstrap.moves``)."""
         from examlops.adapters.redis import connect
@@ -200,14 +207,16 @@ class _Promoter:
     def _follow(self, actor: str, by: str) -> dict[str, Any]:
         from examlops.bootstrap.identity import platform_token
 
-        return {"trail": audit_moves(self.events, self.redis, actor, by), "token": platform_token(self.settings)}
+        trail = audit_moves(self.events, self.redis, actor, by)
+        return {"trail": trail, "token": platform_token(self.settings), "catalog": self.catalog}
 
     @staticmethod
     def _moved(result: Any) -> Moved:
         """The service's result, with its warnings (``PromotionResult.unaccounted`` first)."""
         before = (f"the audit trail did not account for this alias before the move: {result.unaccounted}",)
         warnings = (before if result.unaccounted else ()) + tuple(result.warnings)
-        return Moved(result.model, result.old_version, result.new_version, tuple(result.instances), warnings)
+        return Moved(result.model, result.old_version, result.new_version, tuple(result.instances), warnings,
+                     result.nothing_to_do)  # fmt: skip
 
 
 def ui_links(settings: Settings) -> dict[str, str]:

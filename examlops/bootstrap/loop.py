@@ -117,7 +117,7 @@ class _Promoter:
         from examlops.bootstrap.identity import platform_token
 
         trail = audit_moves(self.plane.audit, self.plane.redis, self.actor, by="closed loop")
-        return {"trail": trail, "token": platform_token(self.plane.settings)}
+        return {"trail": trail, "token": platform_token(self.plane.settings), "catalog": self.plane.catalog}
 
     @staticmethod
     def _done(result: Any) -> Promotion:

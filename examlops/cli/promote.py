@@ -1,10 +1,13 @@
 """`exa promote` and `exa rollback`: move an alias in MLflow and make every serving instance follow.
 
 Thin: parse, call ``examlops.promotion.service``, format. Exit codes come from ``output.py``:
-0 every instance serves the new version; 1 the alias moved but an instance lags, refused the
-version or cannot be reached (the message names each one); 2 bad input; 3 MLflow unavailable, or the
-audit trail (Redis, SQL) unavailable before the move (then nothing moved); 4 no such model, alias or
-version, or nothing recorded to roll back to.
+0 every instance serves the new version, or nothing to do (the alias already points at it: nothing is
+written and no instance is asked); 1 the alias moved but an instance lags, refused the
+version or cannot be reached (the message names each one); 2 bad input, such as an alias (``--alias`` or
+``--from``) that serving does not load (the message names those it does), refused before anything is read or
+written; 3 MLflow unavailable, or the audit trail (Redis, SQL) unavailable before the move (then nothing
+moved); 4 a model not in the catalog (checked before MLflow), no such alias or version in MLflow, or nothing
+recorded to roll back to.
 
 Each move is audited as intent then outcome (``promotion.service``); a version of the alias that the trail
 cannot account for (an earlier intent with no outcome, a move made outside examlops) is printed as a
@@ -52,7 +55,10 @@ def register(app: typer.Typer) -> None:
 
 def promote(
     model: ModelArgument,
-    alias: Annotated[str, typer.Option("--alias", help="The alias to move: Production, Canary or Staging.")],
+    alias: Annotated[
+        str,
+        typer.Option("--alias", help="The alias to move: one serving loads (by default Production, Canary, Staging)."),
+    ],
     version: Annotated[int | None, typer.Option("--version", min=1, help="The version to point it at.")] = None,
     from_alias: Annotated[
         str | None, typer.Option("--from", help="Point it at the version this alias has (e.g. Canary).")
@@ -63,7 +69,7 @@ def promote(
 ) -> None:
     """Move an alias in MLflow (the replaced version is kept for `exa rollback`), then reload every serving
     instance and wait until each serves the new version."""
-    from examlops.bootstrap import model_registry
+    from examlops.bootstrap import catalog, model_registry
     from examlops.bootstrap.identity import acting_identity, platform_token
     from examlops.bootstrap.moves import audited_moves
     from examlops.identity import Permission
@@ -82,6 +88,7 @@ def promote(
                 alias,
                 version=version,
                 from_alias=from_alias,
+                catalog=catalog(settings),
                 instances=urls or None,
                 timeout_s=timeout,
                 trail=trail,
@@ -98,7 +105,7 @@ def rollback(
     as_json: JsonOption = False,
 ) -> None:
     """Move an alias back to the version its last promotion replaced, then reload every serving instance."""
-    from examlops.bootstrap import model_registry
+    from examlops.bootstrap import catalog, model_registry
     from examlops.bootstrap.identity import acting_identity, platform_token
     from examlops.bootstrap.moves import audited_moves
     from examlops.identity import Permission
@@ -113,6 +120,7 @@ def rollback(
                 model_registry(settings),
                 model,
                 alias,
+                catalog=catalog(settings),
                 instances=urls or None,
                 timeout_s=timeout,
                 trail=trail,
@@ -136,7 +144,14 @@ def _report(result: PromotionResult, as_json: bool) -> None:
                 "instances": list(result.instances),
                 "unaccounted": result.unaccounted,
                 "warnings": list(result.warnings),
+                "nothing_to_do": result.nothing_to_do,
             }
+        )
+        return
+    if result.nothing_to_do:
+        console.print(
+            f"{result.model}@{result.alias}: nothing to do, it already points at version {result.new_version}",
+            highlight=False,
         )
         return
     console.print(

@@ -7,8 +7,11 @@ stream payloads). The request leaves room for seed 001's caller contract
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from examlops.core.errors import InvalidInput
 
 DEFAULT_ALIAS = "Production"
 KNOWN_ALIASES = ("Production", "Canary", "Staging")
@@ -29,6 +32,27 @@ def canonical_alias(alias: str, known: tuple[str, ...] | list[str] = KNOWN_ALIAS
         if name.lower() == lowered:
             return name
     return alias.strip()
+
+
+def served_aliases(aliases: Sequence[str], default_alias: str | None = None) -> tuple[str, ...]:
+    """The aliases serving loads for a model: ``aliases`` (``settings.hotset.aliases``) in their canonical spelling,
+    then the model's ``default_alias`` when it is not among them (serving loads it too)."""
+    served = [canonical_alias(alias) for alias in aliases]
+    if default_alias is not None and default_alias.lower() not in {name.lower() for name in served}:
+        served.append(canonical_alias(default_alias))
+    return tuple(served)
+
+
+def served_alias(alias: str, served: Sequence[str], model: str, *, field: str = "alias") -> str:
+    """``alias`` in its canonical spelling when it is one of ``served`` (``served_aliases``), in any case;
+    ``InvalidInput`` naming them otherwise: serving would never load any other alias, so nothing may point
+    at one (a task, a promotion)."""
+    chosen = canonical_alias(alias, list(served))
+    if chosen.lower() not in {name.lower() for name in served}:
+        raise InvalidInput(
+            f"serving loads the aliases {', '.join(served)} of {model}: {chosen!r} is none of them", field=field
+        )
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,8 @@ class Moved:
     warnings: tuple[str, ...] = ()
     """What the promotion service reported without stopping: what the trail could not account for in the
     alias before the move (``unaccounted``), an audit write that failed (``warnings``)."""
+    nothing_to_do: bool = False
+    """Production already pointed at the version: nothing was written and no instance was asked."""
 
 
 class Promoter(Protocol):

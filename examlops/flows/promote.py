@@ -4,7 +4,9 @@ Moves the alias (an ``alias.move_intended`` event before it moves, ``alias.moved
 or ``alias.move_failed`` after), asks every serving instance to reload and waits
 until each reports the new version. Every MLflow call is bounded by
 ``mlflow.timeout_s`` and ``mlflow.max_retries``. The run fails with ``PromotionIncomplete`` when an
-instance does not: the alias move stays done, and the message names the instance.
+instance does not: the alias move stays done, and the message names the instance. A model not in the
+catalog, or an alias serving does not load, fails the run before anything is read or written; an alias that
+already points at the version is nothing to do (no event, no write, no reload: ``nothing_to_do`` in the result).
 """
 
 from __future__ import annotations
@@ -43,11 +45,16 @@ def promote_flow(
         alias,
         version=version,
         from_alias=from_alias,
+        catalog=plane.catalog,
         instances=instances,
         timeout_s=timeout_s,
         trail=audit_moves(plane.audit, plane.redis, actor),
         token=platform_token(plane.settings),
     )
+    if result.nothing_to_do:
+        get_run_logger().info("%s@%s: nothing to do, it already points at version %s",
+                              result.model, result.alias, result.new_version)  # fmt: skip
+        return asdict(result)
     get_run_logger().info(
         "%s@%s: %s -> %s, confirmed by %s",
         result.model, result.alias, result.old_version, result.new_version, ", ".join(result.instances),

@@ -1,8 +1,12 @@
 """Promotion and rollback: move an alias in the registry with an audit trail, then make every serving instance follow.
 
-``promote`` (what `exa promote`, the promote flow and the closed loop call) and ``rollback`` (``follow`` does
-step 5 alone):
+``promote`` (what `exa promote`, the promote flow, the dashboard and the closed loop call) and ``rollback``
+(``follow`` does step 5 alone):
 
+0. check what the caller names (``promotion.targets``), before the registry is read: a model not in the
+   ``catalog`` is ``ModelNotFound`` with the catalog's message; an alias (the one to move, or ``from_alias``)
+   that serving does not load (``settings.hotset.aliases`` and the model's default alias) is ``InvalidInput``
+   naming those it loads;
 1. read what would move (``aliases.plan_move`` / ``plan_rollback``: the alias's version now and the target);
 2. ``trail.intended(move, unaccounted)`` (``examlops.promotion.trail``): the intent goes on the trail before the
    registry is touched, with what the trail could not account for in the alias's current version. When it
@@ -18,10 +22,15 @@ step 5 alone):
 5. ask every instance (``instances``; default ``settings.serving.instance_urls()``) to reload the
    model and wait until each reports the new version for the alias (``confirm_reload``).
 
-Without a ``trail`` (tests, scripts) steps 2 and 4 are skipped. Returns a ``PromotionResult`` naming the
-confirmed instances. Raises ``PromotionIncomplete`` when any instance is lagging, refused the version or
-cannot be reached: the message names each one and what it reported, and says that the alias move stays
-done. Before the move: the registry's read errors and the trail's (nothing has changed then).
+A move to the version the alias already has is nothing to do: steps 2 to 5 are skipped (no event, no
+registry write, no reload) and the result says ``nothing_to_do``.
+
+Without a ``trail`` (tests, scripts) steps 2 and 4 are skipped; without a ``catalog`` the model name goes to the
+registry as given (every entry point passes one, so an unknown model gets the catalog's message). Returns a
+``PromotionResult`` naming the confirmed instances. Raises ``PromotionIncomplete`` when any instance is lagging,
+refused the version or cannot be reached: the message names each one and what it reported, and says that the
+alias move stays done. Before the move: step 0's errors, the registry's read errors and the trail's (nothing
+has changed then).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from examlops.promotion.aliases import (
     plan_rollback,
 )
 from examlops.promotion.instances import confirm_reload
+from examlops.promotion.targets import ModelCatalog, named
 from examlops.promotion.trail import MoveTrail, unaccounted
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -62,6 +72,8 @@ class PromotionResult:
     """What the trail could not account for in the alias's version before this move (``trail.unaccounted``)."""
     warnings: tuple[str, ...] = ()
     """What went wrong without stopping the promotion (an outcome event or the previous tag not written)."""
+    nothing_to_do: bool = False
+    """The alias already pointed at ``new_version``: nothing was written and no instance was asked to reload."""
 
 
 def promote(
@@ -72,6 +84,7 @@ def promote(
     *,
     version: str | int | None = None,
     from_alias: str | None = None,
+    catalog: ModelCatalog | None = None,
     instances: Sequence[str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     trail: MoveTrail | None = None,
@@ -79,9 +92,9 @@ def promote(
     token: str | None = None,
 ) -> PromotionResult:
     """Point ``alias`` at ``version`` (or at what ``from_alias`` points at) and make every instance serve it."""
-    planned = plan_move(registry, model, alias, version=version, from_alias=from_alias)
-    move, notes = _move(registry, planned, trail)
-    return _follow(settings, move, notes, instances, timeout_s, transport, token)
+    name = named(settings.hotset.aliases, catalog, model, alias, from_alias)
+    planned = plan_move(registry, name.model, name.alias, version=version, from_alias=name.from_alias)
+    return _carry_out(settings, registry, planned, trail, instances, timeout_s, transport, token)
 
 
 def rollback(
@@ -90,6 +103,7 @@ def rollback(
     model: str,
     alias: str = DEFAULT_ALIAS,
     *,
+    catalog: ModelCatalog | None = None,
     instances: Sequence[str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     trail: MoveTrail | None = None,
@@ -97,7 +111,27 @@ def rollback(
     token: str | None = None,
 ) -> PromotionResult:
     """Move ``alias`` back to the version its last promotion replaced, and make every instance serve it."""
-    move, notes = _move(registry, plan_rollback(registry, model, alias), trail)
+    name = named(settings.hotset.aliases, catalog, model, alias)
+    planned = plan_rollback(registry, name.model, name.alias)
+    return _carry_out(settings, registry, planned, trail, instances, timeout_s, transport, token)
+
+
+def _carry_out(
+    settings: Settings,
+    registry: AliasRegistry,
+    planned: AliasMove,
+    trail: MoveTrail | None,
+    instances: Sequence[str] | None,
+    timeout_s: float,
+    transport: httpx.BaseTransport | None,
+    token: str | None,
+) -> PromotionResult:
+    """Steps 2 to 5 of the module docstring, none of them for a move that changes nothing."""
+    if not planned.changed:
+        return PromotionResult(
+            planned.model, planned.alias, planned.old_version, planned.new_version, (), nothing_to_do=True
+        )
+    move, notes = _move(registry, planned, trail)
     return _follow(settings, move, notes, instances, timeout_s, transport, token)
 
 
@@ -146,9 +180,10 @@ def move_audited(
     registry: AliasRegistry, model: str, alias: str, *, version: str, trail: MoveTrail | None
 ) -> AliasMove:
     """Steps 1 to 4 without the instances: the alias moves in the registry with its intent and outcome on the
-    trail (a retrain pointing a candidate alias, which no instance has to serve yet)."""
+    trail (a retrain pointing a candidate alias, which no instance has to serve yet). Nothing is written when
+    the alias already has ``version``. The caller checks the alias (``registry.retrain``: a candidate alias)."""
     planned = plan_move(registry, model, alias, version=version)
-    return _move(registry, planned, trail)[0]
+    return _move(registry, planned, trail)[0] if planned.changed else planned
 
 
 def follow(

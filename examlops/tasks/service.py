@@ -26,7 +26,7 @@ from typing import Any
 
 from examlops.core.budget import MAX_BUDGET_MS
 from examlops.core.errors import InvalidInput
-from examlops.core.messages import KNOWN_ALIASES, canonical_alias
+from examlops.core.messages import KNOWN_ALIASES, served_alias, served_aliases
 from examlops.registry.catalog import Catalog
 from examlops.tasks.ports import TaskMap
 from examlops.tasks.routes import KEEP, Keep, TaskChange, TaskRoute, TaskSeed, task_name
@@ -77,15 +77,8 @@ def map_task(
     """Point ``task`` at ``model`` and ``alias`` (contract above)."""
     key = task_name(task)
     spec = catalog.get(model)
-    served = list(aliases)
-    if spec.default_alias_canonical.lower() not in _lower(served):
-        served.append(spec.default_alias_canonical)  # serving loads each model's default alias too
-    chosen = canonical_alias(alias, served) if alias and alias.strip() else spec.default_alias_canonical
-    if chosen.lower() not in _lower(served):
-        named = ", ".join(served)
-        raise InvalidInput(
-            f"serving loads the aliases {named} of {spec.name}: {chosen!r} is none of them", field="alias"
-        )
+    served = served_aliases(aliases, spec.default_alias_canonical)
+    chosen = served_alias(alias, served, spec.name) if alias and alias.strip() else spec.default_alias_canonical
     if budget_ms is not KEEP and budget_ms is not None and not 0 < budget_ms <= MAX_BUDGET_MS:
         raise InvalidInput(f"the budget must be more than 0 and at most {MAX_BUDGET_MS:.0f} ms", field="budget_ms")
     if budget_ms is KEEP and task_map.get(key) is None:
@@ -97,10 +90,6 @@ def map_task(
         log.error("task %s was mapped but its audit event was not written: %s", key, exc)
         return TaskMapped(change, audited=False, audit_error=str(exc))
     return TaskMapped(change, audited=True)
-
-
-def _lower(names: Sequence[str]) -> set[str]:
-    return {name.lower() for name in names}
 
 
 def seed_tasks(task_map: TaskMap, catalog: Catalog, audit: AuditHook | None = None) -> list[TaskRoute]:

@@ -40,7 +40,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
-MODEL = "OUTAGE"
+MODEL = "AC"
+"""A catalog model: `exa promote` looks the name up in the catalog before it asks MLflow."""
 COMMAND_LIMIT_S = 60
 """Only so that a hang fails the test instead of stalling the suite; MLflow unbounded takes many minutes."""
 

@@ -91,9 +91,13 @@ class RecordingPromoter:
     audit: InMemoryAudit
     asked: list[tuple[str, str, str]] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
+    canary_is_production: bool = False
+    """Canary points where Production does: a promotion is nothing to do (no event)."""
 
     def promote_canary(self, model: str, actor: str) -> Moved:
         self.asked.append(("promote", model, actor))
+        if self.canary_is_production:
+            return Moved(model, "2", "2", (), nothing_to_do=True)
         self.audit.add("alias.moved", model, actor)
         return Moved(model, "1", "2", ("http://serving",), self.warnings)
 

@@ -182,6 +182,16 @@ async def test_a_promotion_goes_through_the_promoter_as_the_identity_and_is_audi
     assert re.search(r"alias\.moved</td><td>JPCP</td><td class=\"actor\">ops<", control)
 
 
+async def test_a_promotion_of_a_canary_already_in_production_says_nothing_to_do(site: Site) -> None:
+    site.promoter.canary_is_production = True
+    await site.login("ops", Role.OPERATOR)
+    confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
+    done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
+    assert done.status_code == 200
+    assert "JPCP@Production: nothing to do, it already points at version 2" in unescape(done.text)
+    assert "-&gt;" not in done.text
+
+
 async def test_a_confirmation_sent_twice_acts_once_and_binds_to_its_own_action(site: Site) -> None:
     await site.login("ops", Role.OPERATOR)
     confirm = await site.client.get("/dashboard/confirm", params={"action": "reload", "model": "JPCP"})

@@ -15,15 +15,22 @@ from examlops.promotion.trail import AuditedMove, MoveState
 
 
 class InMemoryAliasRegistry:
-    """Registered models with versions, aliases and tags; names match case-insensitively."""
+    """Registered models with versions, aliases and tags; names match case-insensitively. ``calls`` records every
+    call asked of it, ``writes`` the alias and tag writes among them."""
 
     def __init__(self) -> None:
         self.name = "AC"
         self.versions = {"1", "2", "3"}
         self.aliases: dict[str, str] = {"Production": "1", "Canary": "2"}
         self.tags: dict[str, str] = {}
+        self.calls: list[tuple[str, ...]] = []
 
-    def _check(self, name: str) -> None:
+    @property
+    def writes(self) -> list[tuple[str, ...]]:
+        return [call for call in self.calls if call[0] in ("set_alias", "set_model_tag")]
+
+    def _check(self, name: str, *call: str) -> None:
+        self.calls.append(call)
         if name.lower() != self.name.lower():
             raise ModelNotFound(name)
 
@@ -31,28 +38,29 @@ class InMemoryAliasRegistry:
         return ModelRef(self.name, version, None, f"mem://{version}")
 
     def resolve(self, name: str, alias: str) -> ModelRef:
-        self._check(name)
+        self._check(name, "resolve", alias)
         if canonical_alias(alias) not in self.aliases:
             raise AliasNotFound(alias)
         return self._ref(self.aliases[canonical_alias(alias)])
 
     def version(self, name: str, version: str) -> ModelRef:
-        self._check(name)
+        self._check(name, "version", version)
         if version not in self.versions:
             raise VersionNotFound(version)
         return self._ref(version)
 
     def set_alias(self, name: str, alias: str, version: str) -> ModelRef | None:
+        self._check(name, "set_alias", alias, version)
         before = self.aliases.get(canonical_alias(alias))
         self.aliases[canonical_alias(alias)] = self.version(name, version).version
         return self._ref(before) if before else None
 
     def model_tags(self, name: str) -> dict[str, str]:
-        self._check(name)
+        self._check(name, "model_tags")
         return dict(self.tags)
 
     def set_model_tag(self, name: str, key: str, value: str) -> None:
-        self._check(name)
+        self._check(name, "set_model_tag", key, value)
         self.tags[key] = value
 
 

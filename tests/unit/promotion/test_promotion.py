@@ -70,12 +70,17 @@ def test_promote_from_an_alias_and_rollback_twice_goes_back_and_forth(settings: 
     assert (again.old_version, again.new_version) == ("1", "2")
 
 
-def test_promoting_to_the_version_it_has_keeps_the_recorded_previous_version(settings: Settings) -> None:
-    registry = InMemoryAliasRegistry()
-    net = Network({"a:1": FakeServing(registry)})
-    promote(settings, registry, "AC", "Production", version=2, instances=[A], transport=net)
-    same = promote(settings, registry, "AC", "Production", version=2, instances=[A], transport=net)
-    assert (same.old_version, same.new_version) == ("2", "2")
+def test_promoting_to_the_version_it_has_is_nothing_to_do_and_keeps_the_recorded_previous_version(
+    settings: Settings,
+) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
+    serving = FakeServing(registry)
+    net = Network({"a:1": serving})
+    promote(settings, registry, "AC", "Production", version=2, instances=[A], trail=trail, transport=net)
+    events, writes, reloads = list(trail.events), registry.writes, list(serving.reloads)
+    same = promote(settings, registry, "AC", "Production", version=2, instances=[A], trail=trail, transport=net)
+    assert (same.old_version, same.new_version, same.instances, same.nothing_to_do) == ("2", "2", (), True)
+    assert trail.events == events and registry.writes == writes and serving.reloads == reloads  # nothing more
     assert registry.tags[previous_tag("Production")] == "1"
 
 

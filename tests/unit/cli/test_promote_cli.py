@@ -1,0 +1,75 @@
+"""`exa promote` and `exa rollback` on what they refuse or skip before MLflow, Redis or a serving instance is
+reached: their exit codes and what they print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import examlops.bootstrap
+from examlops.bootstrap import upgrade_database
+from examlops.cli.main import app
+from examlops.core.settings import Settings
+from tests.unit.promotion.fakes import InMemoryAliasRegistry
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("EXAMLOPS_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")  # one message per line
+    settings = Settings(home=tmp_path)
+    upgrade_database(settings)
+    return settings
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["promote", "JPCP", "--alias", "Bogus", "--from", "Canary"],
+        ["promote", "JPCP", "--alias", "Production", "--from", "Bogus"],
+        ["rollback", "JPCP", "--alias", "Bogus"],
+    ],
+)
+def test_an_alias_serving_does_not_load_exits_2_naming_those_it_does_before_mlflow_is_opened(
+    home: Settings, args: list[str]
+) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "serving loads the aliases Production, Canary, Staging of JPCP: 'Bogus' is none of them" in result.output
+    assert not (home.mlflow_dir / "mlflow.db").exists()  # the registry was never asked
+
+
+@pytest.mark.parametrize("args", [["promote", "NOPE", "--alias", "Production", "--version", "1"], ["rollback", "nope"]])
+def test_a_model_not_in_the_catalog_exits_4_with_the_catalog_message(home: Settings, args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 4, result.output
+    assert "is not in the catalog (known: AC, CRCP, JPCP)" in result.output
+    assert not (home.mlflow_dir / "mlflow.db").exists()
+
+
+def test_promoting_to_the_version_the_alias_has_is_nothing_to_do(
+    home: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = InMemoryAliasRegistry()  # AC: Production 1, Canary 2
+    monkeypatch.setattr(examlops.bootstrap, "model_registry", lambda settings: registry)
+    text = runner.invoke(app, ["promote", "ac", "--alias", "production", "--version", "1"])
+    assert text.exit_code == 0, text.output
+    assert "AC@Production: nothing to do, it already points at version 1" in text.output
+    as_json = runner.invoke(app, ["promote", "AC", "--alias", "Production", "--version", "1", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout) == {
+        "model": "AC",
+        "alias": "Production",
+        "old_version": "1",
+        "new_version": "1",
+        "instances": [],
+        "unaccounted": None,
+        "warnings": [],
+        "nothing_to_do": True,
+    }
+    assert registry.writes == []
