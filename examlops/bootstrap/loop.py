@@ -2,8 +2,9 @@
 rollback or `exa loop` acts through, and closes what it opened; ``model_versions(settings)`` the registry's
 aliases alone, ``loop_store(settings)`` the loop records alone.
 
-- the loop records in SQL (``loop.sql``), the traffic split in SQL with a ``traffic.changed`` audit event
-  (serving applies it within its rules cache, ``traffic.rules_ttl_s``, plus a second);
+- the loop records in SQL (``loop.sql``), the traffic split in SQL after its ``traffic.changed`` audit event,
+  as serving sets one (no event, no change: ``StoreUnavailable``); serving applies it within its rules cache,
+  ``traffic.rules_ttl_s``, plus a second;
 - the window's calls from the trace store, its bus predictions from the snapshot stream, the drift test by
   Evidently (``monitoring.drift.prediction_drift``);
 - promotion and rollback by ``promotion.service`` (what `exa promote` and `exa rollback` run: every
@@ -58,10 +59,11 @@ class _Traffic:
         return self.store.get(model)
 
     def set(self, model: str, weights: Mapping[str, int]) -> None:
-        from examlops.monitoring.audit import TRAFFIC_CHANGED
+        """As serving sets a split (``ControlEvents.change_traffic``): its event first; no event, no change."""
+        from examlops.serving.control_events import ControlEvents
 
-        self.store.set(model, weights)
-        self.audit(TRAFFIC_CHANGED, model, {"weights": dict(weights), "actor": self.actor})
+        split = dict(weights)
+        ControlEvents(self.audit).change_traffic(model, split, self.actor, lambda: self.store.set(model, split))
 
 
 @dataclass

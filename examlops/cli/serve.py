@@ -159,12 +159,17 @@ def traffic(
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a model's traffic split, or set it (weights sum to 100 and name existing aliases)."""
+    """Show a model's traffic split, or set it (weights sum to 100 and name existing aliases). The change is on
+    the audit trail first: when the trail cannot be written the split stays as it was (exit 3). --clear with a
+    weight is a usage error (exit 2), before any request."""
     weights = {
         alias: value
         for alias, value in (("Production", production), ("Canary", canary), ("Staging", staging))
         if value is not None
     }
+    if clear and weights:
+        given = " ".join(f"--{alias.lower()} {value}" for alias, value in weights.items())
+        fail(f"--clear removes the split but {given} sets one: give either --clear or the weights", BAD_INPUT)
     with errors_as_exit(), _client(url) as client:
         if weights or clear:
             reply = client.request("PUT", f"/v1/traffic/{model}", json={} if clear else weights)

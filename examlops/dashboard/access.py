@@ -5,9 +5,11 @@ Contracts: with authentication off (no identities) the dashboard is read-only: t
 every action are refused (403, ``READ_ONLY``). A login, logout or action whose ``Origin`` names another site
 is refused (403); an action without the session's CSRF token or without its permission is refused (403)
 before anything happens; an action goes through ``actions.perform``, the services and audit events the CLI
-uses. Each confirmation page carries a one-time token for its action: a second POST of the same form is
-refused (409) and runs nothing; a performed action redirects (303) to its result page, which a reload only
-shows again. Static assets are served from memory with a day's cache lifetime (their names carry no version).
+uses. A split the pipeline would refuse (``actions.check``) is refused (400) instead of a confirmation page,
+so nothing is asked that could only fail. Each confirmation page carries a one-time token for its action: a
+second POST of the same form is refused (409) and runs nothing; a performed action redirects (303) to its
+result page, which a reload only shows again. Static assets are served from memory with a day's cache
+lifetime (their names carry no version).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def add_access_routes(router: APIRouter, site: Site, pipeline: Pipeline) -> None
         try:
             asked = actions.parse(form, pipeline)
             actions.authorize(caller, asked, pipeline)
+            actions.check(asked, pipeline)  # nothing is confirmed that would be refused
         except ExamlopsError as exc:
             return site.refused(request, caller, session, status_of(exc), str(exc))
         once = issue_once(session, actions.fingerprint(asked))

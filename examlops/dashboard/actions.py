@@ -6,11 +6,14 @@ do), ``Pipeline.reload`` (``model.reloaded``...; `exa serve reload`), the ``Prom
 ``examlops.promotion.service`` (``alias.moved``; `exa promote --from Canary` and `exa rollback`).
 
 ``describe`` is what the confirmation page asks; ``fingerprint`` what its one-time token is bound to
-(``sessions.issue_once``); ``perform`` does it and answers an ``Outcome`` (what happened, and what the service
-warned of without stopping: a promotion the trail could not account for). Both refuse first: ``Forbidden`` without
-the action's permission, ``InvalidInput`` for an unknown action or model or a malformed weight,
-``NotFound``-family errors from the services as they are. The caller checks the session's CSRF token before
-``perform``.
+(``sessions.issue_once``); ``check`` refuses, before the page asks, a split the pipeline would refuse
+(``Pipeline.check_traffic``: weights that are negative, not whole or do not sum to 100, an alias the model does
+not have); ``perform`` does it and answers an ``Outcome`` (what happened, and what the service warned of without
+stopping: a promotion the trail could not account for). Both refuse first: ``Forbidden`` without the action's
+permission, ``InvalidInput`` for an unknown action or model or a malformed weight, ``NotFound``-family errors
+from the services as they are; ``perform`` raises what the service raises (``StoreUnavailable`` for a split
+whose audit event cannot be written: the split is not changed). The caller checks the session's CSRF token
+before ``perform``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,13 @@ def authorize(caller: Caller, request: ActionRequest, pipeline: Pipeline) -> Non
     caller.require(ACTIONS[request.action])
     if request.model not in visible_models(caller, pipeline):
         raise InvalidInput(f"no model {request.model!r} here", field="model")
+
+
+def check(request: ActionRequest, pipeline: Pipeline) -> None:
+    """``InvalidInput`` for a split ``perform`` would be refused (after ``authorize``: it names the model's
+    aliases); other actions are checked by their service when performed."""
+    if request.action == "split":
+        pipeline.check_traffic(request.model, request.weights)
 
 
 def describe(request: ActionRequest) -> str:

@@ -39,7 +39,8 @@ class TrafficSplit(Protocol):
         """The stored split of the default alias's traffic (empty: all to the default alias)."""
 
     def set(self, model: str, weights: Mapping[str, int]) -> None:
-        """Store a split (empty clears it) and record the change; serving applies it within ``settle_s``."""
+        """Record the change on the audit trail, then store the split (empty clears it); serving applies it within
+        ``settle_s``. When the record cannot be written nothing is stored (``StoreUnavailable``)."""
 
     @property
     def settle_s(self) -> float:

@@ -154,13 +154,18 @@ class Pipeline:
         """The stored split of a model, read now (blocking: call it from a thread); ``StoreUnavailable``."""
         return dict(self._router.read(self.catalog.get(model).name))
 
+    def check_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
+        """The split ``set_traffic`` would store: ``validate_split`` against the aliases the model has now
+        (``InvalidInput``; ``ModelNotFound``). Stores and records nothing, and never blocks."""
+        return validate_split(weights, self._hotset.available_aliases(self.catalog.get(model).name))
+
     def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = "system:serving") -> dict[str, int]:
-        """Validate against the aliases the model has now, store, drop the cache (blocking: from a thread).
-        ``actor`` (the identity that asked) is named in the ``traffic.changed`` event."""
+        """``check_traffic``, then ``ControlEvents.change_traffic``: the ``traffic.changed`` event naming ``actor``
+        first, then the split stored and its cache dropped. No event, no change: ``StoreUnavailable`` with the
+        split as it was. Blocking: call it from a thread."""
         spec = self.catalog.get(model)
-        split = validate_split(weights, self._hotset.available_aliases(spec.name))
-        self._router.set_rules(spec.name, split)
-        self._events.emit("traffic.changed", spec.name, {"weights": split, "actor": actor})
+        split = self.check_traffic(spec.name, weights)
+        self._events.change_traffic(spec.name, split, actor, lambda: self._router.set_rules(spec.name, split))
         return split
 
     async def reload(self, model: str | None = None, *, actor: str = "system:reload-poll") -> list[ReloadChange]:

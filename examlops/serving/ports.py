@@ -71,8 +71,8 @@ class TrafficRuleStore(Protocol):
 
 ControlEventSink = Callable[[str, str, Mapping[str, Any]], None]
 """Records one control action ``(event type, subject, data)``, e.g. ``("traffic.changed", "JPCP", {...})``,
-on the audit trail. Blocking: the pipeline calls it from a worker thread, and logs rather than fails when
-it raises."""
+on the audit trail. Blocking: the pipeline calls it from a worker thread. Raises ``StoreUnavailable`` when
+the trail cannot be written: a traffic change is then not made; a reload, which stands, logs it."""
 
 
 class Clock(Protocol):

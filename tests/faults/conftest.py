@@ -52,7 +52,7 @@ HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 3.0
 
 
 @pytest.fixture(scope="session")
-def hostile_serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+def hostile_serving(tmp_path_factory: pytest.TempPathFactory, shared_redis: EmbeddedRedis) -> Iterator[ServingProcess]:
     """One `exa serve start` with the demo models for the scenarios that send it hostile input and fuzz its
     permissions (``test_hostile_http.py``, ``test_permission_fuzz.py``): its start (seeding MLflow, loading the
     models) was most of their time, twice. Both only read what they need of it: each asserts statuses and
@@ -70,6 +70,8 @@ def hostile_serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servin
         "EXAMLOPS_PREDICT__WORKERS": "2" if LONG else "1",  # one worker process is enough for what is sent here
         "EXAMLOPS_HOTSET__RELOAD_POLL_S": "0",
         "EXAMLOPS_AUTH__CACHE_TTL_S": "0.5",  # a revocation holds within the permission fuzz's first requests
+        # The audit trail (a split is refused without its event) in a database the per-test flushes leave alone.
+        "EXAMLOPS_REDIS__URL": f"{shared_redis.url.rsplit('/', 1)[0]}/13",
     }
     proc = ServingProcess(home, env)
     try:

@@ -1,8 +1,11 @@
-"""Control actions are audit events: traffic changes, alias moves, reloads and refused reloads, for real."""
+"""Control actions are audit events: traffic changes, alias moves, reloads and refused reloads, for real; a
+traffic change whose event cannot be written (Redis paused, as an operator's audit found) changes nothing."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +29,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServingProcess, dict[str, str]]]:
+def platform(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServingProcess, dict[str, str], EmbeddedRedis]]:
     home = tmp_path_factory.mktemp("control")
     redis = EmbeddedRedis(home / "redis", free_port())
     redis.start()
@@ -36,7 +41,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serving
     server = ServingProcess(home, env=env)
     try:
         server.wait_ready()
-        yield server, {"EXAMLOPS_HOME": str(home), **env, "EXAMLOPS_SERVING__PORT": str(server.port)}
+        yield server, {"EXAMLOPS_HOME": str(home), **env, "EXAMLOPS_SERVING__PORT": str(server.port)}, redis
     finally:
         server.stop()
         redis.stop()
@@ -50,9 +55,9 @@ def audit_events(runner: CliRunner, env: dict[str, str]) -> list[dict[str, objec
 
 
 def test_traffic_changes_promotions_and_reloads_land_on_a_verified_audit_trail(
-    platform: tuple[ServingProcess, dict[str, str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    platform: tuple[ServingProcess, dict[str, str], EmbeddedRedis], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    server, env = platform
+    server, env, _ = platform
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     runner = CliRunner()
@@ -84,3 +89,31 @@ def test_traffic_changes_promotions_and_reloads_land_on_a_verified_audit_trail(
     report = json.loads(verify.stdout)
     assert report["ok"] is True
     assert report["checkpoints"] >= 1
+
+
+def test_a_split_is_not_changed_while_redis_is_paused_and_the_command_exits_3(
+    platform: tuple[ServingProcess, dict[str, str], EmbeddedRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, env, redis = platform
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    url = f"{server.url}/v1/traffic/CRCP"
+    before = httpx.get(url, timeout=30, headers=server.auth).json()["weights"]
+    pid = redis.process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # the operator's reproduction: Redis holds its connections and answers nothing
+    try:
+        changed = runner.invoke(exa, ["serve", "traffic", "CRCP", "--production", "90", "--canary", "10"], env=env)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert changed.exit_code == 3, changed.output
+    assert "CRCP: the traffic split was not changed" in " ".join(changed.output.split())
+    # The append Redis took while paused may run when it resumes (the documented limit): never more than once.
+    changes = [e["data"] for e in audit_events(runner, env) if (e["type"], e["subject"]) == ("traffic.changed", "CRCP")]
+    assert changes in ([], [{"weights": {"Production": 90, "Canary": 10}, "actor": "admin"}])
+    assert httpx.get(url, timeout=30, headers=server.auth).json()["weights"] == before  # nothing half-applied
+
+    again = runner.invoke(exa, ["serve", "traffic", "CRCP", "--production", "90", "--canary", "10"], env=env)
+    assert again.exit_code == 0, again.output  # the trail is back: the change goes through, with its event
+    assert httpx.get(url, timeout=30, headers=server.auth).json()["weights"] == {"Production": 90, "Canary": 10}

@@ -33,6 +33,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
+AUDIT_DB = 13
+"""A Redis database of serving's audit trail on the session's redis-server (tests flush database 0)."""
 SLOW_YAML = """name: SLOW
 seanerbus_uuid: 00000000-0000-4000-8000-000000000001
 default_alias: Production
@@ -66,7 +68,7 @@ def register_slow_model(settings: Settings) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[ServingProcess]:
     home = tmp_path_factory.mktemp("serving")
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
@@ -78,6 +80,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]
         home,
         env={
             "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
+            "EXAMLOPS_REDIS__URL": f"{redis_server.rsplit('/', 1)[0]}/{AUDIT_DB}",  # a split needs its audit event
             "EXAMLOPS_PREDICT__WORKERS": "2",
             "EXAMLOPS_PREDICT__TIMEOUT_S": "4",  # SLOW sleeps 60 s; a first predict in a fresh worker under CI load
             # took more than 1.5 s once

@@ -27,16 +27,19 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
+AUDIT_DB = 13
+"""A Redis database of serving's audit trail on the session's redis-server (tests flush database 0)."""
 ROWS = 8
 V2_ERROR_KEYS = {"error", "code", "inference_failed"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[ServingProcess]:
     home = tmp_path_factory.mktemp("serving-v2")
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
-    proc = ServingProcess(home, env={"EXAMLOPS_PREDICT__WORKERS": "2"})
+    audit = f"{redis_server.rsplit('/', 1)[0]}/{AUDIT_DB}"  # a split needs its audit event
+    proc = ServingProcess(home, env={"EXAMLOPS_PREDICT__WORKERS": "2", "EXAMLOPS_REDIS__URL": audit})
     try:
         proc.wait_ready()
         yield proc

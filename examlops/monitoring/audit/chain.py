@@ -28,6 +28,8 @@ FIELDS = ("seq", "ts", "type", "subject", "data", "prev", "hash")
 # Event types. Control actions are appended by whoever performs them (serving, flows, the CLI).
 INFERENCE_SERVED = "inference.served"
 TRAFFIC_CHANGED = "traffic.changed"
+"""Written before a split is stored (no event, no change); ``traffic.change_failed`` follows when it was not."""
+TRAFFIC_CHANGE_FAILED = "traffic.change_failed"
 ALIAS_MOVE_INTENDED = "alias.move_intended"
 """Written before an alias moves in the registry; ``alias.moved`` or ``alias.move_failed`` follows."""
 ALIAS_MOVED = "alias.moved"

@@ -18,9 +18,10 @@ from examlops.api.app import create_app
 from examlops.api.schemas import ErrorReply
 from examlops.core.collector import LoadGovernor
 from examlops.core.errors import InferenceFailed, InferenceTimeout, ModelNotFound
-from examlops.core.messages import InferenceRequest, InferenceResult
+from examlops.core.messages import KNOWN_ALIASES, InferenceRequest, InferenceResult
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
+from examlops.serving.router import validate_split
 from examlops.tracing import Tracer
 
 ERROR_KEYS = set(ErrorReply.model_fields)
@@ -65,6 +66,10 @@ class FakePipeline:
 
     def traffic(self, model: str) -> dict[str, int]:
         return {}
+
+    def check_traffic(self, model: str, weights: Mapping[str, int]) -> dict[str, int]:
+        self.catalog.get(model)
+        return validate_split(weights, KNOWN_ALIASES)
 
     def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = "") -> dict[str, int]:
         self.traffic_set.append((model, actor))

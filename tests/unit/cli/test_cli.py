@@ -103,6 +103,13 @@ def test_traffic_without_a_server_is_exit_3_never_a_traceback() -> None:
     assert "Traceback" not in result.output
 
 
+def test_traffic_clear_with_a_weight_is_exit_2_naming_the_conflict_before_any_request() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens: a request would be exit 3
+    result = runner.invoke(app, ["serve", "traffic", "JPCP", "--clear", "--production", "100", "--url", url])
+    assert result.exit_code == 2, result.output
+    assert "--clear removes the split but --production 100 sets one" in " ".join(result.output.split())
+
+
 def test_a_bridge_for_a_model_not_in_the_catalog_is_refused_before_it_starts() -> None:
     result = runner.invoke(app, ["bridge", "start", "--model", "JPCP", "--model", "nope"])
     assert result.exit_code == 4

@@ -268,6 +268,18 @@ async def test_a_bad_split_is_refused_with_the_services_message(site: Site) -> N
     assert reply.status_code == 400 and "whole number" in reply.text
 
 
+async def test_a_split_that_would_be_refused_is_refused_before_its_confirmation_page(site: Site) -> None:
+    await site.login("ops", Role.OPERATOR)
+    for weights, refusal in (
+        ({"production": "150", "canary": "-50"}, "the weight of Canary must not be negative"),
+        ({"production": "60", "canary": "20"}, "weights must add up to 100, not 80"),
+    ):
+        reply = await site.client.get("/dashboard/confirm", params={"action": "split", "model": "JPCP", **weights})
+        assert reply.status_code == 400 and refusal in unescape(reply.text)
+        assert "Set the traffic split" not in reply.text and 'name="once"' not in reply.text  # nothing to confirm
+    assert site.pipeline.traffic_set == [] and site.pipeline.splits == {}
+
+
 async def test_drift_page_lists_reports_and_charts_read_their_p_values(site: Site) -> None:
     await site.login("ops", Role.OPERATOR)
     html = (await site.client.get("/dashboard/drift")).text

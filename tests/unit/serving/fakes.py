@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -169,6 +170,21 @@ class InMemoryTrafficRules:
         if self.unavailable:
             raise StoreUnavailable("SQL is down")
         self.splits[model.lower()] = dict(weights)
+
+
+@dataclass
+class InMemoryControlTrail:
+    """A ``ControlEventSink`` that keeps the events it took; ``down`` (or more than ``down_after`` events) makes
+    it raise ``StoreUnavailable``, as the audit trail does when Redis cannot be reached."""
+
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    down: bool = False
+    down_after: int | None = None
+
+    def __call__(self, type: str, subject: str, data: Mapping[str, Any]) -> None:
+        if self.down or (self.down_after is not None and len(self.events) >= self.down_after):
+            raise StoreUnavailable("cannot append to the audit trail: Timeout reading from 127.0.0.1:18004")
+        self.events.append((type, subject, dict(data)))
 
 
 class FakeClock:

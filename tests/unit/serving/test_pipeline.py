@@ -391,10 +391,13 @@ async def test_control_actions_are_handed_to_the_event_sink_and_a_refusal_only_o
     assert refusals[0][2]["actor"] == "system:reload-poll"
 
 
-async def test_a_failing_event_sink_never_fails_the_action(world: World) -> None:
+async def test_a_failing_event_sink_never_fails_a_reload(world: World) -> None:
     def broken(type: str, subject: str, data: Any) -> None:
         raise ConnectionError("redis is down")
 
     pipeline = world.pipeline(on_event=broken)
     await pipeline.start()
-    assert await asyncio.to_thread(pipeline.set_traffic, "JPCP", {"Production": 100}) == {"Production": 100}
+    world.source.move("JPCP", "Production", "4")
+    changes = await pipeline.reload()  # it stands: a traffic change does not (test_traffic_changes)
+    assert [(c.alias, c.new_version) for c in changes] == [("Production", "4")]
+    assert {(e.alias, e.version) for e in pipeline.hot_set()} >= {("Production", "4")}
