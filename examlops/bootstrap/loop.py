@@ -184,3 +184,18 @@ def loop_store(settings: Settings) -> Iterator[LoopStore]:
         yield SqlLoopStore(engine)
     finally:
         engine.dispose()
+
+
+def refuse_if_held(settings: Settings, model: str) -> None:
+    """``Conflict`` naming the run, when a live run holds ``model`` (one that showed a sign of life within
+    ``loop.lease_s``): a run the CLI starts in Prefect would only be refused there, out of the operator's sight.
+    A dead run's hold is no refusal: the next run ends it."""
+    import time
+
+    from examlops.core.errors import Conflict
+    from examlops.loop.analysis import held_by
+
+    with loop_store(settings) as store:
+        record = store.get(model)
+    if record is not None and record.phase.active and record.updated_at >= time.time() - settings.loop.lease_s:
+        raise Conflict(held_by(record, model))

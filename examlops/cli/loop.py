@@ -3,7 +3,7 @@
 Thin: parse, call ``examlops.loop`` through ``examlops.bootstrap.loop`` (or start a run of the
 canary-analysis deployment), format. Exit codes from ``output.py``: 2 bad input (nothing to analyse: the
 model's registry state cannot be acted on as asked), 3 a dependency down (Prefect, SQL, Redis, MLflow),
-4 no such model or nothing to abort, 1 a loop already holds the model.
+4 no such model or nothing to abort, 1 a live loop already holds the model (checked before a run starts).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def start(
     Production's version (exit 2)."""
     from examlops.bootstrap import catalog
     from examlops.bootstrap.identity import acting_identity
-    from examlops.bootstrap.loop import model_versions
+    from examlops.bootstrap.loop import model_versions, refuse_if_held
     from examlops.identity import Permission
     from examlops.loop.analysis import versions_to_analyse
 
@@ -120,6 +120,7 @@ def start(
         name = catalog(settings).get(model).name
         # A run started regardless would only fail in Prefect, where `exa loop status` does not show it.
         versions_to_analyse(model_versions(settings), name)
+        refuse_if_held(settings, name)
     if not here:
         _start_via_prefect(settings, name, share, as_json)
         return

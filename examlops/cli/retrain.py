@@ -84,12 +84,14 @@ def _retrain_via_prefect(
     settings: Settings, model: str, alias: str, shift: float, seed: int | None, as_json: bool, actor: str
 ) -> None:
     from examlops.bootstrap import catalog
+    from examlops.bootstrap.loop import refuse_if_held
     from examlops.cli.deployments import start_run
     from examlops.registry.retrain import checked_candidate_alias
 
     with errors_as_exit():  # the flow would refuse them too, but in Prefect, out of the operator's sight
         name = catalog(settings).get(model).name
         alias = checked_candidate_alias(alias)
+        refuse_if_held(settings, name)
     parameters: dict[str, Any] = {"model": name, "reason": "exa retrain", "candidate_alias": alias}
     parameters |= {"data_shift": shift, "seed": seed, "actor": actor, "source": "operator"}
     start_run(settings, "retrain/retrain", parameters, what=f"retrain of {name}", as_json=as_json)

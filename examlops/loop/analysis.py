@@ -75,7 +75,7 @@ class CanaryAnalysis:
             restore=restore, figures={}, note=f"loading Canary v{canary_version} on every instance",
         )  # fmt: skip
         if held is None:
-            raise Conflict(_held_by(p.store.get(model), model))
+            raise Conflict(held_by(p.store.get(model), model))
         split = {"Production": 100 - share, "Canary": share}
         this = Run(model, owner, restore, share, started, started + p.traffic.settle_s)
         try:
@@ -139,7 +139,7 @@ def _progress(window: Window, elapsed: float) -> str:
     )
 
 
-def _held_by(record: LoopRecord | None, model: str) -> str:
+def held_by(record: LoopRecord | None, model: str) -> str:
     if record is None:
         return f"{model}: another run holds the model"
     since = time.strftime("%H:%M:%S", time.gmtime(record.started_at))

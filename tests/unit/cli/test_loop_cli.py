@@ -111,3 +111,22 @@ def test_canary_start_of_a_canary_to_analyse_starts_a_run_for_the_catalog_name(
     result = runner.invoke(app, ["canary", "start", "jpcp", "--share", "5"])
     assert result.exit_code == 0, result.output
     assert started == [("canary-analysis/canary-analysis", {"model": "JPCP", "share": 5})]
+
+
+@pytest.mark.parametrize(("silent_s", "refused"), [(5.0, True), (500.0, False)], ids=["live", "dead"])
+def test_canary_start_while_a_live_run_holds_the_model_exits_1_naming_it_and_starts_no_run(
+    home: Settings,
+    started: list[tuple[str, dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    silent_s: float,
+    refused: bool,
+) -> None:
+    _registry(monkeypatch, FakeVersions({"Production": "1", "Canary": "2"}))
+    at = time.time() - silent_s  # a run silent past the lease (120 s) is dead: the next run ends its hold
+    with loop_store(home) as store:
+        store.claim("JPCP", "run-1", Phase.RETRAINING, at, 120.0, run="flow run 7", started_at=at)
+    for command in (["canary", "start", "JPCP"], ["retrain", "JPCP", "--via-prefect"]):
+        result = runner.invoke(app, command, env={"COLUMNS": "250"})
+        assert (result.exit_code, "a loop is running" in result.output) == ((1, True) if refused else (0, False))
+        assert refused == ("flow run 7" in result.output)
+    assert len(started) == (0 if refused else 2)
