@@ -5,7 +5,8 @@ prefect, evidently) stay inside the functions, so the CLI starts fast. Entry poi
 an ASGI server) call only these:
 
 - ``serving``: ``ServingProcess`` (``run()``/``close()``), ``serving_app`` (the ASGI app alone),
-  ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first).
+  ``catalog``, ``model_registry``, ``prepare_platform`` (what `exa up` does first), ``seed_demo_audited``
+  (the demo seed with its aliases on the audit trail: `exa up`, `exa demo seed`).
 - ``bridge``: ``BridgeProcess`` (``run()``/``close()``), ``bus_client``, ``sync_bus_client``.
 - ``clients``: the bus's protocol clients by the settings' switches: ``bus_redis``, ``hop_client``.
 - ``recording``: ``RecordingProcess`` (the recorder, ``run()``/``close()``), a bridge's ``RecordingChild``.
@@ -20,7 +21,14 @@ from examlops.bootstrap.bridge import BridgeProcess, bus_client, sync_bus_client
 from examlops.bootstrap.clients import bus_redis, hop_client
 from examlops.bootstrap.control import ControlPlane, audit_trail, control_events
 from examlops.bootstrap.recording import RecordingChild, RecordingProcess, bridge_recording
-from examlops.bootstrap.serving import ServingProcess, catalog, model_registry, prepare_platform, serving_app
+from examlops.bootstrap.serving import (
+    ServingProcess,
+    catalog,
+    model_registry,
+    prepare_platform,
+    seed_demo_audited,
+    serving_app,
+)
 from examlops.bootstrap.sql import database_state, sql_engine, table_metadata, upgrade_database, write_migration
 
 __all__ = [
@@ -39,6 +47,7 @@ __all__ = [
     "hop_client",
     "model_registry",
     "prepare_platform",
+    "seed_demo_audited",
     "serving_app",
     "sql_engine",
     "sync_bus_client",

@@ -16,17 +16,20 @@ signed chain holds it, so an index edited or emptied cannot hide an unaccounted 
 
 ``verify_and_record(settings, audit, by)`` is that verify as `exa audit verify` and the retention flow both run
 and store it: the chain, then ``promotion.trail.check_aliases`` against MLflow (``mlflow.timeout_s``), so a
-later chain-only result never replaces one that found an alias move. MLflow unreachable or failing is a stored
+later chain-only result never replaces one that found an alias move; then the catalog models' aliases no event
+covers (``monitoring.audit.coverage``), stored as notes, not failures. MLflow unreachable or failing is a stored
 note, and the previous result's alias findings are stored again (``carried_findings``): a run that could not
-look never clears what one that could found.
+look never clears what one that could found. A local MLflow store that does not exist yet is not created by a
+verify: it holds no alias.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from examlops.core import keys
@@ -39,9 +42,11 @@ if TYPE_CHECKING:
 
     from examlops.bootstrap.control import AuditAccess, AuditHook
     from examlops.monitoring.audit.chain import AuditEvent
+    from examlops.monitoring.audit.coverage import AliasCoverage
     from examlops.monitoring.audit.verified import VerifyRecord
     from examlops.monitoring.audit.verify import VerifyReport
     from examlops.promotion.trail import AliasCheck
+    from examlops.registry.mlflow_registry import MlflowRegistry
 
 
 def _field(model: str, alias: str) -> str:
@@ -167,19 +172,64 @@ class LastMoves:
         return list(self._last.values())
 
 
-def verify_and_record(settings: Settings, audit: AuditAccess, by: str) -> tuple[VerifyReport, AliasCheck, VerifyRecord]:
-    """Verify the whole trail and every alias it moved, store the result as ``by``'s; all three. Redis or SQL
-    down raises (``StoreUnavailable``); MLflow down does not (``AliasCheck.unchecked``)."""
-    from examlops.bootstrap.serving import model_registry
+@dataclass(frozen=True, slots=True)
+class VerifyOutcome:
+    """One verify: the chain's report, the moved aliases' check, the aliases no event covers, what was stored."""
+
+    report: VerifyReport
+    aliases: AliasCheck
+    coverage: AliasCoverage
+    record: VerifyRecord
+
+
+def verify_and_record(settings: Settings, audit: AuditAccess, by: str) -> VerifyOutcome:
+    """Verify the whole trail, every alias it moved and which catalog aliases it covers, store the result as
+    ``by``'s. Redis or SQL down raises (``StoreUnavailable``); MLflow down does not (``AliasCheck.unchecked``)."""
+    from examlops.monitoring.audit.coverage import AliasCoverage
     from examlops.monitoring.audit.verified import carried_findings, last_verify, record_verify
     from examlops.monitoring.audit.verify import verify
     from examlops.promotion.trail import check_aliases
 
     last_moves = LastMoves()
     report = verify(audit.store, audit.secret, audit.checkpoints, archive=audit.archive, seen=last_moves)
-    aliases = check_aliases(last_moves.moves(), lambda: model_registry(settings))
+    registry = _registry_once(settings)
+    aliases = check_aliases(last_moves.moves(), registry)
     findings = aliases.unaccounted
     if aliases.unchecked is not None:
         findings += carried_findings(last_verify(audit.store.redis, audit.secret))
-    record = record_verify(audit.store.redis, audit.secret, report, by, findings=findings, notes=aliases.notes)
-    return report, aliases, record
+        coverage = AliasCoverage()  # the registry cannot be read: aliases.notes already says so
+    else:
+        coverage = _coverage(settings, last_moves.moves(), registry)
+    notes = aliases.notes + coverage.notes
+    record = record_verify(audit.store.redis, audit.secret, report, by, findings=findings, notes=notes)
+    return VerifyOutcome(report, aliases, coverage, record)
+
+
+def _registry_once(settings: Settings) -> Callable[[], MlflowRegistry]:
+    """The settings' registry, built on the first call only: the two alias checks share its client."""
+    from functools import cache
+
+    from examlops.bootstrap.serving import model_registry
+
+    return cache(lambda: model_registry(settings))
+
+
+def _coverage(settings: Settings, moves: list[AuditedMove], registry: Callable[[], MlflowRegistry]) -> AliasCoverage:
+    """``uncovered_aliases`` for the catalog's models; none in a local store not created yet (reading it would
+    create it); a catalog that cannot be loaded is ``unchecked``, as the registry's errors are."""
+    from examlops.bootstrap.serving import catalog
+    from examlops.core.errors import ExamlopsError
+    from examlops.monitoring.audit.coverage import AliasCoverage, uncovered_aliases
+
+    uri = settings.mlflow_tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return AliasCoverage()
+    try:
+        models = [spec.name for spec in catalog(settings)]
+    except ExamlopsError as exc:
+        return AliasCoverage(unchecked=f"the catalog cannot be loaded: {exc}")
+
+    def aliases_of(model: str) -> dict[str, str]:
+        return {alias: ref.version for alias, ref in registry().aliases(model).items()}
+
+    return uncovered_aliases(moves, models, aliases_of)

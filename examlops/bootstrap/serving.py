@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from examlops.bootstrap.control import control_events
+from examlops.bootstrap.control import AuditHook, control_events
 from examlops.bootstrap.jobs import offline_jobs
 from examlops.bootstrap.sql import sql_engine
 from examlops.bootstrap.tasks import seed_task_map
@@ -18,11 +18,17 @@ from examlops.bootstrap.tracing import call_tracer, trace_reader
 from examlops.core.settings import Settings
 from examlops.registry.catalog import Catalog, load_catalog
 
+UP_ACTOR = "system:exa-up"
+"""The actor of the alias events of the demo seed `exa up` runs."""
+DEMO_SEED_BY = "demo seed"
+"""``by`` of the alias events of the demo seed."""
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
     from examlops.core.collector import LoadGovernor
+    from examlops.registry.demo import SeedReport
     from examlops.registry.mlflow_client import HttpLimits
     from examlops.registry.mlflow_registry import MlflowRegistry
     from examlops.serving.pipeline import Pipeline
@@ -116,21 +122,48 @@ def load_governor(settings: Settings, pipeline: Pipeline, metrics: CollectorRegi
 
 def prepare_platform(settings: Settings, on_progress: Callable[[str], None] | None = None) -> None:
     """What `exa up` does before starting the services (after it upgraded the SQL schema, once Redis is up):
-    demo models, and the catalog's tasks the task map lacks (an operator's remap is never touched)."""
-    from examlops.registry.demo import seed_demo
-
+    demo models, their aliases on the audit trail as ``UP_ACTOR``'s (``seed_demo_audited``), and the catalog's
+    tasks the task map lacks (an operator's remap is never touched)."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     models = catalog(settings)
-    report = seed_demo(settings, models, on_progress)
-    if on_progress is not None and report.created:
-        on_progress(f"registered demo models: {', '.join(report.created)}")
     engine = sql_engine(settings)
     try:
-        created = seed_task_map(engine, models, control_events(settings, engine))
+        events = control_events(settings, engine)
+        report = seed_demo_audited(settings, models, on_progress, actor=UP_ACTOR, audit=events)
+        if on_progress is not None and report.created:
+            on_progress(f"registered demo models: {', '.join(report.created)}")
+        created = seed_task_map(engine, models, events)
     finally:
         engine.dispose()
     if on_progress is not None and created:
         on_progress(f"mapped tasks: {', '.join(f'{r.task} -> {r.model}@{r.alias}' for r in created)}")
+
+
+def seed_demo_audited(
+    settings: Settings,
+    models: Catalog,
+    on_progress: Callable[[str], None] | None = None,
+    *,
+    actor: str,
+    audit: AuditHook | None = None,
+) -> SeedReport:
+    """``registry.demo.seed_demo`` with every alias it points moved as intent, then outcome, on the audit trail
+    (``audited_moves``; ``actor``, ``by`` "demo seed"), so that `exa audit verify` covers the demo's aliases.
+    Redis is asked first (SQL is checked when the hook is built): with the trail unavailable the seed stops
+    before it trains anything (``StoreUnavailable``, ``SchemaNotCurrent``)."""
+    from examlops.adapters.redis import translated
+    from examlops.bootstrap.moves import audited_moves
+    from examlops.core.errors import StoreUnavailable
+    from examlops.registry.demo import seed_demo
+
+    with audited_moves(settings, actor, DEMO_SEED_BY, audit) as trail:
+        try:
+            with translated("the audit trail"):
+                trail.client.ping()
+        except StoreUnavailable as exc:
+            exc.add_note("the demo seed writes every alias it points to the audit trail: nothing was seeded")
+            raise
+        return seed_demo(settings, models, on_progress, trail=trail)
 
 
 class ServingProcess:

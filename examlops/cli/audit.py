@@ -5,8 +5,10 @@ group ``audit``. ``verify`` exits 1 when the trail is broken, naming the first b
 alias's version in MLflow is not what the verified chain last said of it (``promotion.trail.unaccounted``: an
 intent with no outcome, a move the trail does not hold; read from the chain's events as they verify, never
 from the unsigned per-alias index); with MLflow unreachable (within ``mlflow.timeout_s``) that
-second check is skipped and says so. Both checks and the stored result (``monitoring.audit.verified``, for the
-dashboard) are ``bootstrap.moves.verify_and_record``, the same as the retention flow's.
+second check is skipped and says so. An alias of a catalog model that no alias event names cannot be judged:
+it is listed as not covered by the trail (``monitoring.audit.coverage``), which alone does not fail. The checks
+and the stored result (``monitoring.audit.verified``, for the dashboard, with the uncovered aliases as notes)
+are ``bootstrap.moves.verify_and_record``, the same as the retention flow's.
 ``archive`` exits 1 when it refuses (a broken chain, another
 archiver); both exit 3 when Redis or SQL is down.
 """
@@ -30,13 +32,23 @@ def verify(as_json: JsonOption = False) -> None:
     """Walk the chain (archive, then Redis) and the signed checkpoints; name the first broken link, exit 1."""
     from examlops.bootstrap.control import audit_access
     from examlops.bootstrap.moves import verify_and_record
+    from examlops.monitoring.audit.coverage import NOT_COVERED
 
     settings = load_settings()
     with errors_as_exit(), audit_access(settings) as audit:
-        report, checked, _ = verify_and_record(settings, audit, "exa audit verify")
-    aliases, unchecked = list(checked.unaccounted), checked.unchecked
+        outcome = verify_and_record(settings, audit, "exa audit verify")
+    report, coverage = outcome.report, outcome.coverage
+    aliases, unchecked = list(outcome.aliases.unaccounted), outcome.aliases.unchecked or coverage.unchecked
     if as_json:
-        print_json({**report.to_json(), "aliases_unaccounted": aliases, "aliases_unchecked": unchecked})
+        uncovered = [{"model": a.model, "alias": a.alias, "version": a.version} for a in coverage.uncovered]
+        print_json(
+            {
+                **report.to_json(),
+                "aliases_unaccounted": aliases,
+                "aliases_unchecked": unchecked,
+                "aliases_not_covered": uncovered,
+            }
+        )
     elif report.broken is None:
         console.print(
             f"audit trail intact: {report.events} events ({report.archived} archived, last seq "
@@ -55,6 +67,11 @@ def verify(as_json: JsonOption = False) -> None:
     if not as_json:
         for line in aliases:
             console.print(f"[bold red]alias move not accounted for:[/] {line}", highlight=False)
+        for alias in coverage.uncovered:
+            console.print(
+                f"[yellow]{NOT_COVERED}[/] (no alias event names it, so a move of it cannot be seen): {alias}",
+                highlight=False,
+            )
         if unchecked:
             console.print(f"[yellow]aliases not checked against MLflow:[/] {unchecked}", highlight=False)
     if report.broken is not None or aliases:

@@ -101,17 +101,19 @@ def config_show(as_json: JsonOption = False) -> None:
 def demo_seed(as_json: JsonOption = False) -> None:
     """Register the demo models: two trained versions of each catalog model (Production -> 1, Canary -> 2)
     and a third that fails on purpose (Staging -> 3), so `exa demo traffic --fail-rate` can trip the retrain
-    trigger. Running it again changes nothing; an alias you moved is never moved back."""
-    from examlops.bootstrap import catalog
-    from examlops.registry.demo import seed_demo
+    trigger. Running it again changes nothing; an alias you moved is never moved back. Each alias it points
+    goes on the audit trail as your identity's move, so Redis must be up (exit 3 before anything is trained)."""
+    from examlops.bootstrap import catalog, seed_demo_audited
+    from examlops.bootstrap.identity import acting_identity
 
     settings = load_settings()
     with errors_as_exit():
+        actor = acting_identity(settings)
         if as_json:
-            report = seed_demo(settings, catalog(settings))
+            report = seed_demo_audited(settings, catalog(settings), actor=actor)
         else:
             with console.status("seeding demo models") as status:
-                report = seed_demo(settings, catalog(settings), lambda line: status.update(line))
+                report = seed_demo_audited(settings, catalog(settings), status.update, actor=actor)
     if as_json:
         print_json({"created": list(report.created), "skipped": list(report.skipped)})
         return

@@ -6,7 +6,8 @@ Scheduled from ``prefect.yaml`` (deployment ``retention/retention``). Three task
   signed checkpoint covers moved to ``<state>/audit/archive/`` and trimmed from
   the stream (what `exa audit archive` does);
 - ``audit-verify``: the whole chain, and every alias it moved against MLflow,
-  verified after the archive run and the result stored for the dashboard
+  verified after the archive run (the catalog aliases no event covers as
+  notes) and the result stored for the dashboard
   (``bootstrap.moves.verify_and_record``, what `exa audit verify` runs), so its
   Control page shows a check at most one schedule old without walking the chain;
 - ``snapshot-trim``: every model's drift snapshots older than
@@ -50,7 +51,7 @@ def verify_audit(settings: Settings) -> dict[str, Any]:
     with audit_access(settings) as audit, one_verify(audit.store.redis) as mine:
         if not mine:  # another verify is under way: one walk of the chain at a time
             return {"ok": None, "skipped": "another audit verify is running", "problems": []}
-        return asdict(verify_and_record(settings, audit, "retention flow")[2])
+        return asdict(verify_and_record(settings, audit, "retention flow").record)
 
 
 @task(name="snapshot-trim", cache_policy=NO_CACHE)

@@ -13,6 +13,12 @@ skipped. A model lacking Production or Canary gets two new trained versions
 and only the missing alias; one lacking Staging gets only a new failing
 version. An alias a model has, whoever set it, is never moved.
 
+Each alias is pointed with ``promotion.service.move_audited`` through ``trail``, as a retrain points its
+candidate: with a trail (``bootstrap.serving.seed_demo_audited``, what `exa up` and `exa demo seed` run) its
+intent and outcome go on the audit trail, so `exa audit verify` can tell when it is later moved outside
+examlops; a trail that cannot be written stops the seed before that alias moves. Without one (tests, the
+benchmarks) the alias is only set, and verify lists it as not covered by the trail.
+
 The models come from ``demo_models``; logging and registering them from ``registration``, which
 keeps every file under ``settings.state_dir`` when the store is local.
 """
@@ -24,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 from examlops.core.errors import ModelNotFound
 from examlops.core.settings import Settings
+from examlops.promotion.service import move_audited
+from examlops.promotion.trail import MoveTrail
 from examlops.registry.catalog import Catalog, ModelSpec
 from examlops.registry.demo_models import (
     FAULTY_SEED_OFFSET,
@@ -54,12 +62,18 @@ class SeedReport:
     skipped: tuple[str, ...]
 
 
-def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str], None] | None = None) -> SeedReport:
+def seed_demo(
+    settings: Settings,
+    catalog: Catalog,
+    on_progress: Callable[[str], None] | None = None,
+    *,
+    trail: MoveTrail | None = None,
+) -> SeedReport:
     """Register the demo versions every catalog model lacks (module docstring); skip models that lack none.
 
     Raises ``RegistryUnavailable`` when the store cannot be reached and
-    another ``ExamlopsError`` when MLflow refuses a step; models finished
-    before the failure stay seeded, so running it again completes the rest.
+    another ``ExamlopsError`` when MLflow refuses a step, ``StoreUnavailable`` when ``trail`` cannot take an
+    alias's intent; models finished before the failure stay seeded, so running it again completes the rest.
     """
     say = on_progress or (lambda _message: None)
     limits = HttpLimits(timeout_s=settings.mlflow.timeout_s, max_retries=settings.mlflow.max_retries)
@@ -84,12 +98,12 @@ def seed_demo(settings: Settings, catalog: Catalog, on_progress: Callable[[str],
                 versions.append(_train_and_register(registry, settings, experiment_id, spec, recipe))
             for alias, version in zip(SEEDED_ALIASES, versions, strict=True):
                 if alias not in have:
-                    registry.set_alias(spec.name, alias, version)
+                    move_audited(registry, spec.name, alias, version=version, trail=trail)
                     say(f"{spec.name}: {alias} -> version {version}")
         if FAULTY_ALIAS not in have:
             say(f"{spec.name}: logging the demo version that fails on purpose")
             version = _register_faulty(registry, settings, experiment_id, spec)
-            registry.set_alias(spec.name, FAULTY_ALIAS, version)
+            move_audited(registry, spec.name, FAULTY_ALIAS, version=version, trail=trail)
             say(f"{spec.name}: {FAULTY_ALIAS} -> version {version} (fails on purpose)")
         created.append(spec.name)
     return SeedReport(created=tuple(created), skipped=tuple(skipped))

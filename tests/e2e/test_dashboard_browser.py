@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from examlops.bootstrap import prepare_platform, upgrade_database
 from examlops.cli.main import app as exa
 from examlops.core.settings import Settings
 from examlops.platform.redis_server import EmbeddedRedis
-from examlops.registry.catalog import load_catalog
-from examlops.registry.demo import seed_demo
 from tests.integration.servers import ServingProcess
 from tests.ports import free_port
 
@@ -60,8 +59,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     home = tmp_path_factory.mktemp("dashboard")
     redis = EmbeddedRedis(home / "redis", free_port())
     redis.start()
-    settings = Settings(home=home)
-    seed_demo(settings, load_catalog(settings.catalog_path))
+    settings = Settings(home=home, redis={"url": redis.url})
+    upgrade_database(settings)
+    prepare_platform(settings)  # as `exa up` does: the demo's aliases on the audit trail, so verify covers them
     port = free_port()
     # The port in the settings too: a promotion from the page asks the settings' instances to reload.
     env = {"EXAMLOPS_REDIS__URL": redis.url, "EXAMLOPS_PREDICT__WORKERS": "1", "EXAMLOPS_SERVING__PORT": str(port)}

@@ -131,7 +131,7 @@ def test_exa_audit_archive_then_verify_and_tail_read_archive_and_stream_as_one(
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) | {"checkpoints": 0} == {
         "ok": True, "events": 12, "archived": 10, "last_seq": 12, "checkpoints": 0, "broken": None,
-        "aliases_unaccounted": [], "aliases_unchecked": None,
+        "aliases_unaccounted": [], "aliases_unchecked": None, "aliases_not_covered": [],
     }  # fmt: skip
     result = runner.invoke(audit_app, ["tail", "-n", "4", "--json"], env=env)
     assert [event["seq"] for event in json.loads(result.stdout)] == [9, 10, 11, 12]
