@@ -21,24 +21,24 @@ def _record(state: str) -> ServiceRecord:
 
 
 @pytest.mark.parametrize(
-    ("state", "healthy", "supervisor_up", "expected", "pid"),
+    ("state", "healthy", "supervisor_up", "expected", "alive"),
     [
-        ("starting", True, True, "starting", os.getpid()),  # restarted, answering, not yet seen ready by the supervisor
-        ("starting", False, True, "starting", os.getpid()),
-        ("running", True, True, "running", os.getpid()),
-        ("running", False, True, "unhealthy", os.getpid()),
-        ("restarting", True, True, "restarting", os.getpid()),
-        ("starting", True, False, "running", os.getpid()),  # no supervisor to ask: the probe is all there is
-        ("running", False, True, "restarting", None),  # died since the supervisor looked: it restarts it
-        ("running", False, False, "stopped", None),  # no supervisor: nothing restarts it
+        ("starting", True, True, "starting", True),  # restarted, answering, not yet seen ready by the supervisor
+        ("starting", False, True, "starting", True),
+        ("running", True, True, "running", True),
+        ("running", False, True, "unhealthy", True),
+        ("restarting", True, True, "restarting", True),
+        ("starting", True, False, "running", True),  # no supervisor to ask: the probe is all there is
+        ("running", False, True, "restarting", False),  # died since the supervisor looked: it restarts it
+        ("running", False, False, "stopped", False),  # no supervisor: nothing restarts it
     ],
 )
 def test_a_service_state_is_the_supervisors_word_then_its_probe(
-    monkeypatch: pytest.MonkeyPatch, state: str, healthy: bool, supervisor_up: bool, expected: str, pid: int | None
+    monkeypatch: pytest.MonkeyPatch, state: str, healthy: bool, supervisor_up: bool, expected: str, alive: bool
 ) -> None:
     monkeypatch.setattr(process, "probe", lambda url: healthy)
     record = _record(state)
-    record.pid = pid
+    record.pid = os.getpid() if alive else None
     record.pgid, record.stamp = None, None
     assert status._service_status(record, supervisor_up)["state"] == expected
 
