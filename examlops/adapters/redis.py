@@ -153,6 +153,9 @@ def connect_async(
     packed by hiredis (module docstring).
 
     ``socket_timeout_s`` must exceed every BLOCK sent on it; ``protocol``: RESP 2 or 3 (None: redis-py's default).
+    A Redis that accepts connections and never answers (SIGSTOPped) holds a command for ``(retries + 1) ** 2``
+    socket timeouts (6 min by default: redis-py 8.1 retries the handshake inside each retry of the command), so
+    a caller with a deadline bounds its own call (``BusClient.request``); a cancelled command may still run.
     """
     client = aioredis.Redis.from_url(
         url,
@@ -246,6 +249,10 @@ class RedisPyCommands:
         return await evalsha_loading(self.execute, script, keys, args)
 
     async def aclose(self) -> None:
+        """Cancel the commands still in flight (their callers gave up on a Redis that does not answer: nothing is
+        sent again once closed; not awaited, see ``bus/bridge.py``), then close every connection."""
+        for task in self._sending:
+            task.cancel()
         await self.client.aclose()
 
 

@@ -34,8 +34,9 @@ BRIDGE_YOUNG = 20_000
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from examlops.bus.client import BusClient, SyncBusClient
+    from examlops.bus.client import BusClient
     from examlops.bus.ports import BusKeys, TaskAddress, TaskAddresses
+    from examlops.bus.sync_client import SyncBusClient
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,6 @@ def bus_client(settings: Settings, *, token: str | None = None, client_id: str |
 
 def sync_bus_client(settings: Settings, *, token: str | None = None) -> SyncBusClient:
     """``bus_client`` for sync code (the CLI)."""
-    from examlops.bus.client import SyncBusClient
+    from examlops.bus.sync_client import SyncBusClient
 
     return SyncBusClient(bus_client(settings, token=token))

@@ -1,12 +1,12 @@
 """The bus client: ``request(uuid, payload, timeout) -> reply``, from async code (``BusClient``) or sync code
-(``SyncBusClient``, which runs a ``BusClient`` on an event loop in a thread of its own).
+(``sync_client.SyncBusClient``, which runs a ``BusClient`` on an event loop in a thread of its own).
 
 Contract of ``request``:
 
 - signs the job with the bus key of the client's identity (its key id and
   key, from its token: ``examlops.identity.bus_key_from_token``) and puts it on the
   address's stream (a model's or a task's); the deadline it carries is
-  ``now + timeout`` (at most ``wire.MAX_JOB_TTL_S``) on the bus's clock
+  now plus what is left of ``timeout`` (at most ``wire.MAX_JOB_TTL_S``) on the bus's clock
   (``clock.RedisClock``: Redis's TIME, which the bridges judge it by, so this
   machine's wall clock plays no part), and bridges and serving refuse work past it;
 - ``budget_ms`` (seed 001) travels signed with the submission time: the job's
@@ -18,9 +18,17 @@ Contract of ``request``:
   ran out while queued), raised as ``Refused`` with the reply's ``refused``
   reason, ``estimate_ms`` and ``retry_after_s``: a normal outcome the caller
   falls back from, and does not retry at once;
-- raises ``DeadlineExceeded`` when no reply came within ``timeout``, and
-  ``StoreUnavailable`` when Redis cannot be reached to send the job (after the
-  connection's retries with backoff);
+- ``timeout`` bounds the whole call, on this machine's monotonic clock: reading the bus's clock, putting
+  the job on its stream and waiting for the reply all end within it (one ``asyncio.timeout``; cancelling
+  a Redis command costs a loop pass on top, not a round trip). redis-py's retries with backoff run
+  inside that bound: against a Redis that accepts connections and never answers (paused by SIGSTOP, a
+  black hole) they hold one command for minutes (``adapters.redis.connect_async``);
+- raises ``DeadlineExceeded`` when the job is on its stream (Redis acknowledged it) and no reply came
+  within ``timeout``: the job may or may not be done (the README's "Retrying a job id"); and
+  ``StoreUnavailable`` when Redis did not take the job: it could not be reached (after the connection's
+  retries with backoff), or it did not answer within ``timeout``. In the latter case the job may still
+  reach the stream when Redis wakes up; it carries its deadline, so no bridge serves it past that (a
+  bridge replies ``deadline_exceeded`` to the reply stream nobody reads any more);
 - ``job_id`` (a fresh UUID when not given) is global and answered once: a
   retry with the same id, the same address and the same payload gets the first
   answer again (the bus README's "Retrying a job id"; the entry's ``resent``
@@ -40,7 +48,12 @@ outage once, backs off and resumes after the last reply it read. If it dies
 of anything else, every waiting request fails instead of hanging.
 
 The client owns the ``RedisCommands`` port it is given (``bootstrap.bus_client``
-builds one from the settings): ``close()`` closes it.
+builds one from the settings): ``close()`` closes it. ``close()`` waits for the reader's current XREAD
+only while it can still end by itself (its BLOCK plus ``READ_GRACE_S``: 1.5 s at most): a reader held by
+a Redis that does not answer is cancelled (nothing is lost: the stream is the client's own, read without
+a group). Closing the connections then takes at most redis-py's connect timeout (2 s). So a caller that
+closes the client after a request that ran out waits its timeout plus at most 3.5 s, in practice less than
+a second (``tests/faults/test_bus_client_faults.py``).
 """
 
 from __future__ import annotations
@@ -49,12 +62,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
-from types import TracebackType
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from examlops.adapters.redis import RedisCommands
 from examlops.bus import replies, wire
@@ -66,9 +77,10 @@ from examlops.core.errors import DeadlineExceeded, InvalidInput, ModelNotFound, 
 log = logging.getLogger(__name__)
 
 Reply = dict[str, Any]
-T = TypeVar("T")
 BLOCK_MS = 500
 """How long one XREAD waits; replies wake it at once, so this only bounds how long ``close()`` takes."""
+READ_GRACE_S = 1.0
+"""How long past its BLOCK ``close()`` still waits for the reader's XREAD before it cancels the reader."""
 UNVERIFIED_LOG_EVERY_S = 10.0
 """At most one warning per this many seconds about replies that failed verification (they are all counted)."""
 
@@ -95,6 +107,7 @@ class BusClient:
         self._warned_at = -UNVERIFIED_LOG_EVERY_S
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._read_since: float | None = None  # when the reader's current XREAD began (the loop's clock)
         self._closing = False
 
     async def __aenter__(self) -> BusClient:
@@ -121,27 +134,40 @@ class BusClient:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_replies(), name=f"bus-replies-{self.client_id}")
         job_id = job_id or uuid.uuid4().hex
-        await refresh(self._clock)
-        submitted = self._clock()
-        deadline = submitted + timeout
-        fields = wire.encode_job(
-            self.key_id,
-            self._key,
-            address=address,
-            job_id=job_id,
-            reply_to=self.reply_stream,
-            deadline=deadline,
-            payload=payload,
-            submitted=submitted,
-            budget_ms=budget_ms,
-        )
-        waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._waiting[job_id] = waiter
+        loop = asyncio.get_running_loop()
+        gives_up = loop.time() + timeout
+        sent = False
         try:
-            await self.store.submit(address, fields)
-            reply = await asyncio.wait_for(waiter, max(0.0, deadline - self._clock()))
+            async with asyncio.timeout_at(gives_up) as bound:
+                await refresh(self._clock)
+                submitted = self._clock()
+                left = gives_up - loop.time()  # reading the clock came out of the timeout: the job has the rest
+                fields = wire.encode_job(
+                    self.key_id,
+                    self._key,
+                    address=address,
+                    job_id=job_id,
+                    reply_to=self.reply_stream,
+                    deadline=submitted + max(0.0, left),
+                    payload=payload,
+                    submitted=submitted,
+                    budget_ms=budget_ms,
+                )
+                waiter: asyncio.Future[Reply] = loop.create_future()
+                self._waiting[job_id] = waiter
+                await self.store.submit(address, fields)
+                sent = True
+                reply = await waiter
         except TimeoutError:
-            raise DeadlineExceeded(f"no reply to job {job_id} within {timeout:g} s") from None
+            if not bound.expired():
+                raise
+            if sent:
+                raise DeadlineExceeded(f"no reply to job {job_id} within {timeout:g} s") from None
+            raise StoreUnavailable(
+                f"Redis did not take job {job_id} within {timeout:g} s: it accepts no connection or does not "
+                "answer (down, paused or overloaded). The job may still reach its stream; it carries its "
+                "deadline, so no bridge serves it after that"
+            ) from None
         finally:
             self._waiting.pop(job_id, None)
         if reply.get("code") == Refused.code:
@@ -151,14 +177,18 @@ class BusClient:
     async def _read_replies(self) -> None:
         outage = Outage(f"bus client {self.client_id}", log)
         after = "0-0"  # the stream is this client's own: everything on it is for us
+        loop = asyncio.get_running_loop()
         try:
             while not self._closing:
+                self._read_since = loop.time()
                 try:
                     entries = await self.store.replies(self.reply_stream, after, BLOCK_MS)
                 except StoreUnavailable as exc:
+                    self._read_since = None
                     resync(self._clock)  # Redis may come back elsewhere, on another clock
                     await asyncio.sleep(outage.lost(exc))
                     continue
+                self._read_since = None
                 outage.back()
                 for entry_id, fields in entries:
                     after = entry_id
@@ -193,15 +223,24 @@ class BusClient:
                 waiter.set_exception(error)
 
     async def close(self) -> None:
-        """Stop the reader (it ends after its current XREAD), fail whatever still waits, close the Redis port."""
+        """Stop the reader, fail whatever still waits, close the Redis port (the module docstring: a reader that
+        Redis does not answer is cancelled, not waited for)."""
         self._closing = True
         if self._reader is not None:
-            # Not cancelled outright: a cancelled XREAD BLOCK in redis-py 8.1 was seen to hang (see bridge.py).
+            # Not cancelled outright while its XREAD can still end: a cancelled XREAD BLOCK in redis-py 8.1 was
+            # seen to hang (see bridge.py). Not awaited once cancelled, for the same reason.
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(self._reader), BLOCK_MS / 1000 + 5)
+                await asyncio.wait_for(asyncio.shield(self._reader), self._reader_grace())
             self._reader.cancel()
         self._fail_waiting(StoreUnavailable("the bus client was closed"))
         await self.store.aclose()
+
+    def _reader_grace(self) -> float:
+        """Until the reader's current XREAD should have returned (0 when it is not reading: backing off)."""
+        since = self._read_since
+        if since is None:
+            return 0.0
+        return max(0.0, since + BLOCK_MS / 1000 + READ_GRACE_S - asyncio.get_running_loop().time())
 
 
 class RefusedJob(Refused):
@@ -216,50 +255,3 @@ class RefusedJob(Refused):
             retry_after_s=float(retry_after) if isinstance(retry_after, int | float) else 1.0,
         )
         self.reply: Reply = dict(reply)
-
-
-class SyncBusClient:
-    """A ``BusClient`` for sync code: its own event loop in a daemon thread; ``close()`` stops both."""
-
-    def __init__(self, client: BusClient) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bus-client", daemon=True)
-        self._thread.start()
-        self._client = client
-
-    @property
-    def unverified_replies(self) -> int:
-        """Replies ignored because they did not verify (``BusClient.unverified_replies``)."""
-        return self._client.unverified_replies
-
-    def _run(self, work: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def request(
-        self,
-        address: str | uuid.UUID,
-        payload: Mapping[str, Any],
-        timeout: float,
-        *,
-        job_id: str | None = None,
-        budget_ms: float | None = None,
-    ) -> Reply:
-        return self._run(self._client.request(address, payload, timeout, job_id=job_id, budget_ms=budget_ms))
-
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._client.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
-
-    def __enter__(self) -> SyncBusClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

@@ -62,7 +62,15 @@ def send(
     ] = None,
     random: Annotated[bool, typer.Option("--random", help="Use a random embedding of the model's length.")] = False,
     alias: Annotated[str | None, typer.Option(help="Production, Canary or Staging; default: the split.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply (the job's deadline).", min=0.1)] = 30.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the whole call may take: sending the job, then waiting for the reply (the job's "
+            "deadline). No reply in time, or a Redis that does not answer: exit 3 once it ran out (closing the "
+            "connection takes at most a few seconds more).",
+            min=0.1,
+        ),
+    ] = 30.0,
     budget_ms: Annotated[
         float | None,
         typer.Option(
@@ -75,7 +83,8 @@ def send(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Send one job to a model's or a task's bus address and print the reply; exits non-zero on an error reply.
+    """Send one job to a model's or a task's bus address and print the reply; exits non-zero on an error reply,
+    3 when no reply came within --timeout or Redis did not take the job.
 
     A refusal (no placement could meet the budget) is a normal outcome: fall back, do not retry at once.
 
@@ -113,6 +122,8 @@ def send(
                 reply = client.request(address, payload, timeout, budget_ms=budget_ms)
             except RefusedJob as refused:
                 reply = refused.reply
+            except errors.DeadlineExceeded as exc:  # the job is on its stream and no bridge answered in time
+                fail(f"{exc}: no bridge answered (is one running for this address?)", UNAVAILABLE)
     if as_json:
         print_json(reply)
     elif reply.get("error") is None:
