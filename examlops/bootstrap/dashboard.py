@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -105,7 +105,10 @@ class _FlowRuns:
     def runs(self, model: str, limit: int) -> list[FlowRun]:
         import httpx
 
-        body = {"flows": {"name": {"any_": list(MODEL_FLOWS)}}, "sort": "START_TIME_DESC", "limit": self.scan}
+        # Runs scheduled for later have not happened: left out by Prefect, or they would fill the scan.
+        due = {"expected_start_time": {"before_": datetime.now(UTC).isoformat()}}
+        body = {"flows": {"name": {"any_": list(MODEL_FLOWS)}}, "flow_runs": due, "sort": "START_TIME_DESC",
+                "limit": self.scan}  # fmt: skip
         try:
             reply = httpx.post(f"{self.api_url}/flow_runs/filter", json=body, timeout=self.timeout_s)
             reply.raise_for_status()
@@ -117,7 +120,6 @@ class _FlowRuns:
         except (httpx.HTTPError, ValueError) as exc:
             raise DependencyUnavailable(f"Prefect at {self.api_url} did not list flow runs: {exc}") from exc
         ui = self.api_url.removesuffix("/").removesuffix("/api")
-        now = time.time()
         out = []
         for run in found:
             params = run.get("parameters") or {}
@@ -126,8 +128,6 @@ class _FlowRuns:
             if not every and params.get("model") != model and model not in (listed or ()):
                 continue
             started = run.get("start_time") or run.get("expected_start_time")
-            if started and not run.get("start_time") and datetime.fromisoformat(started).timestamp() > now:
-                continue  # a run scheduled for later has not happened: the page lists what ran or runs
             out.append(FlowRun(str(run["id"]), str(run.get("name", "")), names.get(run.get("flow_id"), "?"),
                                str(run.get("state_name") or run.get("state_type") or "?"),
                                datetime.fromisoformat(started).timestamp() if started else None,
@@ -163,7 +163,7 @@ class _Loops:
         out = {}
         for record in SqlLoopStore(self.engine).list():
             row = record.to_json()
-            row["stale"] = record.phase.active and record.updated_at < now - self.lease_s
+            row["stale"] = record.stale(now, self.lease_s)
             out[record.model] = row
         return out
 

@@ -2,8 +2,9 @@
 rollback or `exa loop` acts through, and closes what it opened; ``model_versions(settings)`` the registry's
 aliases alone, ``loop_store(settings)`` the loop records alone.
 
-- the loop records in SQL (``loop.sql``), the traffic split in SQL after its ``traffic.changed`` audit event,
-  as serving sets one (no event, no change: ``StoreUnavailable``); serving applies it within its rules cache,
+- the loop records in SQL (``loop.sql``), the traffic split in SQL with its ``traffic.changed`` audit event:
+  more traffic to Canary only after its event (no event, no change: ``StoreUnavailable``), less traffic to
+  Canary at once, its event after (``_Traffic.set``); serving applies it within its rules cache,
   ``traffic.rules_ttl_s``, plus a second;
 - the window's calls from the trace store, its bus predictions from the snapshot stream, the drift test by
   Evidently (``monitoring.drift.prediction_drift``);
@@ -59,11 +60,19 @@ class _Traffic:
         return self.store.get(model)
 
     def set(self, model: str, weights: Mapping[str, int]) -> None:
-        """As serving sets a split (``ControlEvents.change_traffic``): its event first; no event, no change."""
+        """A split that gives Canary more than it has is set as serving sets one (``ControlEvents.change_traffic``):
+        its event first; no event, no change. One that gives Canary no more (a rejection, a split put back) is
+        stored first and its event follows, ``StoreUnavailable`` after the store when that event is lost: taking
+        traffic from an untested version never waits for the trail."""
+        from examlops.monitoring.audit import TRAFFIC_CHANGED
         from examlops.serving.control_events import ControlEvents
 
         split = dict(weights)
-        ControlEvents(self.audit).change_traffic(model, split, self.actor, lambda: self.store.set(model, split))
+        if split.get("Canary", 0) > self.store.get(model).get("Canary", 0):
+            ControlEvents(self.audit).change_traffic(model, split, self.actor, lambda: self.store.set(model, split))
+            return
+        self.store.set(model, split)
+        self.audit(TRAFFIC_CHANGED, model, {"weights": split, "actor": self.actor})
 
 
 @dataclass
@@ -197,5 +206,5 @@ def refuse_if_held(settings: Settings, model: str) -> None:
 
     with loop_store(settings) as store:
         record = store.get(model)
-    if record is not None and record.phase.active and record.updated_at >= time.time() - settings.loop.lease_s:
+    if record is not None and record.held(time.time(), settings.loop.lease_s):
         raise Conflict(held_by(record, model))

@@ -50,7 +50,7 @@ def status(
             continue
         row = record.to_json()
         row["active"] = record.phase.active
-        row["stale"] = record.phase.active and record.updated_at < now - settings.loop.lease_s
+        row["stale"] = record.stale(now, settings.loop.lease_s)
         if record.promoted_at is not None:
             row["grace_left_s"] = round(max(0.0, record.promoted_at + settings.loop.grace_s - now), 1)
         rows.append(row)

@@ -39,6 +39,13 @@ def _checked_url(url: str | None) -> str | None:
     return url
 
 
+def checked_urls(urls: list[str] | None) -> list[str] | None:
+    """Each of a repeatable ``--url``, as ``_checked_url``."""
+    for url in urls or ():
+        _checked_url(url)
+    return urls
+
+
 UrlOption = Annotated[
     str | None,
     typer.Option("--url", help="Base URL of serving; default: the local one.", callback=_checked_url),

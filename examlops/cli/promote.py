@@ -1,8 +1,8 @@
 """`exa promote` and `exa rollback`: move an alias in MLflow and make every serving instance follow.
 
 Thin: parse, call ``examlops.promotion.service``, format. Exit codes come from ``output.py``:
-0 every instance serves the new version, or nothing to do (the alias already points at it: nothing is
-written and no instance is asked); 1 the alias moved but an instance lags, refused the
+0 every instance serves the new version, whether the alias moved or already pointed at it (then MLflow is not
+written); 1 the alias moved but an instance lags, refused the
 version or cannot be reached (the message names each one); 2 bad input, such as an alias (``--alias`` or
 ``--from``) that serving does not load (the message names those it does), refused before anything is read or
 written; 3 MLflow unavailable, or the audit trail (Redis, SQL) unavailable before the move (then nothing
@@ -25,6 +25,7 @@ import typer
 from examlops.cli.output import (
     BAD_INPUT,
     JsonOption,
+    checked_urls,
     console,
     err_console,
     errors_as_exit,
@@ -40,7 +41,11 @@ if TYPE_CHECKING:
 ModelArgument = Annotated[str, typer.Argument(help="Catalog model name (any case).")]
 UrlsOption = Annotated[
     list[str] | None,
-    typer.Option("--url", help="A serving instance to reload (repeatable); default: EXAMLOPS_SERVING__INSTANCES."),
+    typer.Option(
+        "--url",
+        help="A serving instance to reload (repeatable); default: EXAMLOPS_SERVING__INSTANCES.",
+        callback=checked_urls,
+    ),
 ]
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", min=1, help="Seconds every instance gets to report the new version.")
@@ -150,7 +155,8 @@ def _report(result: PromotionResult, as_json: bool) -> None:
         return
     if result.nothing_to_do:
         console.print(
-            f"{result.model}@{result.alias}: nothing to do, it already points at version {result.new_version}",
+            f"{result.model}@{result.alias}: already at version {result.new_version}, nothing moved; "
+            f"{len(result.instances)} instance(s) serve it",
             highlight=False,
         )
         return

@@ -35,7 +35,7 @@ def _service_status(record: Any, supervisor_up: bool) -> dict[str, Any]:
         state = record.state  # the supervisor's word: the pid on file is the one that exited
     elif record.pid is None or not running(record.pid):
         # It died since the supervisor last looked: its next look (within a second) restarts it.
-        state = "restarting" if supervisor_up and record.state in ("running", "unhealthy") else "stopped"
+        state = "restarting" if supervisor_up and record.state in ("starting", "running", "unhealthy") else "stopped"
     elif not supervisor_up and record.pgid is not None and not ours(record.pgid, record.stamp):
         state = "stopped"  # its pid belongs to another process now
     elif supervisor_up and record.state == "starting":

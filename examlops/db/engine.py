@@ -51,10 +51,15 @@ def create_sql_engine(url: str, **kwargs: Any) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         try:
             return create_engine(parsed, pool_pre_ping=True, **kwargs)
-        except (NoSuchModuleError, ModuleNotFoundError) as exc:
+        except NoSuchModuleError as exc:
             raise ConfigError(
                 f"EXAMLOPS_DATABASE_URL names a database examlops cannot use ({parsed.drivername}): "
                 f"SQLite or PostgreSQL, such as {EXAMPLE}"
+            ) from exc
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"EXAMLOPS_DATABASE_URL ({parsed.drivername}) needs the Python module {exc.name}, which is not "
+                f"installed; examlops installs psycopg for PostgreSQL, such as {EXAMPLE}"
             ) from exc
     path = sqlite_file(url)
     if path is not None:

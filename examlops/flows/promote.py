@@ -6,7 +6,8 @@ until each reports the new version. Every MLflow call is bounded by
 ``mlflow.timeout_s`` and ``mlflow.max_retries``. The run fails with ``PromotionIncomplete`` when an
 instance does not: the alias move stays done, and the message names the instance. A model not in the
 catalog, or an alias serving does not load, fails the run before anything is read or written; an alias that
-already points at the version is nothing to do (no event, no write, no reload: ``nothing_to_do`` in the result).
+already points at the version moves nothing (no registry write; every instance is still asked to serve it:
+``nothing_to_do`` in the result).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def promote_flow(
         token=platform_token(plane.settings),
     )
     if result.nothing_to_do:
-        get_run_logger().info("%s@%s: nothing to do, it already points at version %s",
-                              result.model, result.alias, result.new_version)  # fmt: skip
+        get_run_logger().info("%s@%s: already at version %s, nothing moved; %d instance(s) serve it",
+                              result.model, result.alias, result.new_version, len(result.instances))  # fmt: skip
         return asdict(result)
     get_run_logger().info(
         "%s@%s: %s -> %s, confirmed by %s",

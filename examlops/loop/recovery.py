@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def end_dead_run(parts: LoopParts, model: str) -> LoopRecord | None:
     record = parts.store.get(model)
-    if record is None or not record.phase.active or record.updated_at >= parts.clock() - parts.settings.lease_s:
+    if record is None or not record.stale(parts.clock(), parts.settings.lease_s):
         return None
     return end_run(parts, record, f"its run ({record.run or record.owner}) stopped answering")
 

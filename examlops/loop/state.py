@@ -65,6 +65,14 @@ class LoopRecord:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "phase": self.phase.value}
 
+    def held(self, now: float, lease_s: float) -> bool:
+        """An active phase whose run showed a sign of life within ``lease_s``: it holds the model."""
+        return self.phase.active and self.updated_at >= now - lease_s
+
+    def stale(self, now: float, lease_s: float) -> bool:
+        """An active phase whose run showed no sign of life within ``lease_s``: the next run ends it."""
+        return self.phase.active and not self.held(now, lease_s)
+
 
 class LoopStore(Protocol):
     def get(self, model: str) -> LoopRecord | None: ...

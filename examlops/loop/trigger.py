@@ -69,7 +69,8 @@ def on_trigger(parts: LoopParts, model: str, requested_at: float | None = None) 
 def rollback_promotion(parts: LoopParts, record: LoopRecord, *, owner: str, run: str, reason: str) -> Promotion:
     """Move Production back to what the loop's last promotion replaced (module docstring)."""
     p, model = parts, record.model
-    held = p.store.claim(model, owner, Phase.ROLLING_BACK, p.clock(), p.settings.lease_s, run=run,
+    now = p.clock()
+    held = p.store.claim(model, owner, Phase.ROLLING_BACK, now, p.settings.lease_s, run=run, started_at=now,
                          note=f"rolling back: {reason}"[:500])  # fmt: skip
     if held is None:
         raise Conflict(f"{model}: another run holds the model; the rollback was not made")

@@ -22,8 +22,9 @@
 5. ask every instance (``instances``; default ``settings.serving.instance_urls()``) to reload the
    model and wait until each reports the new version for the alias (``confirm_reload``).
 
-A move to the version the alias already has is nothing to do: steps 2 to 5 are skipped (no event, no
-registry write, no reload) and the result says ``nothing_to_do``.
+A move to the version the alias already has moves nothing: step 3 is skipped (no registry write), steps 2
+and 4 record the alias where it stands only when the trail cannot account for it, step 5 runs (lagging
+instances catch up, or are reported), and the result says ``nothing_to_do``.
 
 Without a ``trail`` (tests, scripts) steps 2 and 4 are skipped; without a ``catalog`` the model name goes to the
 registry as given (every entry point passes one, so an unknown model gets the catalog's message). Returns a
@@ -36,7 +37,7 @@ has changed then).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -73,7 +74,7 @@ class PromotionResult:
     warnings: tuple[str, ...] = ()
     """What went wrong without stopping the promotion (an outcome event or the previous tag not written)."""
     nothing_to_do: bool = False
-    """The alias already pointed at ``new_version``: nothing was written and no instance was asked to reload."""
+    """The alias already pointed at ``new_version``: the registry was not written (the instances were asked)."""
 
 
 def promote(
@@ -126,13 +127,22 @@ def _carry_out(
     transport: httpx.BaseTransport | None,
     token: str | None,
 ) -> PromotionResult:
-    """Steps 2 to 5 of the module docstring, none of them for a move that changes nothing."""
-    if not planned.changed:
-        return PromotionResult(
-            planned.model, planned.alias, planned.old_version, planned.new_version, (), nothing_to_do=True
-        )
-    move, notes = _move(registry, planned, trail)
-    return _follow(settings, move, notes, instances, timeout_s, transport, token)
+    """Steps 2 to 5 of the module docstring. A move that changes nothing writes nothing to the registry, but
+    every instance is still asked to serve the version (running a promotion again is how lagging instances
+    catch up, and they are reported as before), and the trail records the alias where it stands when the
+    trail cannot account for it (so `exa audit verify` covers it from now on)."""
+    if planned.changed:
+        move, notes = _move(registry, planned, trail)
+        return _follow(settings, move, notes, instances, timeout_s, transport, token)
+    notes = _Notes()
+    if trail is not None:
+        last = trail.last(planned.model, planned.alias)
+        found = unaccounted(last, planned.old_version)
+        if last is None or found is not None:
+            trail.intended(planned, found)
+            trail.moved(planned)
+            notes = _Notes(found)
+    return replace(_follow(settings, planned, notes, instances, timeout_s, transport, token), nothing_to_do=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from examlops.cli.main import app
 from examlops.core.errors import StoreUnavailable
 from examlops.platform.redis_server import EmbeddedRedis
 from tests.faults.proxy import FaultProxy
-from tests.integration.servers import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from examlops.registry.demo import seed_demo
 from examlops.registry.loader import expected_features, load_sklearn_model
 from examlops.registry.mlflow_registry import MlflowRegistry
 from examlops.registry.synthetic import feature_count, features, make_dataset
+from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -134,10 +134,7 @@ def test_unreachable_tracking_server_raises_registry_unavailable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    unreachable = MlflowRegistry(f"http://127.0.0.1:{port}", tmp_path / "cache")
+    unreachable = MlflowRegistry(f"http://127.0.0.1:{free_port()}", tmp_path / "cache")  # nothing listens there
     with pytest.raises(RegistryUnavailable) as caught:
         unreachable.resolve("JPCP", "Production")
     assert caught.value.__cause__ is not None

@@ -34,7 +34,7 @@ from examlops.cli.main import app as exa
 from examlops.core.errors import PromotionIncomplete
 from examlops.core.settings import Settings
 from examlops.promotion.aliases import previous_tag
-from examlops.promotion.service import follow, promote, rollback
+from examlops.promotion.service import promote, rollback
 from examlops.registry.catalog import load_catalog
 from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
@@ -394,12 +394,10 @@ def test_promotion_from_an_alias_names_a_dead_instance_and_exits_non_zero(
         assert dead in flat and "cannotbereached" in flat and "thatmovestaysdone" in flat
         assert [row(s, "AC")["version"] for s in (still, polling)] == ["2", "2"]  # the live ones followed
 
-        # Production is at 2 already: a promotion there is nothing to do (no instance is asked, the dead one
-        # included), and making the instances follow it is the service's follow.
-        same = promote(store.settings, store.registry, "AC", "Production", version=2, instances=[still.url, dead])
-        assert same.nothing_to_do and same.instances == ()
+        # Production is at 2 already: a promotion there moves nothing, and still names the dead instance.
         with pytest.raises(PromotionIncomplete) as raised:
-            follow(store.settings, "AC", "Production", "2", instances=[still.url, dead], token=still.token)
+            promote(store.settings, store.registry, "AC", "Production", version=2, instances=[still.url, dead],
+                    token=still.token)  # fmt: skip
         assert list(raised.value.lagging) == [dead] and raised.value.confirmed == (still.url,)
     finally:
         back = runner.invoke(cli, ["rollback", "ac", *urls, "--json"])

@@ -90,7 +90,13 @@ def test_an_unreachable_server_is_exit_3_with_its_url() -> None:
 
 @pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:18001", "http://"])
 @pytest.mark.parametrize(
-    "command", [["serve", "check"], ["jobs", "list"], ["predict", "JPCP", "--random", "--node-count", "3"]]
+    "command",
+    [
+        ["serve", "check"],
+        ["jobs", "list"],
+        ["predict", "JPCP", "--random", "--node-count", "3"],
+        ["promote", "JPCP", "--alias", "Production", "--version", "1", "--url", "http://127.0.0.1:18001"],
+    ],
 )
 def test_a_url_that_is_not_http_with_a_host_is_exit_2_naming_it(command: list[str], url: str) -> None:
     result = runner.invoke(app, [*command, "--url", url])

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import examlops.bootstrap
 from examlops.bootstrap import upgrade_database
 from examlops.cli.main import app
 from examlops.core.settings import Settings
-from tests.unit.promotion.fakes import InMemoryAliasRegistry
+from examlops.promotion import service
+from examlops.promotion.service import PromotionResult
 
 runner = CliRunner()
 
@@ -52,14 +52,15 @@ def test_a_model_not_in_the_catalog_exits_4_with_the_catalog_message(home: Setti
     assert not (home.mlflow_dir / "mlflow.db").exists()
 
 
-def test_promoting_to_the_version_the_alias_has_is_nothing_to_do(
+def test_a_promotion_that_moved_nothing_says_so_and_names_the_instances_serving_it(
     home: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    registry = InMemoryAliasRegistry()  # AC: Production 1, Canary 2
-    monkeypatch.setattr(examlops.bootstrap, "model_registry", lambda settings: registry)
+    url = "http://127.0.0.1:18001"
+    said = PromotionResult("AC", "Production", "1", "1", (url,), nothing_to_do=True)  # the service's word
+    monkeypatch.setattr(service, "promote", lambda *args, **kwargs: said)
     text = runner.invoke(app, ["promote", "ac", "--alias", "production", "--version", "1"])
     assert text.exit_code == 0, text.output
-    assert "AC@Production: nothing to do, it already points at version 1" in text.output
+    assert "AC@Production: already at version 1, nothing moved; 1 instance(s) serve it" in text.output
     as_json = runner.invoke(app, ["promote", "AC", "--alias", "Production", "--version", "1", "--json"])
     assert as_json.exit_code == 0, as_json.output
     assert json.loads(as_json.stdout) == {
@@ -67,9 +68,8 @@ def test_promoting_to_the_version_the_alias_has_is_nothing_to_do(
         "alias": "Production",
         "old_version": "1",
         "new_version": "1",
-        "instances": [],
+        "instances": [url],
         "unaccounted": None,
         "warnings": [],
         "nothing_to_do": True,
     }
-    assert registry.writes == []

@@ -92,7 +92,7 @@ class RecordingPromoter:
     asked: list[tuple[str, str, str]] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
     canary_is_production: bool = False
-    """Canary points where Production does: a promotion is nothing to do (no event)."""
+    """Canary points where Production does: a promotion moves nothing."""
 
     def promote_canary(self, model: str, actor: str) -> Moved:
         self.asked.append(("promote", model, actor))

@@ -188,7 +188,7 @@ async def test_a_promotion_of_a_canary_already_in_production_says_nothing_to_do(
     confirm = await site.client.get("/dashboard/confirm", params={"action": "promote", "model": "JPCP"})
     done = await site.client.post("/dashboard/actions", data=confirmed(confirm.text), follow_redirects=True)
     assert done.status_code == 200
-    assert "JPCP@Production: nothing to do, it already points at version 2" in unescape(done.text)
+    assert "JPCP@Production: already at version 2, nothing moved" in unescape(done.text)
     assert "-&gt;" not in done.text
 
 

@@ -45,7 +45,11 @@ def test_only_a_sqlite_url_with_a_file_has_a_file() -> None:
 
 @pytest.mark.parametrize(
     ("url", "says"),
-    [("not a url", "is not a database URL"), ("bogus://x", "cannot use (bogus)"), ("mysql://u@h/db", "(mysql)")],
+    [
+        ("not a url", "is not a database URL"),
+        ("bogus://x", "cannot use (bogus)"),
+        ("mysql://u@h/db", "needs the Python module MySQLdb"),
+    ],
 )
 def test_a_database_url_examlops_cannot_use_is_a_config_error_naming_the_setting(url: str, says: str) -> None:
     with pytest.raises(ConfigError, match="EXAMLOPS_DATABASE_URL") as raised:

@@ -70,18 +70,38 @@ def test_promote_from_an_alias_and_rollback_twice_goes_back_and_forth(settings: 
     assert (again.old_version, again.new_version) == ("1", "2")
 
 
-def test_promoting_to_the_version_it_has_is_nothing_to_do_and_keeps_the_recorded_previous_version(
+def test_promoting_to_the_version_it_has_moves_nothing_keeps_the_previous_version_and_asks_the_instances(
     settings: Settings,
 ) -> None:
     registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
     serving = FakeServing(registry)
     net = Network({"a:1": serving})
     promote(settings, registry, "AC", "Production", version=2, instances=[A], trail=trail, transport=net)
-    events, writes, reloads = list(trail.events), registry.writes, list(serving.reloads)
+    events, writes = list(trail.events), list(registry.writes)
     same = promote(settings, registry, "AC", "Production", version=2, instances=[A], trail=trail, transport=net)
-    assert (same.old_version, same.new_version, same.instances, same.nothing_to_do) == ("2", "2", (), True)
-    assert trail.events == events and registry.writes == writes and serving.reloads == reloads  # nothing more
+    assert (same.old_version, same.new_version, same.instances, same.nothing_to_do) == ("2", "2", (A,), True)
+    assert trail.events == events and registry.writes == writes  # the trail accounts for it: nothing recorded
     assert registry.tags[previous_tag("Production")] == "1"
+
+
+def test_promoting_in_place_reports_an_instance_that_does_not_serve_it(settings: Settings) -> None:
+    registry = InMemoryAliasRegistry()  # AC: Production 1
+    net = Network({"a:1": FakeServing(registry)})  # dead:9 answers nothing
+    with pytest.raises(PromotionIncomplete) as raised:
+        promote(settings, registry, "AC", "Production", version=1, instances=[A, "http://dead:9"], transport=net)
+    assert list(raised.value.lagging) == ["http://dead:9"] and raised.value.confirmed == (A,)
+    assert registry.writes == []
+
+
+def test_promoting_in_place_an_alias_the_trail_never_recorded_records_it_where_it_stands(
+    settings: Settings,
+) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()  # AC: Production 1, never on the trail
+    net = Network({"a:1": FakeServing(registry)})
+    same = promote(settings, registry, "AC", "Production", version=1, instances=[A], trail=trail, transport=net)
+    assert same.nothing_to_do and registry.writes == []
+    last = trail.last("AC", "Production")
+    assert last is not None and (last.state, last.old_version, last.new_version) == ("moved", "1", "1")
 
 
 def test_a_dead_a_refusing_and_a_lagging_instance_are_each_named_and_the_move_stays(

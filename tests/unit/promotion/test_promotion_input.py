@@ -74,15 +74,18 @@ def test_a_model_not_in_the_catalog_gets_the_catalog_message_and_the_registry_is
     assert registry.calls == [] and trail.events == []
 
 
-def test_a_rollback_to_the_version_the_alias_has_is_nothing_to_do(settings: Settings) -> None:
-    """The previous tag names the version the alias is at (moved back by hand in the MLflow UI): nothing moves."""
+def test_a_rollback_to_the_version_the_alias_has_moves_nothing(settings: Settings) -> None:
+    """The previous tag names the version the alias is at (moved back by hand in the MLflow UI): nothing moves in
+    the registry; the instances are asked, and the trail, which never recorded the alias, records it as it is."""
     registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail()
     registry.tags["examlops.previous.Production"] = "1"
     serving = FakeServing(registry)
     result = rollback(settings, registry, "AC", catalog=make_catalog("AC"), instances=[A], trail=trail,
                       transport=Network({"a:1": serving}))  # fmt: skip
-    assert (result.old_version, result.new_version, result.instances, result.nothing_to_do) == ("1", "1", (), True)
-    assert registry.writes == [] and trail.events == [] and serving.reloads == []
+    assert (result.old_version, result.new_version, result.instances, result.nothing_to_do) == ("1", "1", (A,), True)
+    assert registry.writes == [] and registry.tags["examlops.previous.Production"] == "1"
+    last = trail.last("AC", "Production")
+    assert last is not None and (last.state, last.new_version) == ("moved", "1")
 
 
 def test_an_audited_move_to_the_version_the_alias_has_writes_nothing() -> None:
