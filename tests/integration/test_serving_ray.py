@@ -32,6 +32,7 @@ from examlops.registry.demo import seed_demo
 from examlops.registry.mlflow_registry import MlflowRegistry
 from tests.integration.servers import ServingProcess
 from tests.integration.test_serving_http import (  # noqa: F401  # collected here against the Ray server
+    AUDIT_DB,
     SLOW_YAML,
     embedding,
     infer,
@@ -74,16 +75,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServingProcess]:
+def server(redis_server: str) -> Iterator[ServingProcess]:
     # Short, not pytest's tmp path (a worker's is longer still): Ray's socket paths live under it.
     home = Path(tempfile.mkdtemp(prefix="exa-ray-"))
     try:
-        yield from _serve(home)
+        yield from _serve(home, f"{redis_server.rsplit('/', 1)[0]}/{AUDIT_DB}")
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _serve(home: Path) -> Iterator[ServingProcess]:
+def _serve(home: Path, redis_url: str) -> Iterator[ServingProcess]:
     settings = Settings(home=home)
     seed_demo(settings, load_catalog(settings.catalog_path))
     catalog_dir = home / "catalog"
@@ -94,6 +95,7 @@ def _serve(home: Path) -> Iterator[ServingProcess]:
         home,
         env={
             "EXAMLOPS_SERVING__ENGINE": "ray",
+            "EXAMLOPS_REDIS__URL": redis_url,  # a split needs its audit event
             "EXAMLOPS_CATALOG_DIR": str(catalog_dir),
             "EXAMLOPS_PREDICT__WORKERS": "2",
             # The 504 test needs a short predict limit; a loaded CI machine needs a long deploy deadline (a
