@@ -113,8 +113,12 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "URL"})
+WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "service", "state"})
 """Columns of ids and URLs a user copies into another command: never wrapped nor cut, whatever the width."""
+
+
+FOLDED_COLUMNS = frozenset({"URL"})
+"""Columns a narrow terminal folds onto more lines, never cuts: a URL is copied whole or not at all."""
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -124,6 +128,8 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         if column in WHOLE_COLUMNS:
             widest = max([len(column), *(len(row[i]) for row in cells if i < len(row))])
             table.add_column(column, no_wrap=True, min_width=widest)
+        elif column in FOLDED_COLUMNS:
+            table.add_column(column, overflow="fold")
         else:
             table.add_column(column)
     for row in cells:
