@@ -106,7 +106,8 @@ class _FlowRuns:
         import httpx
 
         # Runs scheduled for later have not happened: left out by Prefect, or they would fill the scan.
-        due = {"expected_start_time": {"before_": datetime.now(UTC).isoformat()}}
+        due = {"operator": "or_", "start_time": {"is_null_": False},
+               "expected_start_time": {"before_": datetime.now(UTC).isoformat()}}  # fmt: skip
         body = {"flows": {"name": {"any_": list(MODEL_FLOWS)}}, "flow_runs": due, "sort": "START_TIME_DESC",
                 "limit": self.scan}  # fmt: skip
         try:

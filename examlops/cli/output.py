@@ -114,7 +114,7 @@ def print_json(data: Any) -> None:
 
 
 WHOLE_COLUMNS = frozenset({"trace", "job", "job id", "service", "state"})
-"""Columns of ids and URLs a user copies into another command: never wrapped nor cut, whatever the width."""
+"""Columns of ids a user copies into another command, and short words: never wrapped nor cut, whatever the width."""
 
 
 FOLDED_COLUMNS = frozenset({"URL"})

@@ -119,7 +119,11 @@ async def perform(caller: Caller, request: ActionRequest, pipeline: Pipeline, so
     else:
         moved = await asyncio.to_thread(sources.promoter.rollback, request.model, caller.name)
     if moved.nothing_to_do:
-        return Outcome(f"{moved.model}@Production: already at version {moved.new_version}, nothing moved")
+        return Outcome(
+            f"{moved.model}@Production: already at version {moved.new_version}, nothing moved; confirmed by "
+            f"{len(moved.instances)} serving instance(s)",
+            moved.warnings,
+        )
     return Outcome(
         f"{moved.model}@Production: version {moved.old_version or '(unset)'} -> {moved.new_version}, "
         f"confirmed by {len(moved.instances)} serving instance(s)",

@@ -58,7 +58,7 @@ def create_sql_engine(url: str, **kwargs: Any) -> Engine:
             ) from exc
         except ModuleNotFoundError as exc:
             raise ConfigError(
-                f"EXAMLOPS_DATABASE_URL ({parsed.drivername}) needs the Python module {exc.name}, which is not "
+                f"EXAMLOPS_DATABASE_URL ({parsed.drivername}) needs the Python module {exc.name or exc}, which is not "
                 f"installed; examlops installs psycopg for PostgreSQL, such as {EXAMPLE}"
             ) from exc
     path = sqlite_file(url)

@@ -45,7 +45,7 @@ class TriggerDecision:
 def on_trigger(parts: LoopParts, model: str, requested_at: float | None = None) -> TriggerDecision:
     p, now = parts, parts.clock()
     record = p.store.get(model)
-    if record is not None and record.phase.active and record.updated_at >= now - p.settings.lease_s:
+    if record is not None and record.held(now, p.settings.lease_s):
         return TriggerDecision("busy", record, f"a loop holds {model} ({record.phase.value}, run {record.run})")
     promoted = record.promoted_at if record is not None and record.phase is Phase.PROMOTED else None
     if record is None or promoted is None or now - promoted > p.settings.grace_s:

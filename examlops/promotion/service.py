@@ -134,15 +134,25 @@ def _carry_out(
     if planned.changed:
         move, notes = _move(registry, planned, trail)
         return _follow(settings, move, notes, instances, timeout_s, transport, token)
-    notes = _Notes()
-    if trail is not None:
+    return replace(_follow(settings, planned, _in_place(planned, trail), instances, timeout_s, transport, token),
+                   nothing_to_do=True)  # fmt: skip
+
+
+def _in_place(planned: AliasMove, trail: MoveTrail | None) -> _Notes:
+    """The trail's record of an alias that stays where it is, when the trail cannot account for it; nothing
+    moves in the registry, so a trail that cannot be written is a warning, never a failure."""
+    if trail is None:
+        return _Notes()
+    try:
         last = trail.last(planned.model, planned.alias)
         found = unaccounted(last, planned.old_version)
-        if last is None or found is not None:
-            trail.intended(planned, found)
-            trail.moved(planned)
-            notes = _Notes(found)
-    return replace(_follow(settings, planned, notes, instances, timeout_s, transport, token), nothing_to_do=True)
+        if last is not None and found is None:
+            return _Notes()
+        trail.intended(planned, found)
+        trail.moved(planned)
+    except ExamlopsError as exc:
+        return _Notes(None, (f"the alias did not move, and the audit trail could not record where it is: {exc}",))
+    return _Notes(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +248,14 @@ def _follow(
     lagging = {report.url: report.detail for report in reports if not report.confirmed}
     if lagging:
         where = "; ".join(f"{url} {detail}" for url, detail in lagging.items())
+        moved = (
+            f"now points at version {move.new_version} in MLflow (was {move.old_version or 'unset'}; that move "
+            f"stays done)"
+            if move.changed
+            else f"points at version {move.new_version} in MLflow (it did not move)"
+        )
         raise PromotionIncomplete(
-            f"{move.model}@{move.alias} now points at version {move.new_version} in MLflow "
-            f"(was {move.old_version or 'unset'}; that move stays done), but {len(lagging)} of {len(reports)} "
+            f"{move.model}@{move.alias} {moved}, but {len(lagging)} of {len(reports)} "
             f"serving instance(s) do not serve it: {where}" + "".join(f"; {note}" for note in notes.lines()),
             confirmed=confirmed,
             lagging=lagging,

@@ -276,3 +276,14 @@ def test_a_previous_tag_not_written_after_the_alias_moved_is_a_move_with_a_warni
     back = plan_rollback(registry, "AC", "Production")
     assert (back.old_version, back.new_version) == ("3", "1")
     assert unaccounted(trail.last("AC", "Production"), "3") is None
+
+
+@pytest.mark.parametrize("down", ["intended", "moved"])
+def test_promoting_in_place_with_the_trail_down_is_a_warning_and_still_asks_the_instances(
+    settings: Settings, down: str
+) -> None:
+    registry, trail = InMemoryAliasRegistry(), InMemoryMoveTrail(fail_on=frozenset({down}))  # AC: Production 1
+    net = Network({"a:1": FakeServing(registry)})
+    same = promote(settings, registry, "AC", "Production", version=1, instances=[A], trail=trail, transport=net)
+    assert same.nothing_to_do and same.instances == (A,) and registry.writes == []
+    assert len(same.warnings) == 1 and "could not record where it is" in same.warnings[0]
