@@ -52,8 +52,8 @@ builds one from the settings): ``close()`` closes it. ``close()`` waits for the 
 only while it can still end by itself (its BLOCK plus ``READ_GRACE_S``: 1.5 s at most): a reader held by
 a Redis that does not answer is cancelled (nothing is lost: the stream is the client's own, read without
 a group). Closing the connections then takes at most redis-py's connect timeout (2 s). So a caller that
-closes the client after a request that ran out waits its timeout plus at most 3.5 s, in practice less than
-a second (``tests/faults/test_bus_client_faults.py``).
+closes the client after a request that ran out waits its timeout plus at most 3.5 s
+(``tests/faults/test_bus_client_faults.py``).
 """
 
 from __future__ import annotations

@@ -161,11 +161,10 @@ class Pipeline:
 
     def set_traffic(self, model: str, weights: Mapping[str, int], actor: str = "system:serving") -> dict[str, int]:
         """``check_traffic``, then ``ControlEvents.change_traffic``: the ``traffic.changed`` event naming ``actor``
-        first, then the split stored and its cache dropped. No event, no change: ``StoreUnavailable`` with the
-        split as it was. Blocking: call it from a thread."""
-        spec = self.catalog.get(model)
-        split = self.check_traffic(spec.name, weights)
-        self._events.change_traffic(spec.name, split, actor, lambda: self._router.set_rules(spec.name, split))
+        first, then the split stored; no event, no change (``StoreUnavailable``). Blocking: from a thread."""
+        name = self.catalog.get(model).name
+        split = self.check_traffic(name, weights)
+        self._events.change_traffic(name, split, actor, lambda: self._router.set_rules(name, split))
         return split
 
     async def reload(self, model: str | None = None, *, actor: str = "system:reload-poll") -> list[ReloadChange]:
